@@ -1,0 +1,42 @@
+# The single entry point. `make test` on a fresh Debian machine with Python 3.11 installs what it needs
+# (Debian packages, a project venv, the native build) and runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install build test test-native test-pure lint bench clean
+
+$(STAMP): pyproject.toml setup.py
+	./scripts/system-deps.sh
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP) build
+
+# Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (pip's editable build does it once).
+build: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
+
+# Everything on the native core, then again on the pure-Python twins the tests that reach the core
+# through the selectors (tests/unit parametrises over both cores by itself).
+PURE_TESTS := tests/storage tests/faults tests/test_selected_core.py
+
+test: install
+	$(BIN)/python -m pytest
+	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
+
+test-pure: install
+	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
+
+lint: install
+	$(BIN)/ruff check danube_fast bench tests
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench storage
+
+clean:
+	rm -rf build $(VENV) danube_fast/*.so danube_fast/_frames.c danube_fast/_wal.c .pytest_cache .mypy_cache .ruff_cache .hypothesis

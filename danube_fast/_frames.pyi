@@ -1,0 +1,76 @@
+# Typed Python view of danube_fast._frames (and its pure-Python twin danube_fast._frames_py).
+# The byte layout is documented at the top of _frames.pyx and in docs/FORMAT.md.
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from typing_extensions import Buffer
+
+MAGIC: int
+VERSION: int
+HEADER_SIZE: int
+MAX_BATCH_BYTES: int
+ARROW_SCHEMA: pa.Schema
+
+class Record:
+    payload: bytes
+    publish_time: int
+    request_id: int
+    routing_key: str | None
+    attributes: dict[str, str] | None
+    schema_id: int | None
+    schema_version: int | None
+    offset: int
+    def __init__(
+        self,
+        payload: bytes,
+        publish_time: int = 0,
+        request_id: int = 0,
+        routing_key: str | None = None,
+        attributes: dict[str, str] | None = None,
+        schema_id: int | None = None,
+        schema_version: int | None = None,
+        offset: int = -1,
+    ) -> None: ...
+
+class BatchHeader:
+    position: int
+    base_offset: int
+    length: int
+    crc: int
+    record_count: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_name: str
+    broker_addr: str
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+def crc32c(data: Buffer, value: int = 0) -> int: ...
+def encode_batch(
+    records: Sequence[Record],
+    *,
+    producer_id: int = 0,
+    producer_name: str = "",
+    broker_addr: str = "",
+    base_offset: int = 0,
+) -> bytes: ...
+def encode_payloads(
+    payloads: Sequence[bytes],
+    *,
+    publish_time: int = 0,
+    producer_id: int = 0,
+    producer_name: str = "",
+    broker_addr: str = "",
+    base_offset: int = 0,
+) -> bytes: ...
+def span(buf: Buffer) -> tuple[int, int]: ...
+def stamp_base_offset(buf: Buffer, base_offset: int, position: int = 0) -> None: ...
+def parse_header(buf: Buffer, position: int = 0) -> BatchHeader: ...
+def verify_batch(buf: Buffer, position: int = 0) -> BatchHeader: ...
+def scan_batches(buf: Buffer, verify: bool = True) -> list[BatchHeader]: ...
+def iter_records(buf: Buffer, verify: bool = True) -> Iterator[Record]: ...
+def decode_records(buf: Buffer, verify: bool = True) -> list[Record]: ...
+def decode_arrow(buf: Buffer, verify: bool = True) -> pa.RecordBatch: ...

@@ -1,0 +1,55 @@
+"""One error tree for the whole product.
+
+Every error carries `retriable` (may the caller try the same thing again later?) and `grpc_code` (the
+status the broker answers with). The code is a name of `grpc.StatusCode` so that the storage layer does not
+import grpc. Causes are chained with `raise ... from e`, never flattened into strings.
+"""
+
+from __future__ import annotations
+
+
+class DanubeError(Exception):
+    retriable: bool = False
+    grpc_code: str = "INTERNAL"
+
+
+class FrameCorrupt(DanubeError, ValueError):
+    """A record batch failed validation. `position` is the byte position of the offending batch."""
+
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, position: int = 0) -> None:
+        super().__init__(f"{message} (batch at byte {position})")
+        self.position = position
+
+
+class StorageError(DanubeError):
+    """The write-ahead log or another store could not do what was asked."""
+
+
+class WalCorrupt(StorageError):
+    """A sealed segment or its index is damaged in a way recovery must not silently cut."""
+
+
+class WalWriteError(StorageError):
+    """A write or fsync failed (disk full, read-only or unwritable directory, I/O error).
+
+    After a failed fsync the log refuses further appends: what the kernel kept is unknown until the log is
+    reopened and recovered.
+    """
+
+    grpc_code = "UNAVAILABLE"
+    retriable = True
+
+
+class WalClosed(StorageError):
+    """The log was closed (or failed) while the operation waited."""
+
+    grpc_code = "UNAVAILABLE"
+    retriable = True
+
+
+class OffsetOutOfRange(StorageError):
+    """A read asked for an offset that retention already deleted (or that is not written yet)."""
+
+    grpc_code = "OUT_OF_RANGE"

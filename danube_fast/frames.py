@@ -1,0 +1,31 @@
+"""The record-batch codec: native (Cython) unless DANUBE_FAST_PURE=1 selects the pure-Python twin.
+
+Import the codec from here, never from `_frames` or `_frames_py` directly, so the switch applies everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
+
+if PURE:
+    from danube_fast._frames_py import (
+        ARROW_SCHEMA, HEADER_SIZE, MAGIC, MAX_BATCH_BYTES, VERSION, BatchHeader, Record, crc32c,
+        decode_arrow, decode_records, encode_batch, encode_payloads, iter_records, parse_header,
+        scan_batches, span, stamp_base_offset, verify_batch,
+    )
+else:
+    from danube_fast._frames import (  # type: ignore[no-redef]
+        ARROW_SCHEMA, HEADER_SIZE, MAGIC, MAX_BATCH_BYTES, VERSION, BatchHeader, Record, crc32c,
+        decode_arrow, decode_records, encode_batch, encode_payloads, iter_records, parse_header,
+        scan_batches, span, stamp_base_offset, verify_batch,
+    )
+
+IMPL = "pure" if PURE else "native"
+
+__all__ = [
+    "ARROW_SCHEMA", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION", "BatchHeader", "Record",
+    "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads", "iter_records",
+    "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
+]

@@ -1,0 +1,51 @@
+"""WAL settings: durability policy and segment geometry."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+SyncMode = Literal["always", "interval", "none"]
+
+_INTERVAL = re.compile(r"interval\((\d+)(?:ms)?\)")
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    """When the WAL calls fdatasync, and so what an acknowledgement means.
+
+    - ``always`` (default): an append is acknowledged only after the fdatasync that covers it. Concurrent
+      appends share one fdatasync (group commit). Nothing acknowledged is lost on power failure.
+    - ``interval(ms)``: acknowledged after the write; fdatasync at most `ms` later. A machine crash loses
+      up to that window of acknowledged data; a process crash loses nothing (the page cache survives).
+    - ``none``: acknowledged after the write; fdatasync only when a segment rolls and at close. A machine
+      crash may lose everything since the last roll.
+    """
+
+    mode: SyncMode = "always"
+    interval_ms: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> SyncPolicy:
+        text = text.strip().lower()
+        if text in ("always", "none"):
+            return cls(text)  # type: ignore[arg-type]
+        m = _INTERVAL.fullmatch(text)
+        if m and int(m.group(1)) > 0:
+            return cls("interval", int(m.group(1)))
+        raise ValueError(f"sync must be 'always', 'none' or 'interval(MS)' with MS > 0, not {text!r}")
+
+    def __str__(self) -> str:
+        return f"interval({self.interval_ms})" if self.mode == "interval" else self.mode
+
+
+@dataclass(frozen=True)
+class WalConfig:
+    sync: SyncPolicy = SyncPolicy()
+    segment_bytes: int = 128 * 1024 * 1024
+    segment_ms: int = 0  # roll a segment this old at the next append; 0 = by size only
+    index_interval_bytes: int = 4096
+    index_max_bytes: int = 1024 * 1024
+    cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
+    max_group_bytes: int = 16 * 1024 * 1024  # one write + fsync covers at most this much

@@ -1,0 +1,324 @@
+"""The asyncio face of one topic's write-ahead log.
+
+Ownership: a dedicated writer thread owns the SegmentedLog engine for writing (append, sync, roll,
+retention, close). The event loop only queues work for it and receives results. The thread takes
+everything queued since its last turn, appends it with one write, covers it with one fdatasync (group
+commit: under load, appends that arrive during an fsync share the next one), and resolves the whole
+group's futures in one `call_soon_threadsafe` hop. The loop never blocks on disk: disk reads run in the
+default executor; reads at the tail come from the in-memory BatchCache.
+
+What readers see: records up to `committed_offset`, which advances only after the group that wrote them
+was made as durable as the SyncPolicy promises. Under `always`, a consumer never sees a record that a crash
+could take back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from danube_fast import frames
+from danube_fast._wal_common import AppendResult, RecoveryReport
+from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
+from danube_fast.storage.cache import BatchCache, CachedGroup
+from danube_fast.storage.config import WalConfig
+from danube_fast.wal_engine import SegmentedLog
+
+log = logging.getLogger("danube_fast.wal")
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass
+class _Append:
+    data: Buffer
+    size: int
+    future: asyncio.Future[tuple[int, int]]
+
+
+@dataclass
+class _Command:
+    run: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
+class Wal:
+    """One topic's WAL. Create with `await Wal.open(directory, config)`."""
+
+    def __init__(self, engine: SegmentedLog, config: WalConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self._log = engine
+        self._config = config
+        self._loop = loop
+        self._cache = BatchCache(config.cache_bytes)
+        self._committed = engine.next_offset
+        self._committed_changed = asyncio.Event()
+        self._closed: BaseException | None = None
+        # Shared with the writer thread, guarded by _cv.
+        self._cv = threading.Condition()
+        self._appends: deque[_Append] = deque()
+        self._commands: deque[_Command] = deque()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._writer, name=f"wal-writer:{engine.directory}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    async def open(cls, directory: str | os.PathLike[str], config: WalConfig | None = None, *,
+                   initial_offset: int = 0) -> Wal:
+        """Open (and recover) the log in `directory`; recovery runs off the event loop."""
+        config = config or WalConfig()
+        loop = asyncio.get_running_loop()
+        engine = await loop.run_in_executor(None, lambda: SegmentedLog(
+            os.fspath(directory),
+            segment_bytes=config.segment_bytes,
+            segment_ms=config.segment_ms,
+            index_interval_bytes=config.index_interval_bytes,
+            index_max_bytes=config.index_max_bytes,
+            initial_offset=initial_offset,
+        ))
+        return cls(engine, config, loop)
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        return self._log.directory
+
+    @property
+    def recovery(self) -> RecoveryReport:
+        return self._log.recovery
+
+    @property
+    def committed_offset(self) -> int:
+        """Offset after the last record readers may see (and that is acknowledged)."""
+        return self._committed
+
+    @property
+    def start_offset(self) -> int:
+        return self._log.start_offset
+
+    @property
+    def config(self) -> WalConfig:
+        return self._config
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    async def append(self, batch: Buffer) -> tuple[int, int]:
+        """Append a buffer of one or more encoded batches; returns its (first, last) offset once it is as
+        durable as the sync policy promises. Raises FrameCorrupt (nothing appended) for a bad buffer."""
+        self._check_open()
+        fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
+        item = _Append(batch, memoryview(batch).nbytes, fut)
+        with self._cv:
+            self._appends.append(item)
+            self._cv.notify()
+        return await fut
+
+    async def sync(self) -> None:
+        """fdatasync now, whatever the policy (used at shutdown and before sealing a topic)."""
+        await self._command(self._log.sync)
+
+    async def roll(self) -> None:
+        await self._command(self._log.roll)
+
+    async def delete_before(self, offset: int) -> int:
+        """Retention: delete whole segments whose records are all below `offset`."""
+        deleted: int = await self._command(lambda: self._log.delete_before(offset))
+        self._cache.drop_before(self._log.start_offset)
+        return deleted
+
+    async def close(self) -> None:
+        """Finish queued appends, fdatasync, close the files. Waiting readers get WalClosed."""
+        if self._stopping:
+            return
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        await self._loop.run_in_executor(None, self._thread.join)
+        self._closed = self._closed or WalClosed(f"the WAL in {self.directory} is closed")
+        self._committed_changed.set()
+
+    async def _command(self, run: Callable[[], Any]) -> Any:
+        self._check_open()
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        with self._cv:
+            self._commands.append(_Command(run, fut))
+            self._cv.notify()
+        return await fut
+
+    def _check_open(self) -> None:
+        if self._closed is not None or self._stopping:
+            raise WalClosed(f"the WAL in {self.directory} is closed")
+
+    # -- the writer thread ---------------------------------------------------------------------------
+
+    def _writer(self) -> None:
+        policy = self._config.sync
+        last_sync = time.monotonic()
+        while True:
+            with self._cv:
+                while not (self._appends or self._commands or self._stopping):
+                    timeout = None
+                    if policy.mode == "interval" and self._log.unsynced_bytes:
+                        timeout = max(0.0, last_sync + policy.interval_ms / 1000 - time.monotonic())
+                        if timeout == 0.0:
+                            break
+                    self._cv.wait(timeout)
+                group = self._take_group()
+                commands = list(self._commands)
+                self._commands.clear()
+                stopping = self._stopping and not self._appends and not self._commands
+            if group:
+                self._write_group(group, policy.mode == "always")
+            if policy.mode == "interval" and self._log.unsynced_bytes and (
+                    time.monotonic() - last_sync) * 1000 >= policy.interval_ms:
+                self._sync_quietly()
+            if self._log.unsynced_bytes == 0:
+                last_sync = time.monotonic()
+            for cmd in commands:
+                self._run_command(cmd)
+            if stopping:
+                self._shutdown()
+                return
+
+    def _take_group(self) -> list[_Append]:
+        group: list[_Append] = []
+        size = 0
+        while self._appends and (not group or size + self._appends[0].size <= self._config.max_group_bytes):
+            item = self._appends.popleft()
+            group.append(item)
+            size += item.size
+        return group
+
+    def _write_group(self, group: list[_Append], fsync: bool) -> None:
+        try:
+            result = self._log.append([item.data for item in group])
+            if fsync and result.data is not None:
+                self._log.sync()
+        except DanubeError as e:
+            self._loop.call_soon_threadsafe(self._fail_group, group, e)
+            return
+        except Exception as e:  # a bug or MemoryError must not leave the group's futures hanging
+            err = WalWriteError(f"appending to the WAL in {self.directory} failed: {e!r}")
+            err.__cause__ = e
+            self._loop.call_soon_threadsafe(self._fail_group, group, err)
+            return
+        self._loop.call_soon_threadsafe(self._complete_group, group, result)
+
+    def _sync_quietly(self) -> None:
+        try:
+            self._log.sync()
+        except WalWriteError as e:
+            log.error("background fdatasync failed; the WAL refuses appends until reopened: %s", e)
+
+    def _run_command(self, cmd: _Command) -> None:
+        try:
+            value = cmd.run()
+        except Exception as e:
+            self._loop.call_soon_threadsafe(_set_exception, cmd.future, e)
+        else:
+            self._loop.call_soon_threadsafe(_set_result, cmd.future, value)
+
+    def _shutdown(self) -> None:
+        try:
+            self._log.close()
+        except DanubeError as e:
+            log.error("closing the WAL in %s: %s", self.directory, e)
+
+    # -- back on the event loop ----------------------------------------------------------------------
+
+    def _complete_group(self, group: list[_Append], result: AppendResult) -> None:
+        if result.data is not None:
+            starts: list[int] = []
+            positions: list[int] = []
+            pos = 0
+            for item, r in zip(group, result.ranges, strict=True):
+                if isinstance(r, tuple):
+                    starts.append(r[0])
+                    positions.append(pos)
+                    pos += item.size
+            self._cache.add(CachedGroup(result.first_offset, result.next_offset, result.data, starts, positions))
+            self._committed = result.next_offset
+            self._committed_changed.set()
+            self._committed_changed = asyncio.Event()
+        for item, r in zip(group, result.ranges, strict=True):
+            if isinstance(r, Exception):
+                _set_exception(item.future, r)
+            else:
+                _set_result(item.future, r)
+
+    def _fail_group(self, group: list[_Append], error: Exception) -> None:
+        for item in group:
+            _set_exception(item.future, error)
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    async def read(self, offset: int, max_bytes: int = 1024 * 1024) -> tuple[Buffer, int] | None:
+        """Whole batches from the one holding `offset` (it may start before `offset`: skip those records),
+        about max_bytes, all committed; with the offset after the last record returned. None when
+        `offset` is not committed yet. Raises OffsetOutOfRange below the first stored offset."""
+        if self._closed is not None:
+            raise self._closed
+        committed = self._committed
+        if offset >= committed:
+            return None
+        group = self._cache.find(offset)
+        if group is not None:
+            return group.from_offset(offset, max_bytes)
+        if offset < self._log.start_offset:
+            raise OffsetOutOfRange(f"offset {offset} is below the first stored offset {self._log.start_offset}")
+        data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
+        if data is None:
+            return None
+        return data, frames.span(data)[1]
+
+    async def wait_committed(self, offset: int) -> None:
+        """Return once `offset` is committed (readable); raises WalClosed if the log closes first."""
+        while self._committed <= offset:
+            if self._closed is not None:
+                raise self._closed
+            await self._committed_changed.wait()
+
+    def reader(self, start: int, *, max_bytes: int = 1024 * 1024, follow: bool = True) -> WalReader:
+        return WalReader(self, start, max_bytes, follow)
+
+
+class WalReader:
+    """Async iterator of buffers of whole batches from `start` on. The first buffer may begin with records
+    before `start` (a batch is never split); skip them by offset. With `follow`, waits at the tail for new
+    commits instead of stopping."""
+
+    def __init__(self, wal: Wal, start: int, max_bytes: int, follow: bool) -> None:
+        self._wal = wal
+        self.position = start
+        self._max_bytes = max_bytes
+        self._follow = follow
+
+    def __aiter__(self) -> AsyncIterator[Buffer]:
+        return self
+
+    async def __anext__(self) -> Buffer:
+        while True:
+            got = await self._wal.read(self.position, self._max_bytes)
+            if got is not None:
+                data, self.position = got
+                return data
+            if not self._follow:
+                raise StopAsyncIteration
+            await self._wal.wait_committed(self.position)
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)

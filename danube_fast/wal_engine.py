@@ -1,0 +1,19 @@
+"""The WAL engine: native (Cython) unless DANUBE_FAST_PURE=1 selects the pure-Python twin.
+
+Import SegmentedLog from here, never from `_wal` or `_wal_py` directly, so the switch applies everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
+
+if PURE:
+    from danube_fast._wal_py import SegmentedLog
+else:
+    from danube_fast._wal import SegmentedLog  # type: ignore[assignment]
+
+IMPL = "pure" if PURE else "native"
+
+__all__ = ["IMPL", "SegmentedLog"]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and the tests need, only those that are missing.
+# Non-interactive: CI runs it as root with no terminal.
+set -euo pipefail
+
+need=()
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+[ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
+command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+
+if [ ${#need[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing Debian packages: ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${need[@]}"
+fi
