@@ -1,0 +1,185 @@
+"""Real faults against the WAL: SIGKILL mid-stream, a full disk, unwritable directories.
+
+Each test compares what a writer process acknowledged with what reopening the log reads back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from danube_fast import frames
+from danube_fast.errors import WalWriteError
+from danube_fast.wal_engine import SegmentedLog
+
+sys.path.insert(0, str(Path(__file__).parent))
+from wal_writer import payload  # noqa: E402
+
+WRITER = Path(__file__).parent / "wal_writer.py"
+ROOT = Path(__file__).resolve().parents[2]
+IS_ROOT = os.geteuid() == 0
+
+
+@dataclass(frozen=True)
+class Ack:
+    first: int
+    last: int
+    run: int
+    producer: int
+    seq: int
+    count: int
+
+
+def start_writer(directory: Path, run: int, *, sync: str = "always", producers: int = 8,
+                 fsize_limit: int | None = None) -> subprocess.Popen[str]:
+    args = [sys.executable, str(WRITER), str(directory), sync, str(producers), str(run)]
+    if fsize_limit is not None:
+        args.append(str(fsize_limit))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), line + proc.stderr.read() if proc.stderr else line
+    return proc
+
+
+def parse_acks(lines: Iterator[str] | list[str]) -> list[Ack]:
+    return [Ack(*map(int, line.split()[1:])) for line in lines if line.startswith("ack ")]
+
+
+def read_back(directory: Path) -> tuple[SegmentedLog, list[frames.Record]]:
+    log = SegmentedLog(str(directory), index_max_bytes=64 * 1024)
+    records: list[frames.Record] = []
+    offset = log.start_offset
+    while True:
+        data = log.read(offset, 1 << 20, log.next_offset)
+        if data is None:
+            return log, records
+        got = [r for r in frames.decode_records(data) if r.offset >= offset]
+        records.extend(got)
+        offset = got[-1].offset + 1
+
+
+def assert_acked_present(acks: list[Ack], records: list[frames.Record]) -> None:
+    assert [r.offset for r in records] == list(range(len(records))), "offsets must be contiguous from 0"
+    for a in acks:
+        assert a.last - a.first + 1 == a.count
+        assert a.last < len(records), f"acknowledged {a} is missing after recovery"
+        for j, offset in enumerate(range(a.first, a.last + 1)):
+            assert records[offset].payload == payload(a.run, a.producer, a.seq, j), f"{a} record {j}"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    acks: list[Ack] = []
+    for run in range(3):  # kill, recover, write on, kill again
+        proc = start_writer(tmp_path, run)
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if len(lines) >= 400:
+                break
+        proc.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        acks += parse_acks(lines + rest.splitlines())
+        log, records = read_back(tmp_path)
+        assert_acked_present(acks, records)
+        # A new run appends after everything acknowledged so far.
+        assert log.next_offset > max(a.last for a in acks)
+        log.close()
+    # Every acknowledged offset belongs to exactly one acknowledged append.
+    covered = sorted(o for a in acks for o in range(a.first, a.last + 1))
+    assert covered == sorted(set(covered))
+
+
+def finish_until_error(proc: subprocess.Popen[str]) -> tuple[list[Ack], list[str]]:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    return parse_acks(lines), [line for line in lines if line.startswith("error ")]
+
+
+@pytest.mark.slow
+def test_file_size_limit_fails_appends_cleanly(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE makes writes past the limit fail with EFBIG: a full disk any user can produce."""
+    proc = start_writer(tmp_path, 0, fsize_limit=200_000)
+    acks, errors = finish_until_error(proc)
+    assert errors and "WalWriteError" in errors[0] and "too large" in errors[0].lower()
+    assert "nothing of this append was kept" in errors[0]
+    log, records = read_back(tmp_path)
+    assert log.recovery.truncated_bytes == 0, "the failed write left part of a batch behind"
+    assert_acked_present(acks, records)
+    assert len(records) == max(a.last for a in acks) + 1
+    log.close()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs: writes past it fail with ENOSPC. Needs root (CI runs as root)."""
+    if not IS_ROOT:
+        pytest.skip("mounting a tmpfs needs root; test_file_size_limit_fails_appends_cleanly covers the rest")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.slow
+def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(small_tmpfs: Path) -> None:
+    wal_dir = small_tmpfs / "wal"
+    filler = small_tmpfs / "filler"
+    filler.write_bytes(b"\0" * 256 * 1024)
+    log = SegmentedLog(str(wal_dir), segment_bytes=64 * 1024 * 1024, index_max_bytes=64 * 1024)
+    data = frames.encode_payloads([b"x" * 1000] * 20)
+    acked = 0
+    with pytest.raises(WalWriteError, match="No space left on device") as info:
+        for _ in range(10_000):
+            result = log.append([data])
+            log.sync()
+            acked = result.next_offset
+    assert "nothing of this append was kept" in str(info.value)
+    assert log.next_offset == acked
+    filler.unlink()  # space returns: the same log appends again, no reopen needed
+    result = log.append([data])
+    log.sync()
+    assert result.ranges == [(acked, acked + 19)]
+    log.close()
+    log, records = read_back(wal_dir)
+    assert log.recovery.truncated_bytes == 0
+    assert len(records) == acked + 20
+    log.close()
+
+
+def test_wal_under_a_regular_file_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(WalWriteError, match="cannot open the WAL in .*not-a-dir/wal: Not a directory"):
+        SegmentedLog(str(blocker / "wal"))
+
+
+def test_read_only_file_system_is_a_clear_error_and_keeps_data(small_tmpfs: Path) -> None:
+    wal_dir = small_tmpfs / "wal"
+    log = SegmentedLog(str(wal_dir), index_max_bytes=64 * 1024)
+    log.append([frames.encode_payloads([b"keep me"] * 3)])
+    log.close()
+    before = {p.name: p.read_bytes() for p in wal_dir.iterdir()}
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    with pytest.raises(WalWriteError, match="Read-only file system"):
+        SegmentedLog(str(wal_dir), index_max_bytes=64 * 1024)
+    subprocess.run(["mount", "-o", "remount,rw", str(small_tmpfs)], check=True)
+    assert {p.name: p.read_bytes() for p in wal_dir.iterdir()} == before
+    log, records = read_back(wal_dir)
+    assert [r.payload for r in records] == [b"keep me"] * 3
+    log.close()

@@ -1,0 +1,248 @@
+"""The asyncio WAL facade: group commit, durability before acknowledgement, readers, retention, close."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from danube_fast import frames
+from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed
+from danube_fast.storage import SyncPolicy, Wal, WalConfig
+from danube_fast.wal_engine import SegmentedLog
+
+Run = Callable[..., Any]
+
+
+def batch(first_seq: int, count: int = 3, size: int = 40) -> bytes:
+    """A batch whose payloads carry their sequence numbers, so reads can be checked record by record."""
+    return frames.encode_payloads(
+        [seq.to_bytes(8, "little") * (size // 8) for seq in range(first_seq, first_seq + count)],
+        publish_time=1_700_000_000_000 + first_seq,
+    )
+
+
+def seq_of(payload: bytes) -> int:
+    return int.from_bytes(payload[:8], "little")
+
+
+class CountingLog(SegmentedLog):  # type: ignore[misc]
+    """The real engine, recording the next offset each fdatasync covered."""
+
+    synced_up_to: list[int]
+
+    def sync(self) -> None:
+        super().sync()
+        self.synced_up_to.append(self.next_offset)
+
+
+async def open_counting(path: Path, config: WalConfig) -> tuple[Wal, CountingLog]:
+    engine = CountingLog(str(path), segment_bytes=config.segment_bytes)
+    engine.synced_up_to = []
+    return Wal(engine, config, asyncio.get_running_loop()), engine
+
+
+async def read_all(wal: Wal, start: int = 0) -> list[frames.Record]:
+    out: list[frames.Record] = []
+    async for buf in wal.reader(start, follow=False):
+        out.extend(r for r in frames.decode_records(buf) if r.offset >= start)
+    return out
+
+
+def test_concurrent_appends_get_contiguous_ranges_in_call_order(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        ranges = await asyncio.gather(*[wal.append(batch(3 * i)) for i in range(200)])
+        assert ranges == [(3 * i, 3 * i + 2) for i in range(200)]
+        assert wal.committed_offset == 600
+        records = await read_all(wal)
+        assert [r.offset for r in records] == list(range(600))
+        assert [seq_of(r.payload) for r in records] == list(range(600))
+        await wal.close()
+
+    run(main())
+
+
+def test_always_acknowledges_only_what_an_fsync_covered(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal, engine = await open_counting(tmp_path, WalConfig())
+
+        async def producer(k: int) -> None:
+            for i in range(40):
+                first, last = await wal.append(batch(1000 * k + i, count=2))
+                assert engine.synced_up_to and last < engine.synced_up_to[-1]
+
+        await asyncio.gather(*[producer(k) for k in range(8)])
+        # 320 appends from 8 concurrent producers share fsyncs (group commit).
+        assert len(engine.synced_up_to) < 320
+        await wal.close()
+
+    run(main())
+
+
+def test_sync_none_acknowledges_without_fsync_and_syncs_at_close(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal, engine = await open_counting(tmp_path, WalConfig(sync=SyncPolicy.parse("none")))
+        for i in range(20):
+            await wal.append(batch(i * 3))
+        assert engine.synced_up_to == []
+        assert wal.committed_offset == 60  # written data is readable at once under `none`
+        await wal.close()
+        assert engine.synced_up_to == [60]
+
+    run(main())
+
+
+def test_sync_interval_syncs_within_the_interval(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal, engine = await open_counting(tmp_path, WalConfig(sync=SyncPolicy.parse("interval(20)")))
+        t0 = time.monotonic()
+        await wal.append(batch(0))
+        deadline = t0 + 5
+        while not engine.synced_up_to and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert engine.synced_up_to == [3]
+        await wal.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("text", ["sometimes", "interval(0)", "interval(x)", ""])
+def test_bad_sync_policy_is_a_clear_error(text: str) -> None:
+    with pytest.raises(ValueError, match="sync must be"):
+        SyncPolicy.parse(text)
+
+
+def test_bad_buffer_is_rejected_alone(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        corrupt = bytearray(batch(100))
+        corrupt[-1] ^= 0xFF
+        results = await asyncio.gather(
+            wal.append(batch(0)), wal.append(bytes(corrupt)), wal.append(b"junk"), wal.append(batch(3)),
+            return_exceptions=True,
+        )
+        assert results[0] == (0, 2)
+        assert isinstance(results[1], FrameCorrupt) and "CRC mismatch" in str(results[1])
+        assert isinstance(results[2], FrameCorrupt)
+        assert results[3] == (3, 5)
+        assert [seq_of(r.payload) for r in await read_all(wal)] == list(range(6))
+        await wal.close()
+
+    run(main())
+
+
+def test_tail_reader_wakes_on_new_commits(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        got: list[int] = []
+
+        async def consume() -> None:
+            async for buf in wal.reader(0):
+                got.extend(r.offset for r in frames.decode_records(buf))
+                if len(got) >= 150:
+                    return
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0)  # the reader is now waiting at the tail, with nothing committed
+        for i in range(50):
+            await wal.append(batch(3 * i))
+        await asyncio.wait_for(task, 10)
+        assert got == list(range(150))
+        await wal.close()
+
+    run(main())
+
+
+def test_reads_from_disk_when_the_cache_is_small(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        config = WalConfig(cache_bytes=1, segment_bytes=4096)
+        wal = await Wal.open(tmp_path, config)
+        for i in range(100):
+            await wal.append(batch(3 * i, size=64))
+        for start in (0, 1, 2, 3, 149, 298, 299):
+            records = await read_all(wal, start)
+            assert [r.offset for r in records] == list(range(start, 300))
+            assert [seq_of(r.payload) for r in records] == list(range(start, 300))
+        assert await wal.read(300) is None
+        await wal.close()
+
+    run(main())
+
+
+def test_reopen_recovers_everything_and_continues(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(segment_bytes=2048))
+        for i in range(40):
+            await wal.append(batch(3 * i))
+        await wal.close()
+        wal = await Wal.open(tmp_path, WalConfig(segment_bytes=2048))
+        assert wal.committed_offset == 120
+        assert wal.recovery.truncated_bytes == 0
+        assert await wal.append(batch(120)) == (120, 122)
+        assert [seq_of(r.payload) for r in await read_all(wal)] == list(range(123))
+        await wal.close()
+
+    run(main())
+
+
+def test_retention_deletes_whole_segments_and_reads_below_fail(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(segment_bytes=1024, cache_bytes=1))
+        for i in range(60):
+            await wal.append(batch(3 * i))
+        deleted = await wal.delete_before(100)
+        assert deleted > 0
+        start = wal.start_offset
+        assert 0 < start <= 100
+        with pytest.raises(OffsetOutOfRange):
+            await wal.read(start - 1)
+        records = await read_all(wal, start)
+        assert [r.offset for r in records] == list(range(start, 180))
+        await wal.close()
+
+    run(main())
+
+
+def test_close_fails_new_appends_and_wakes_readers(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        await wal.append(batch(0))
+
+        async def tail() -> None:
+            async for _ in wal.reader(3):
+                pass
+
+        reader = asyncio.create_task(tail())
+        await asyncio.sleep(0)
+        await wal.close()
+        with pytest.raises(WalClosed):
+            await reader
+        with pytest.raises(WalClosed):
+            await wal.append(batch(3))
+
+    run(main())
+
+
+def test_records_keep_every_field(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        sent = [
+            frames.Record(b"a", publish_time=5, request_id=9, routing_key="k", attributes={"x": "y"},
+                          schema_id=2**64 - 1, schema_version=7),
+            frames.Record(b"", publish_time=6),
+        ]
+        first, last = await wal.append(frames.encode_batch(sent, producer_id=4, producer_name="p",
+                                                          broker_addr="127.0.0.1:6650"))
+        assert (first, last) == (0, 1)
+        got = await read_all(wal)
+        for i, r in enumerate(sent):
+            r.offset = i
+        assert got == sent
+        await wal.close()
+
+    run(main())
