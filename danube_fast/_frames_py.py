@@ -646,6 +646,21 @@ def scan_batches(buf: Buffer, verify: bool = True) -> list[BatchHeader]:
     return headers
 
 
+def span(buf: Buffer) -> tuple[int, int]:
+    """(first offset, next offset) of back-to-back batches, from their headers alone (no CRC, no records)."""
+    with _reading(buf) as view:
+        if len(view) == 0:
+            raise FrameCorrupt("empty buffer has no offsets", 0)
+        position, first, nxt = 0, 0, 0
+        while position < len(view):
+            header, _ = _read_header(view, position)
+            if position == 0:
+                first = header.base_offset
+            nxt = header.base_offset + header.record_count
+            position += header.length
+        return first, nxt
+
+
 def _make_record(fields: _Fields, offset: int) -> Record:
     return Record(
         fields.payload, fields.publish_time, fields.request_id, fields.routing_key, fields.attributes,

@@ -38,7 +38,8 @@ class SegmentedLog:
     # back to its size before the call (if that fails too, the log refuses appends until reopened).
     # A failed sync() always leaves the log refusing appends until reopened.
     def append(self, buffers: list[Buffer]) -> AppendResult: ...
-    def sync(self) -> None: ...
+    # fdatasync; returns the next offset it covered (safe on a second thread alongside append).
+    def sync(self) -> int: ...
     # Whole batches starting with the one that holds `offset`, at most max_bytes (but always one whole batch),
     # none at or past `limit` (the committed next offset). None when offset >= limit.
     # Raises OffsetOutOfRange when offset < start_offset.

@@ -8,10 +8,12 @@ On disk, per topic, a folder of segments:
                            index is preallocated to `index_max_bytes` and mmap'd; at roll it is cut to its
                            entries and fsync'd. Kafka's OffsetIndex is the model.
 
-Ownership: one thread (the storage facade's writer) calls append, sync, roll, delete_before and close.
-Readers in other threads call read and lookup for offsets below the limit the writer published. Both hold
-the GIL whenever they touch this object's state; only the syscalls and the CRC run without it, so a reader
-never sees half an update. A reader keeps the _Segment it reads alive, so retention may unlink a segment
+Ownership: one thread (the storage facade's writer) calls append, roll, delete_before and close. sync may
+run on a second thread alongside append (the facade's syncer pipelines fsyncs with writes): it captures
+the segment and the next offset before its fdatasync, and returns that offset as what it covered.
+Readers in other threads call read and lookup for offsets below the limit the writer published. All of them
+hold the GIL whenever they touch this object's state; only the syscalls, copies and the CRC run without it,
+so nobody sees half an update. A reader keeps the _Segment it reads alive, so retention may unlink a segment
 under it; the descriptor closes when the last reference goes.
 
 Recovery on open: sealed segments are trusted (they were fsync'd before the roll) but their index is sanity
@@ -33,8 +35,8 @@ from posix.mman cimport MAP_FAILED, MAP_SHARED, MS_SYNC, PROT_READ, PROT_WRITE, 
 from posix.unistd cimport close as c_close, fdatasync, fsync, ftruncate, pread, pwrite
 
 from danube_fast._frames cimport (
-    BatchInfo, HEADER_BYTES, OFF_BASE_OFFSET, OFF_COUNT, OFF_LENGTH, check_batch, load_u32, load_u64,
-    store_u32, store_u64,
+    BATCH_MAGIC, BATCH_VERSION, BatchInfo, HEADER_BYTES, OFF_BASE_OFFSET, OFF_COUNT, OFF_LENGTH, OFF_MAGIC,
+    OFF_VERSION, check_batch, load_u32, load_u64, store_u32, store_u64,
 )
 
 from danube_fast._wal_common import (
@@ -94,6 +96,13 @@ cdef Py_ssize_t _read_at(int fd, unsigned char* p, size_t n, Py_ssize_t pos) exc
             break
         done += r
     return done
+
+
+cdef inline bint _plausible(const unsigned char* head) noexcept nogil:
+    """A header walked without its CRC (sealed data, already verified once) must at least look like one;
+    a zero length would otherwise walk in place forever."""
+    return (head[OFF_MAGIC] == BATCH_MAGIC and head[OFF_VERSION] == BATCH_VERSION
+            and load_u32(head + OFF_LENGTH) >= HEADER_BYTES and load_u32(head + OFF_COUNT) > 0)
 
 
 cdef class _Segment:
@@ -189,7 +198,8 @@ cdef class SegmentedLog:
     cdef list _bases
     cdef _Segment _active
     cdef uint64_t _next_offset
-    cdef Py_ssize_t _unsynced
+    cdef uint64_t _written         # bytes appended since open (monotonic)
+    cdef uint64_t _synced          # of those, bytes covered by an fdatasync
     cdef object _failed
     cdef bint _closed
 
@@ -232,7 +242,7 @@ cdef class SegmentedLog:
 
     @property
     def unsynced_bytes(self):
-        return self._unsynced
+        return self._written - self._synced
 
     # -- opening and recovery --------------------------------------------------------------------------
 
@@ -273,8 +283,9 @@ cdef class SegmentedLog:
         bases = sorted(int(n[:-len(LOG_SUFFIX)]) for n in os.listdir(self.directory)
                        if n.endswith(LOG_SUFFIX) and n[:-len(LOG_SUFFIX)].isdigit())
         for name in os.listdir(self.directory):   # indexes whose log is gone, and temp files
-            if name.endswith(INDEX_SUFFIX) and name[:-len(INDEX_SUFFIX)].isdigit() and \
-                    int(name[:-len(INDEX_SUFFIX)]) not in bases:
+            stem = name[:-len(INDEX_SUFFIX)]
+            if (name.endswith(INDEX_SUFFIX) and stem.isdigit() and int(stem) not in bases) or \
+                    name.endswith(INDEX_SUFFIX + ".tmp"):
                 os.unlink(os.path.join(self.directory, name))
         report.segments = len(bases)
         cdef _Segment seg
@@ -349,7 +360,8 @@ cdef class SegmentedLog:
         cdef uint64_t expected = seg.base
         cdef unsigned char head[PEEK]
         while pos < seg.size:
-            if _read_at(seg.fd, head, PEEK, pos) != PEEK or load_u64(head + OFF_BASE_OFFSET) != expected:
+            if (_read_at(seg.fd, head, PEEK, pos) != PEEK or not _plausible(head)
+                    or load_u64(head + OFF_BASE_OFFSET) != expected):
                 raise WalCorrupt(f"sealed segment {seg.log_path} is damaged at byte {pos}; it is not the tail, "
                                  "so recovery will not cut it")
             if last < 0 or pos - last >= self.index_interval_bytes:
@@ -373,8 +385,8 @@ cdef class SegmentedLog:
         """Offset after the last record, walking headers from an indexed batch to the end of the file."""
         cdef unsigned char head[PEEK]
         while pos < seg.size:
-            if _read_at(seg.fd, head, PEEK, pos) != PEEK:
-                raise WalCorrupt(f"sealed segment {seg.log_path} ends inside a batch at byte {pos}")
+            if _read_at(seg.fd, head, PEEK, pos) != PEEK or not _plausible(head):
+                raise WalCorrupt(f"sealed segment {seg.log_path} is damaged at byte {pos}")
             offset = load_u64(head + OFF_BASE_OFFSET) + load_u32(head + OFF_COUNT)
             pos += load_u32(head + OFF_LENGTH)
         if pos != seg.size:
@@ -488,7 +500,8 @@ cdef class SegmentedLog:
                 view = views[i]
                 blen = view.shape[0]
                 ranges[i] = (offset, offset + counts[i] - 1)
-                memcpy(p, &view[0], blen)
+                with nogil:
+                    memcpy(p, &view[0], blen)
                 pos = 0
                 while pos < blen:
                     at = seg.size + (p - out) + pos
@@ -522,7 +535,7 @@ cdef class SegmentedLog:
         seg.size += total
         seg.next_offset = offset
         self._next_offset = offset
-        self._unsynced += total
+        self._written += total
         return AppendResult(ranges, data, first, offset)
 
     cdef void _maybe_roll(self, Py_ssize_t incoming) except *:
@@ -535,9 +548,12 @@ cdef class SegmentedLog:
             self.roll()
 
     def sync(self):
-        """fdatasync the active segment: everything appended so far is durable when this returns."""
+        """fdatasync the active segment. Returns the next offset it covered: every record below it that was
+        appended before the call is durable. (Segments before the active one were synced when they rolled.)"""
         self._check_open()
-        cdef int fd = self._active.fd, rc
+        cdef _Segment seg = self._active          # held: retention cannot close its fd under us
+        cdef uint64_t covered = self._next_offset, written = self._written
+        cdef int fd = seg.fd, rc
         cdef int err = 0
         with nogil:
             rc = fdatasync(fd)
@@ -546,8 +562,10 @@ cdef class SegmentedLog:
         if rc != 0:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing written since the
             # last good sync can be trusted, so refuse to go on (PostgreSQL's "fsyncgate" lesson).
-            self._fail(f"fdatasync of {self._active.log_path}", OSError(err, os.strerror(err)))
-        self._unsynced = 0
+            self._fail(f"fdatasync of {seg.log_path}", OSError(err, os.strerror(err)))
+        if written > self._synced:
+            self._synced = written
+        return covered
 
     def roll(self):
         """Seal the active segment (fsync data, cut and fsync its index) and start a new one."""
@@ -569,7 +587,7 @@ cdef class SegmentedLog:
                 os.fsync(f.fileno())
             seg.map_index(count, False)
             seg.idx_count = count
-            self._unsynced = 0
+            self._synced = self._written
             new = self._new_segment(self._next_offset)
         except OSError as e:
             self._fail("rolling a segment", e)
@@ -581,22 +599,27 @@ cdef class SegmentedLog:
         """Retention: delete whole sealed segments whose every record is below `offset`."""
         self._check_open()
         cdef int deleted = 0
-        while len(self._segments) > 1 and (<_Segment>self._segments[0]).next_offset <= offset:
-            seg = self._segments.pop(0)
-            self._bases.pop(0)
-            os.unlink(seg.log_path)
-            if os.path.exists(seg.idx_path):
-                os.unlink(seg.idx_path)
-            deleted += 1
-        if deleted:
-            self._fsync_dir()
+        try:
+            while len(self._segments) > 1 and (<_Segment>self._segments[0]).next_offset <= offset:
+                seg = self._segments[0]
+                # The index first: a crash in between leaves a log without index, which opening rebuilds.
+                if os.path.exists(seg.idx_path):
+                    os.unlink(seg.idx_path)
+                os.unlink(seg.log_path)
+                self._segments.pop(0)
+                self._bases.pop(0)
+                deleted += 1
+            if deleted:
+                self._fsync_dir()
+        except OSError as e:
+            raise WalWriteError(f"retention in {self.directory} failed: {e.strerror or e}") from e
         return deleted
 
     def close(self):
         if self._closed:
             return
         try:
-            if self._failed is None and self._unsynced:
+            if self._failed is None and self._written > self._synced:
                 self.sync()
         finally:
             self._closed = True
@@ -646,6 +669,8 @@ cdef class SegmentedLog:
         while True:
             if pos + PEEK > size or _read_at(seg.fd, head, PEEK, pos) != PEEK:
                 return None
+            if not _plausible(head):
+                raise WalCorrupt(f"segment {seg.log_path} is damaged at byte {pos}")
             base = load_u64(head + OFF_BASE_OFFSET)
             count = load_u32(head + OFF_COUNT)
             length = load_u32(head + OFF_LENGTH)
@@ -662,6 +687,8 @@ cdef class SegmentedLog:
         cut = 0
         while cut + HEADER_BYTES <= n:
             length = load_u32(p + cut + OFF_LENGTH)
+            if not _plausible(p + cut):
+                raise WalCorrupt(f"segment {seg.log_path} is damaged at byte {pos + cut}")
             if load_u64(p + cut + OFF_BASE_OFFSET) >= lim or cut + length > n:
                 break
             cut += length

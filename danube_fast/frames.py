@@ -6,20 +6,52 @@ Import the codec from here, never from `_frames` or `_frames_py` directly, so th
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 
-if PURE:
+# The type checker reads the native module's .pyi; the twin implements the same API.
+if PURE and not TYPE_CHECKING:
     from danube_fast._frames_py import (
-        ARROW_SCHEMA, HEADER_SIZE, MAGIC, MAX_BATCH_BYTES, VERSION, BatchHeader, Record, crc32c,
-        decode_arrow, decode_records, encode_batch, encode_payloads, iter_records, parse_header,
-        scan_batches, span, stamp_base_offset, verify_batch,
+        ARROW_SCHEMA,
+        HEADER_SIZE,
+        MAGIC,
+        MAX_BATCH_BYTES,
+        VERSION,
+        BatchHeader,
+        Record,
+        crc32c,
+        decode_arrow,
+        decode_records,
+        encode_batch,
+        encode_payloads,
+        iter_records,
+        parse_header,
+        scan_batches,
+        span,
+        stamp_base_offset,
+        verify_batch,
     )
 else:
-    from danube_fast._frames import (  # type: ignore[no-redef]
-        ARROW_SCHEMA, HEADER_SIZE, MAGIC, MAX_BATCH_BYTES, VERSION, BatchHeader, Record, crc32c,
-        decode_arrow, decode_records, encode_batch, encode_payloads, iter_records, parse_header,
-        scan_batches, span, stamp_base_offset, verify_batch,
+    from danube_fast._frames import (
+        ARROW_SCHEMA,
+        HEADER_SIZE,
+        MAGIC,
+        MAX_BATCH_BYTES,
+        VERSION,
+        BatchHeader,
+        Record,
+        crc32c,
+        decode_arrow,
+        decode_records,
+        encode_batch,
+        encode_payloads,
+        iter_records,
+        parse_header,
+        scan_batches,
+        span,
+        stamp_base_offset,
+        verify_batch,
     )
 
 IMPL = "pure" if PURE else "native"

@@ -7,12 +7,13 @@ from danube_fast import frames, wal_engine
 
 def test_selected_core_matches_the_switch() -> None:
     want = "pure" if os.environ.get("DANUBE_FAST_PURE") == "1" else "native"
-    assert frames.IMPL == want
-    assert wal_engine.IMPL == want
+    assert want == frames.IMPL
+    assert want == wal_engine.IMPL
     module = {"native": ("danube_fast._frames", "danube_fast._wal"),
               "pure": ("danube_fast._frames_py", "danube_fast._wal_py")}[want]
     assert frames.Record.__module__ == module[0]
     assert wal_engine.SegmentedLog.__module__ == module[1]
     if want == "native":
         assert frames.encode_batch.__module__ == "danube_fast._frames"
-        assert type(frames.encode_batch).__name__ in ("builtin_function_or_method", "cython_function_or_method")
+        compiled = ("builtin_function_or_method", "cython_function_or_method")
+        assert type(frames.encode_batch).__name__ in compiled

@@ -1,11 +1,12 @@
 """The asyncio face of one topic's write-ahead log.
 
-Ownership: a dedicated writer thread owns the SegmentedLog engine for writing (append, sync, roll,
-retention, close). The event loop only queues work for it and receives results. The thread takes
-everything queued since its last turn, appends it with one write, covers it with one fdatasync (group
-commit: under load, appends that arrive during an fsync share the next one), and resolves the whole
-group's futures in one `call_soon_threadsafe` hop. The loop never blocks on disk: disk reads run in the
-default executor; reads at the tail come from the in-memory BatchCache.
+Ownership: a dedicated writer thread owns the SegmentedLog engine for writing (append, roll, retention,
+close). The event loop only queues work for it and receives results. The writer takes everything queued
+since its last turn and appends it with one write. Under sync=always a second thread, the syncer, runs
+fdatasync back to back and acknowledges every group the fsync covered, in one `call_soon_threadsafe` hop:
+group commit, pipelined, so the next group is written while the previous one is flushed (a writer that
+waited for each fsync left half the in-flight appends idle; bench/RESULTS.md). The loop never blocks on
+disk: disk reads run in the default executor; reads at the tail come from the in-memory BatchCache.
 
 What readers see: records up to `committed_offset`, which advances only after the group that wrote them
 was made as durable as the SyncPolicy promises. Under `always`, a consumer never sees a record that a crash
@@ -65,7 +66,17 @@ class Wal:
         self._appends: deque[_Append] = deque()
         self._commands: deque[_Command] = deque()
         self._stopping = False
-        self._thread = threading.Thread(target=self._writer, name=f"wal-writer:{engine.directory}", daemon=True)
+        # Written groups waiting for the fdatasync that covers them (sync=always), guarded by _sync_cv.
+        self._sync_cv = threading.Condition()
+        self._unsynced: deque[tuple[list[_Append], AppendResult]] = deque()
+        self._writer_done = False
+        self._syncer: threading.Thread | None = None
+        if config.sync.mode == "always":
+            self._syncer = threading.Thread(target=self._sync_loop, name=f"wal-sync:{engine.directory}",
+                                            daemon=True)
+            self._syncer.start()
+        self._thread = threading.Thread(target=self._writer, name=f"wal-writer:{engine.directory}",
+                                        daemon=True)
         self._thread.start()
 
     @classmethod
@@ -156,7 +167,7 @@ class Wal:
         if self._closed is not None or self._stopping:
             raise WalClosed(f"the WAL in {self.directory} is closed")
 
-    # -- the writer thread ---------------------------------------------------------------------------
+    # -- the writer and syncer threads ---------------------------------------------------------------
 
     def _writer(self) -> None:
         policy = self._config.sync
@@ -166,16 +177,16 @@ class Wal:
                 while not (self._appends or self._commands or self._stopping):
                     timeout = None
                     if policy.mode == "interval" and self._log.unsynced_bytes:
-                        timeout = max(0.0, last_sync + policy.interval_ms / 1000 - time.monotonic())
-                        if timeout == 0.0:
+                        timeout = last_sync + policy.interval_ms / 1000 - time.monotonic()
+                        if timeout <= 0:
                             break
                     self._cv.wait(timeout)
                 group = self._take_group()
                 commands = list(self._commands)
                 self._commands.clear()
-                stopping = self._stopping and not self._appends and not self._commands
+                stopping = self._stopping and not self._appends
             if group:
-                self._write_group(group, policy.mode == "always")
+                self._write_group(group)
             if policy.mode == "interval" and self._log.unsynced_bytes and (
                     time.monotonic() - last_sync) * 1000 >= policy.interval_ms:
                 self._sync_quietly()
@@ -196,20 +207,51 @@ class Wal:
             size += item.size
         return group
 
-    def _write_group(self, group: list[_Append], fsync: bool) -> None:
+    def _write_group(self, group: list[_Append]) -> None:
         try:
             result = self._log.append([item.data for item in group])
-            if fsync and result.data is not None:
-                self._log.sync()
         except DanubeError as e:
-            self._loop.call_soon_threadsafe(self._fail_group, group, e)
+            self._loop.call_soon_threadsafe(self._fail_groups, [group], e)
             return
         except Exception as e:  # a bug or MemoryError must not leave the group's futures hanging
             err = WalWriteError(f"appending to the WAL in {self.directory} failed: {e!r}")
             err.__cause__ = e
-            self._loop.call_soon_threadsafe(self._fail_group, group, err)
+            self._loop.call_soon_threadsafe(self._fail_groups, [group], err)
             return
-        self._loop.call_soon_threadsafe(self._complete_group, group, result)
+        if self._syncer is not None and result.data is not None:
+            with self._sync_cv:
+                self._unsynced.append((group, result))
+                self._sync_cv.notify()
+        else:
+            self._loop.call_soon_threadsafe(self._complete_groups, [(group, result)])
+
+    def _sync_loop(self) -> None:
+        """sync=always: fdatasync whatever the writer has written, acknowledge exactly what it covered.
+        Runs beside the writer so the next group is being written while this one is flushed."""
+        while True:
+            with self._sync_cv:
+                while not self._unsynced and not self._writer_done:
+                    self._sync_cv.wait()
+                if not self._unsynced:
+                    return
+            try:
+                covered = self._log.sync()
+            except Exception as e:
+                if not isinstance(e, DanubeError):  # a bug must fail the appends, not strand them
+                    err = WalWriteError(f"fdatasync of the WAL in {self.directory} failed: {e!r}")
+                    err.__cause__ = e
+                    e = err
+                with self._sync_cv:
+                    failed = [group for group, _ in self._unsynced]
+                    self._unsynced.clear()
+                self._loop.call_soon_threadsafe(self._fail_groups, failed, e)
+                continue
+            with self._sync_cv:
+                done = []
+                while self._unsynced and self._unsynced[0][1].next_offset <= covered:
+                    done.append(self._unsynced.popleft())
+            if done:
+                self._loop.call_soon_threadsafe(self._complete_groups, done)
 
     def _sync_quietly(self) -> None:
         try:
@@ -226,6 +268,11 @@ class Wal:
             self._loop.call_soon_threadsafe(_set_result, cmd.future, value)
 
     def _shutdown(self) -> None:
+        if self._syncer is not None:
+            with self._sync_cv:
+                self._writer_done = True
+                self._sync_cv.notify()
+            self._syncer.join()
         try:
             self._log.close()
         except DanubeError as e:
@@ -233,29 +280,36 @@ class Wal:
 
     # -- back on the event loop ----------------------------------------------------------------------
 
-    def _complete_group(self, group: list[_Append], result: AppendResult) -> None:
-        if result.data is not None:
-            starts: list[int] = []
-            positions: list[int] = []
-            pos = 0
+    def _complete_groups(self, done: list[tuple[list[_Append], AppendResult]]) -> None:
+        for group, result in done:
+            if result.data is not None:
+                self._cache.add(self._cached(group, result))
+                self._committed = result.next_offset
             for item, r in zip(group, result.ranges, strict=True):
-                if isinstance(r, tuple):
-                    starts.append(r[0])
-                    positions.append(pos)
-                    pos += item.size
-            self._cache.add(CachedGroup(result.first_offset, result.next_offset, result.data, starts, positions))
-            self._committed = result.next_offset
-            self._committed_changed.set()
-            self._committed_changed = asyncio.Event()
-        for item, r in zip(group, result.ranges, strict=True):
-            if isinstance(r, Exception):
-                _set_exception(item.future, r)
-            else:
-                _set_result(item.future, r)
+                if isinstance(r, Exception):
+                    _set_exception(item.future, r)
+                else:
+                    _set_result(item.future, r)
+        self._committed_changed.set()
+        self._committed_changed = asyncio.Event()
 
-    def _fail_group(self, group: list[_Append], error: Exception) -> None:
-        for item in group:
-            _set_exception(item.future, error)
+    @staticmethod
+    def _cached(group: list[_Append], result: AppendResult) -> CachedGroup:
+        assert result.data is not None
+        starts: list[int] = []
+        positions: list[int] = []
+        pos = 0
+        for item, r in zip(group, result.ranges, strict=True):
+            if isinstance(r, tuple):
+                starts.append(r[0])
+                positions.append(pos)
+                pos += item.size
+        return CachedGroup(result.first_offset, result.next_offset, result.data, starts, positions)
+
+    def _fail_groups(self, groups: list[list[_Append]], error: Exception) -> None:
+        for group in groups:
+            for item in group:
+                _set_exception(item.future, error)
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -272,7 +326,8 @@ class Wal:
         if group is not None:
             return group.from_offset(offset, max_bytes)
         if offset < self._log.start_offset:
-            raise OffsetOutOfRange(f"offset {offset} is below the first stored offset {self._log.start_offset}")
+            raise OffsetOutOfRange(
+                f"offset {offset} is below the first stored offset {self._log.start_offset}")
         data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
         if data is None:
             return None

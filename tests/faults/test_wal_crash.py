@@ -20,7 +20,7 @@ from danube_fast.errors import WalWriteError
 from danube_fast.wal_engine import SegmentedLog
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wal_writer import payload  # noqa: E402
+from wal_writer import payload
 
 WRITER = Path(__file__).parent / "wal_writer.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,9 @@ def start_writer(directory: Path, run: int, *, sync: str = "always", producers: 
 
 
 def parse_acks(lines: Iterator[str] | list[str]) -> list[Ack]:
-    return [Ack(*map(int, line.split()[1:])) for line in lines if line.startswith("ack ")]
+    """Complete "ack" lines; a SIGKILL can cut the last line short (that append's ack is then unknown)."""
+    complete = [line for line in lines if line.endswith("\n")]
+    return [Ack(*map(int, line.split()[1:])) for line in complete if line.startswith("ack ")]
 
 
 def read_back(directory: Path) -> tuple[SegmentedLog, list[frames.Record]]:
@@ -90,7 +92,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         rest, _ = proc.communicate(timeout=30)
         assert proc.returncode == -signal.SIGKILL
-        acks += parse_acks(lines + rest.splitlines())
+        acks += parse_acks(lines + rest.splitlines(keepends=True))
         log, records = read_back(tmp_path)
         assert_acked_present(acks, records)
         # A new run appends after everything acknowledged so far.
@@ -104,7 +106,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
 def finish_until_error(proc: subprocess.Popen[str]) -> tuple[list[Ack], list[str]]:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    lines = out.splitlines()
+    lines = out.splitlines(keepends=True)
     return parse_acks(lines), [line for line in lines if line.startswith("error ")]
 
 
@@ -165,7 +167,7 @@ def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(small_t
 def test_wal_under_a_regular_file_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    with pytest.raises(WalWriteError, match="cannot open the WAL in .*not-a-dir/wal: Not a directory"):
+    with pytest.raises(WalWriteError, match=r"cannot open the WAL in .*not-a-dir/wal: Not a directory"):
         SegmentedLog(str(blocker / "wal"))
 
 

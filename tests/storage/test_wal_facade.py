@@ -35,9 +35,10 @@ class CountingLog(SegmentedLog):  # type: ignore[misc]
 
     synced_up_to: list[int]
 
-    def sync(self) -> None:
-        super().sync()
-        self.synced_up_to.append(self.next_offset)
+    def sync(self) -> int:
+        covered: int = super().sync()
+        self.synced_up_to.append(covered)
+        return covered
 
 
 async def open_counting(path: Path, config: WalConfig) -> tuple[Wal, CountingLog]:
@@ -73,7 +74,7 @@ def test_always_acknowledges_only_what_an_fsync_covered(tmp_path: Path, run: Run
 
         async def producer(k: int) -> None:
             for i in range(40):
-                first, last = await wal.append(batch(1000 * k + i, count=2))
+                _, last = await wal.append(batch(1000 * k + i, count=2))
                 assert engine.synced_up_to and last < engine.synced_up_to[-1]
 
         await asyncio.gather(*[producer(k) for k in range(8)])

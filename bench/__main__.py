@@ -1,0 +1,67 @@
+"""`python -m bench storage [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+
+Results go to stdout (a table, or one JSON object per line with --json); progress and machine facts go to
+stderr, so `--json` output can be piped as is."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from datetime import UTC, datetime
+
+from bench import results, storage
+from bench.common import describe_machine, machine_info, print_json_lines, print_table, progress
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description="danube_fast benchmarks")
+    suites = parser.add_subparsers(dest="suite", required=True)
+    st = suites.add_parser("storage", help="WAL append against plain writes, codec, CRC, index, reads")
+    st.add_argument("--json", action="store_true", help="one JSON object per result on stdout")
+    st.add_argument("--runs", type=_positive_int, default=5, help="runs per figure; figures are medians")
+    st.add_argument("--quick", action="store_true",
+                    help="64 MiB per disk run and 0.2 s per CPU run instead of 512 MiB and 1 s")
+    st.add_argument("--dir", default="/tmp",
+                    help="where to create the scratch directory (removed after); its file system is measured")
+    st.add_argument("--write-results", action="store_true",
+                    help="also rewrite the Storage section of bench/RESULTS.md from this run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    if not os.path.isdir(args.dir):
+        _parser().error(f"--dir {args.dir!r} is not a directory")
+    info = machine_info(os.path.abspath(args.dir))
+    progress(f"machine: {describe_machine(info)}; load average {info['load_average_1m']}")
+    warning = storage.check_native()
+    if warning:
+        progress(f"WARNING: {warning}")
+    found = storage.run_storage(storage.Options(args.runs, args.quick, args.dir))
+    if args.json:
+        print_json_lines(found)
+    else:
+        print(f"machine: {describe_machine(info)}")
+        print(f"runs: {args.runs}{' (quick)' if args.quick else ''}\n")
+        print_table(found)
+    if args.write_results:
+        command = shlex.join(["python", "-m", "bench", *argv])
+        date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        results.write_section("Storage", results.render_section(
+            "Storage", found, info, command, date, args.runs, args.quick))
+        progress(f"wrote the Storage section of {results.RESULTS_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""What every benchmark suite shares: the result type, medians and timing loops, machine facts, output."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, TextIO
+
+MIB = 1024 * 1024
+MB = 1_000_000
+GIB = 1024 * MIB
+PUBLISH_TIME = 1_700_000_000_000  # a fixed Unix-ms time: every batch encodes the same way in every run
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal for one figure, e.g. `Target(">= 4 GiB/s", ">=", 4.0)` or, against the baseline,
+    `Target(">= 80% of baseline", ">=", 0.8, of="ratio")`."""
+
+    text: str
+    op: Literal[">=", "<="]
+    threshold: float
+    of: Literal["value", "ratio"] = "value"
+
+    def met(self, result: Result) -> bool | None:
+        measured = result.value if self.of == "value" else result.ratio
+        if measured is None:
+            return None
+        return measured >= self.threshold if self.op == ">=" else measured <= self.threshold
+
+
+@dataclass(frozen=True)
+class Result:
+    """One figure: the median over `runs` runs. `baseline` is in the same unit as `value`, and `ratio` is the
+    median of the per-run ratios (not value / baseline: pairing cancels drift between runs)."""
+
+    name: str
+    unit: str
+    value: float
+    runs: int
+    baseline: float | None = None
+    ratio: float | None = None
+    target: Target | None = None
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.target.met(self)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "value": _round(self.value),
+            "baseline": None if self.baseline is None else _round(self.baseline),
+            "ratio": None if self.ratio is None else round(self.ratio, 4),
+            "runs": self.runs,
+            "target": None if self.target is None else self.target.text,
+        }
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of no values")
+    return float(statistics.median(values))
+
+
+def paired_ratio(values: Sequence[float], baselines: Sequence[float]) -> float:
+    """Median of value[i] / baseline[i]: each pair ran back to back, so a slow disk spell hits both."""
+    if len(values) != len(baselines):
+        raise ValueError(f"{len(values)} values but {len(baselines)} baselines")
+    return median([v / b for v, b in zip(values, baselines, strict=True)])
+
+
+# -- timing ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Collect, then keep the cyclic GC out of the timed section (as timeit does)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def time_calls(fn: Callable[[], object], budget_s: float) -> tuple[int, float]:
+    """Call `fn` as often as fits in about `budget_s` seconds (at least once, after a warm-up call and a
+    timing call that sets the count); returns (calls, elapsed seconds)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-9)
+    calls = max(1, round(budget_s / one))
+    with no_gc():
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - t0
+    return calls, elapsed
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- machine facts --------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) * 1024 / GIB, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _command(args: list[str], cwd: str | None = None) -> str | None:
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def _file_system(directory: str) -> str:
+    """Like `ext4 on /dev/vda mounted at /`, from df (which names ext4 where `stat -f` says ext2/ext3)."""
+    df = _command(["df", "-T", "-P", directory])
+    fields = df.splitlines()[-1].split() if df else []
+    if len(fields) >= 7:
+        return f"{fields[1]} on {fields[0]} mounted at {fields[6]}"
+    return f"{_command(['stat', '-f', '-c', '%T', directory]) or 'unknown'} (stat -f)"
+
+
+def _git_commit() -> str | None:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    commit = _command(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo)
+    if commit is None:
+        return None
+    # --no-optional-locks: status must not take index.lock under someone else's concurrent git command.
+    dirty = _command(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+                     cwd=repo)
+    return f"{commit}+dirty" if dirty else commit
+
+
+def machine_info(data_dir: str) -> dict[str, object]:
+    """Facts that decide whether two result sets are comparable."""
+    from danube_fast import frames, wal_engine
+
+    cores = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    return {
+        "cpu": _cpu_model(),
+        "cores": cores,
+        "usable_cores": usable,
+        "memory_gib": _memory_gib(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "data_dir": data_dir,
+        "file_system": _file_system(data_dir),
+        "git_commit": _git_commit(),
+        "codec": frames.IMPL,
+        "wal_engine": wal_engine.IMPL,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def describe_machine(info: dict[str, object]) -> str:
+    return (f"{info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable), "
+            f"{info['memory_gib']} GiB, {info['kernel']}, {info['python']}, "
+            f"data dir on {info['file_system']}, "
+            f"codec {info['codec']}, WAL engine {info['wal_engine']}, commit {info['git_commit'] or 'n/a'}")
+
+
+# -- output ---------------------------------------------------------------------------------------------
+
+
+def fmt(x: float | None) -> str:
+    """Human figure: thousands separators for large numbers, 3 significant digits for small ones."""
+    if x is None:
+        return ""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def met_text(met: bool | None) -> str:
+    return "" if met is None else ("yes" if met else "NO")
+
+
+def print_json_lines(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    for r in results:
+        print(json.dumps(r.as_json(), ensure_ascii=False), file=out)
+
+
+TABLE_COLUMNS = ("name", "value", "unit", "baseline", "ratio", "target", "met?")
+
+
+def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
+    return [(r.name, fmt(r.value), r.unit, fmt(r.baseline), "" if r.ratio is None else f"{r.ratio:.3f}",
+             "" if r.target is None else r.target.text, met_text(r.met)) for r in results]
+
+
+def print_table(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    rows = [TABLE_COLUMNS, *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    numeric = {1, 3, 4}
+    for n, row in enumerate(rows):
+        cells = [c.rjust(w) if i in numeric and n else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        print("  ".join(cells).rstrip(), file=out)
+        if n == 0:
+            print("  ".join("-" * w for w in widths), file=out)

@@ -1,0 +1,196 @@
+"""`python -m bench storage`: the storage figures, each the median over `runs` runs.
+
+Disk figures run in pairs: plain writes (the baseline) immediately followed by the WAL workload, fresh files
+each, on the same file system. On a disk whose sequential fdatasync rate swings several-fold between runs
+(we saw 270 to 1500 MB/s on the development VM), only the per-pair ratio is comparable across runs; the
+reported ratio is the median of those, not the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Literal
+
+from bench import codec, disk
+from bench.common import GIB, MB, MIB, Result, Target, median, paired_ratio, progress, time_calls
+from danube_fast import frames, wal_engine
+
+CHUNK_BYTES = 16 * MIB  # the baseline's write size
+IN_FLIGHT = 64  # concurrent appends against the asyncio facade
+INDEX_BATCHES = 131_072  # one-record batches, all indexed: >= 100,000 index entries
+INDEX_PAYLOAD = 100
+LOOKUPS = 100_000
+READ_BYTES = MIB
+
+
+@dataclass(frozen=True)
+class Options:
+    runs: int = 5
+    quick: bool = False
+    parent_dir: str = "/tmp"  # the scratch directory is created (and removed) inside
+
+
+@dataclass(frozen=True)
+class Sizes:
+    write_bytes: int  # per baseline run, and (rounded up to whole batches) per WAL run
+    cpu_budget_s: float  # per run of a CPU figure
+
+    @classmethod
+    def of(cls, quick: bool) -> Sizes:
+        return cls(64 * MIB, 0.2) if quick else cls(512 * MIB, 1.0)
+
+
+@dataclass(frozen=True)
+class WalWorkload:
+    name: str
+    payload_bytes: int
+    records_per_batch: int
+    layer: Literal["facade", "engine"]
+    batches_per_call: int = 1  # engine only: batches handed to one append() before its sync()
+    target_bytes: Target | None = None
+    target_records: Target | None = None
+
+
+WAL_WORKLOADS = (
+    WalWorkload("wal_append_always_4k", 4096, 64, "facade",
+                target_bytes=Target(">= 80% of baseline", ">=", 0.8, of="ratio")),
+    WalWorkload("wal_append_always_256b", 256, 1000, "facade",
+                target_records=Target(">= 5,000,000 records/s", ">=", 5_000_000)),
+    WalWorkload("wal_append_engine_256b", 256, 1000, "engine", batches_per_call=16),
+)
+
+
+def run_storage(options: Options) -> list[Result]:
+    sizes = Sizes.of(options.quick)
+    scratch = tempfile.mkdtemp(prefix="danube-bench-", dir=options.parent_dir)
+    try:
+        cpu = codec_figures(options.runs, sizes.cpu_budget_s)
+        index = index_figures(scratch, options.runs, sizes.cpu_budget_s)
+        wal = wal_figures(scratch, options.runs, sizes.write_bytes)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return wal + cpu + index
+
+
+# -- disk: baseline and WAL, in pairs -------------------------------------------------------------------
+
+
+def wal_figures(scratch: str, runs: int, write_bytes: int) -> list[Result]:
+    chunk = os.urandom(CHUNK_BYTES)
+    chunks = max(1, write_bytes // CHUNK_BYTES)
+    base_bytes = chunks * CHUNK_BYTES
+    all_baselines: list[float] = []
+    measured: dict[str, tuple[list[float], list[float]]] = {w.name: ([], []) for w in WAL_WORKLOADS}
+    batches = {w.name: disk.encode_batch_of(w.payload_bytes, w.records_per_batch) for w in WAL_WORKLOADS}
+    for run in range(runs):
+        for w in WAL_WORKLOADS:
+            path = os.path.join(scratch, f"baseline-{run}-{w.name}")
+            base = base_bytes / disk.write_baseline(path, chunk, chunks) / MB
+            os.unlink(path)
+            value = _run_wal(w, batches[w.name], os.path.join(scratch, f"wal-{run}-{w.name}"), base_bytes)
+            measured[w.name][0].append(value)
+            measured[w.name][1].append(base)
+            all_baselines.append(base)
+            progress(f"run {run + 1}/{runs} {w.name}: {value:,.0f} MB/s, baseline {base:,.0f} MB/s, "
+                     f"ratio {value / base:.2f}")
+    results = [Result("baseline_write_fdatasync", "MB/s", median(all_baselines), len(all_baselines))]
+    for w in WAL_WORKLOADS:
+        values, bases = measured[w.name]
+        ratio = paired_ratio(values, bases)
+        per_record = len(batches[w.name]) / w.records_per_batch
+        results.append(Result(w.name, "MB/s", median(values), runs, median(bases), ratio, w.target_bytes))
+        # The baseline in records/s: what plain writes of the same bytes would carry.
+        results.append(Result(f"{w.name}_records", "records/s", median(values) * MB / per_record, runs,
+                              median(bases) * MB / per_record, ratio, w.target_records))
+    return results
+
+
+def _run_wal(w: WalWorkload, batch: bytes, directory: str, write_bytes: int) -> float:
+    """One run of a WAL workload writing at least `write_bytes`; returns MB/s of batch bytes."""
+    per_call = len(batch) * w.batches_per_call
+    calls = math.ceil(write_bytes / per_call)
+    try:
+        if w.layer == "facade":
+            elapsed = disk.wal_facade_append(directory, batch, calls, IN_FLIGHT)
+        else:
+            elapsed = disk.engine_append(directory, batch, w.batches_per_call, calls)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return calls * per_call / elapsed / MB
+
+
+# -- CPU: codec and CRC ---------------------------------------------------------------------------------
+
+
+def codec_figures(runs: int, budget_s: float) -> list[Result]:
+    payloads = codec.make_payloads(1000, 256)
+    records = codec.make_records(payloads)
+    buf_256 = codec.batches_buffer(64, 1000, 256)
+    buf_1k = codec.batches_buffer(64, 1000, 1024)
+    crc_data = os.urandom(64 * MIB)
+    encode_target = Target(">= 3,000,000 records/s", ">=", 3_000_000)
+    decode_target = Target(">= 4 GiB/s", ">=", 4.0)
+    rows: dict[str, list[float]] = {}
+
+    def measure(name: str, rate: float) -> None:
+        rows.setdefault(name, []).append(rate)
+
+    for run in range(runs):
+        progress(f"run {run + 1}/{runs} encode, decode_arrow, crc32c")
+        measure("encode_batch_records", codec.encode_batch_rate(records, budget_s))
+        measure("encode_payloads_records", codec.encode_payloads_rate(payloads, budget_s))
+        measure("decode_arrow", codec.decode_arrow_rate(buf_256, True, budget_s) / GIB)
+        measure("decode_arrow_1k", codec.decode_arrow_rate(buf_1k, True, budget_s) / GIB)
+        measure("decode_arrow_noverify", codec.decode_arrow_rate(buf_256, False, budget_s) / GIB)
+        measure("decode_arrow_1k_noverify", codec.decode_arrow_rate(buf_1k, False, budget_s) / GIB)
+        measure("crc32c", codec.crc32c_rate(crc_data, budget_s / 2) / GIB)
+        measure("zlib_crc32", codec.zlib_crc32_rate(crc_data, budget_s / 2) / GIB)
+    return [
+        Result("encode_batch_records", "records/s", median(rows["encode_batch_records"]), runs,
+               target=encode_target),
+        Result("encode_payloads_records", "records/s", median(rows["encode_payloads_records"]), runs,
+               target=encode_target),
+        Result("decode_arrow", "GiB/s", median(rows["decode_arrow"]), runs, target=decode_target),
+        Result("decode_arrow_1k", "GiB/s", median(rows["decode_arrow_1k"]), runs, target=decode_target),
+        Result("decode_arrow_noverify", "GiB/s", median(rows["decode_arrow_noverify"]), runs),
+        Result("decode_arrow_1k_noverify", "GiB/s", median(rows["decode_arrow_1k_noverify"]), runs),
+        Result("crc32c", "GiB/s", median(rows["crc32c"]), runs, median(rows["zlib_crc32"]),
+               paired_ratio(rows["crc32c"], rows["zlib_crc32"])),
+    ]
+
+
+# -- index lookups and reads ----------------------------------------------------------------------------
+
+
+def index_figures(scratch: str, runs: int, budget_s: float) -> list[Result]:
+    progress(f"building a log of {INDEX_BATCHES:,} indexed batches")
+    log = disk.build_indexed_log(os.path.join(scratch, "indexed"), INDEX_BATCHES, INDEX_PAYLOAD)
+    try:
+        rng = random.Random(7)
+        offsets = [rng.randrange(log.next_offset) for _ in range(LOOKUPS)]
+        pass_bytes = disk.read_all(log, READ_BYTES)
+        lookups: list[float] = []
+        reads: list[float] = []
+        for run in range(runs):
+            progress(f"run {run + 1}/{runs} index_lookup, wal_read_1mib")
+            lookups.append(disk.time_lookups(log, offsets) / len(offsets) * 1e6)
+            calls, elapsed = time_calls(lambda: disk.read_all(log, READ_BYTES), budget_s)
+            reads.append(calls * pass_bytes / elapsed / MB)
+    finally:
+        log.close()
+    return [
+        Result("index_lookup", "µs", median(lookups), runs, target=Target("<= 1 µs", "<=", 1.0)),
+        Result("wal_read_1mib", "MB/s", median(reads), runs),
+    ]
+
+
+def check_native() -> str | None:
+    """A warning when the pure-Python twins are selected: their figures say nothing about the product."""
+    if frames.IMPL != "native" or wal_engine.IMPL != "native":
+        return f"codec {frames.IMPL}, WAL engine {wal_engine.IMPL}: DANUBE_FAST_PURE=1 measures the twins"
+    return None
