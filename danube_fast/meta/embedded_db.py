@@ -1,0 +1,207 @@
+"""The SQLite half of EmbeddedStore: etcd's data model (revisions, history, leases) in three tables.
+
+State has one owner: an `EmbeddedDb` is created, used and closed by the store's single worker thread, so
+writes are serialized and never run on the event loop. Every write is one SQLite transaction (WAL journal,
+synchronous=FULL: a committed write survives a power cut), and one transaction that changes keys is one
+revision, as in etcd; a write that changes nothing (deleting a missing key) does not take a revision.
+"""
+
+from __future__ import annotations
+
+import operator
+import secrets
+import sqlite3
+from collections.abc import Sequence
+
+from danube_fast.meta.store import (
+    Compacted,
+    Compare,
+    Delete,
+    Get,
+    InvalidRevision,
+    KeyValue,
+    LeaseNotFound,
+    Op,
+    Put,
+    TxnResult,
+    WatchEvent,
+    prefix_range_end,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL, create_revision INTEGER NOT NULL,
+    mod_revision INTEGER NOT NULL, version INTEGER NOT NULL, lease INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS kv_by_lease ON kv (lease) WHERE lease != 0;
+CREATE TABLE IF NOT EXISTS history (revision INTEGER NOT NULL, seq INTEGER NOT NULL, key BLOB NOT NULL,
+    deleted INTEGER NOT NULL, value BLOB NOT NULL, prev_value BLOB, PRIMARY KEY (revision, seq));
+CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL, deadline REAL NOT NULL);
+"""
+KV_COLUMNS = "key, value, create_revision, mod_revision, version, lease"
+_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
+_TARGETS = {"version": 2, "create_revision": 3, "mod_revision": 4}  # column of _compare's select
+
+
+class EmbeddedDb:
+    def __init__(self, path: str, history_retention: int) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._retention = history_retention
+        self.revision = self._meta("revision")
+        self.compact_revision = self._meta("compact_revision")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _meta(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _set_meta(self, name: str, value: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
+    # reads -------------------------------------------------------------------------------------------------
+
+    def range(self, key: bytes, prefix: bool) -> list[KeyValue]:
+        if prefix:
+            rows = self._db.execute(f"SELECT {KV_COLUMNS} FROM kv WHERE key >= ? AND key < ? ORDER BY key",
+                                    (key, prefix_range_end(key))).fetchall()
+        else:
+            rows = self._db.execute(f"SELECT {KV_COLUMNS} FROM kv WHERE key = ?", (key,)).fetchall()
+        return [KeyValue(bytes(r[0]).decode(), bytes(r[1]), *r[2:]) for r in rows]
+
+    def history(self, prefix: bytes, start: int) -> tuple[list[WatchEvent], int]:
+        """Changes under prefix at revision >= start, and the revision they run up to."""
+        if start < self.compact_revision:
+            raise Compacted(f"revision {start} is compacted; history starts at {self.compact_revision}",
+                            self.compact_revision)
+        rows = self._db.execute(
+            "SELECT revision, key, deleted, value, prev_value FROM history WHERE revision >= ? AND key >= ? "
+            "AND key < ? ORDER BY revision, seq", (start, prefix, prefix_range_end(prefix))).fetchall()
+        events = [WatchEvent("delete" if r[2] else "put", bytes(r[1]).decode(), bytes(r[3]), r[0],
+                             None if r[4] is None else bytes(r[4])) for r in rows]
+        return events, self.revision
+
+    # writes ------------------------------------------------------------------------------------------------
+
+    def txn(self, compare: Sequence[Compare], success: Sequence[Op],
+            failure: Sequence[Op]) -> tuple[TxnResult, list[WatchEvent]]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            succeeded = all(self._compare(c) for c in compare)
+            changes: list[WatchEvent] = []
+            responses: list[list[KeyValue] | int | None] = []
+            for op in success if succeeded else failure:
+                responses.append(self._apply(op, changes))
+            self._commit(changes)
+        except BaseException:
+            self._rollback()
+            raise
+        return TxnResult(succeeded, self.revision, responses), changes
+
+    def _compare(self, c: Compare) -> bool:
+        row = self._db.execute("SELECT value, 0, version, create_revision, mod_revision FROM kv "
+                               "WHERE key = ?", (c.key.encode(),)).fetchone()
+        if c.target == "value":
+            # etcd: a value compare on a missing key is false, whatever the operator
+            return row is not None and bool(_OPS[c.op](bytes(row[0]), c.value))
+        return bool(_OPS[c.op](row[_TARGETS[c.target]] if row else 0, c.value))
+
+    def _apply(self, op: Op, changes: list[WatchEvent]) -> list[KeyValue] | int | None:
+        key = op.key.encode()
+        if isinstance(op, Get):
+            return self.range(key, op.prefix)
+        revision = self.revision + 1
+        if isinstance(op, Put):
+            if op.lease and not self._db.execute("SELECT 1 FROM lease WHERE id = ?", (op.lease,)).fetchone():
+                raise LeaseNotFound(f"lease {op.lease:x} expired or was revoked")
+            old = self._db.execute("SELECT value, create_revision, version FROM kv WHERE key = ?",
+                                   (key,)).fetchone()
+            create, version = (old[1], old[2] + 1) if old else (revision, 1)
+            self._db.execute(f"INSERT OR REPLACE INTO kv ({KV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                             (key, op.value, create, revision, version, op.lease))
+            changes.append(WatchEvent("put", op.key, op.value, revision, bytes(old[0]) if old else None))
+            return None
+        assert isinstance(op, Delete)
+        gone = self.range(key, op.prefix)
+        for kv in gone:
+            self._db.execute("DELETE FROM kv WHERE key = ?", (kv.key.encode(),))
+            changes.append(WatchEvent("delete", kv.key, b"", revision, kv.value))
+        return len(gone)
+
+    def _commit(self, changes: list[WatchEvent]) -> None:
+        """Commit the open transaction; the revision moves only once SQLite has committed it."""
+        revision, compact_revision = self.revision, self.compact_revision
+        if changes:
+            revision += 1
+            self._set_meta("revision", revision)
+            self._db.executemany(
+                "INSERT INTO history (revision, seq, key, deleted, value, prev_value) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.revision, i, e.key.encode(), e.type == "delete", e.value, e.prev_value)
+                 for i, e in enumerate(changes)])
+            # keep `retention` revisions, compacting once the history has grown a tenth past that
+            if revision - compact_revision > self._retention + max(1, self._retention // 10):
+                compact_revision = revision - self._retention + 1
+                self._compact(compact_revision)
+        self._db.execute("COMMIT")
+        self.revision, self.compact_revision = revision, compact_revision
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:  # a failed COMMIT may have rolled back already
+            self._db.execute("ROLLBACK")
+
+    def compact(self, revision: int) -> None:
+        if revision > self.revision or revision < 1:
+            raise InvalidRevision(f"cannot compact to revision {revision}: the store is at {self.revision}")
+        if revision > self.compact_revision:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._compact(revision)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            self.compact_revision = revision
+
+    def _compact(self, revision: int) -> None:
+        self._db.execute("DELETE FROM history WHERE revision < ?", (revision,))
+        self._set_meta("compact_revision", revision)
+
+    # leases: `deadline` is wall-clock time, so that a restart expires what ran out while the store was down
+
+    def leases(self) -> list[tuple[int, int, float]]:
+        return [(r[0], r[1], r[2]) for r in self._db.execute("SELECT id, ttl, deadline FROM lease")]
+
+    def grant(self, ttl: int, deadline: float) -> int:
+        while True:
+            lease = secrets.randbits(62) + 1  # random like etcd's, so ids are not reused across restarts
+            if not self._db.execute("SELECT 1 FROM lease WHERE id = ?", (lease,)).fetchone():
+                break
+        self._db.execute("INSERT INTO lease (id, ttl, deadline) VALUES (?, ?, ?)", (lease, ttl, deadline))
+        return lease
+
+    def refresh(self, lease: int, deadline: float) -> int:
+        row = self._db.execute("UPDATE lease SET deadline = ? WHERE id = ? RETURNING ttl",
+                               (deadline, lease)).fetchone()
+        if row is None:
+            raise LeaseNotFound(f"lease {lease:x} expired or was revoked")
+        return int(row[0])
+
+    def revoke(self, lease: int) -> list[WatchEvent]:
+        """Delete the lease and its keys, in key order, as one revision (etcd's order)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._db.execute("DELETE FROM lease WHERE id = ?", (lease,)).rowcount == 0:
+                raise LeaseNotFound(f"lease {lease:x} expired or was revoked")
+            changes: list[WatchEvent] = []
+            keys = self._db.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease,)).fetchall()
+            for (key,) in keys:
+                self._apply(Delete(bytes(key).decode()), changes)
+            self._commit(changes)
+        except BaseException:
+            self._rollback()
+            raise
+        return changes

@@ -1,0 +1,113 @@
+"""The typed value of every metadata key: one import for all of them.
+
+Each resource is a frozen dataclass with `from_json(bytes, key=...) -> Self` and `to_json() -> bytes`, using
+exactly the field names and JSON types of seed 000 (see resources_base for the rules). Which key holds what:
+
+| key (danube_fast.meta.keys)                  | resource                              |
+|----------------------------------------------|---------------------------------------|
+| cluster_name, broker_topic, namespace_topic  | Marker (JSON null)                    |
+| broker_register                              | BrokerRegistration                    |
+| broker_state                                 | BrokerState                           |
+| unassigned                                   | Unassigned (null, or {reason, ...})   |
+| load_report                                  | LoadReport (of SystemLoad)            |
+| load_balance                                 | LoadBalanceDecision                   |
+| leader                                       | ClusterLeader                         |
+| namespace_policy, topic_policy               | Policy                                |
+| topic_root                                   | TopicRoot                             |
+| topic_delivery                               | TopicDelivery                         |
+| topic_schema                                 | TopicSchemaConfig                     |
+| topic_producer                               | Producer                              |
+| topic_subscription                           | Subscription                          |
+| subscription_cursor                          | SubscriptionCursor                    |
+| schema_next_id                               | NextSchemaId                          |
+| schema_metadata                              | SchemaMetadata (of SchemaVersion)     |
+| schema_version                               | SchemaVersion                         |
+| schema_by_id                                 | SchemaIndexEntry                      |
+| object_descriptor                            | ObjectDescriptor                      |
+| objects_cur                                  | CurrentObject                         |
+| sealed_state                                 | SealedState                           |
+
+The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (seed 000 shows
+none) and nothing here writes it, so it has no resource.
+"""
+
+from danube_fast.meta.resources_base import JSON, NULL, JSONObject, Resource
+from danube_fast.meta.resources_cluster import (
+    UNLOAD,
+    BrokerMode,
+    BrokerRegistration,
+    BrokerState,
+    ClusterLeader,
+    LoadBalanceDecision,
+    LoadReport,
+    Marker,
+    ResourceKind,
+    SystemLoad,
+    Unassigned,
+)
+from danube_fast.meta.resources_schema import (
+    CompatibilityMode,
+    NextSchemaId,
+    SchemaDefinition,
+    SchemaIndexEntry,
+    SchemaKind,
+    SchemaMetadata,
+    SchemaVersion,
+)
+from danube_fast.meta.resources_storage import CurrentObject, ObjectDescriptor, SealedState
+from danube_fast.meta.resources_topics import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DeliveryMode,
+    Policy,
+    Producer,
+    ProducerAccessMode,
+    Subscription,
+    SubscriptionCursor,
+    SubscriptionType,
+    TopicDelivery,
+    TopicRoot,
+    TopicSchemaConfig,
+    ValidationPolicy,
+)
+from danube_fast.meta.store import BadValue
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "JSON",
+    "NULL",
+    "UNLOAD",
+    "BadValue",
+    "BrokerMode",
+    "BrokerRegistration",
+    "BrokerState",
+    "ClusterLeader",
+    "CompatibilityMode",
+    "CurrentObject",
+    "DeliveryMode",
+    "JSONObject",
+    "LoadBalanceDecision",
+    "LoadReport",
+    "Marker",
+    "NextSchemaId",
+    "ObjectDescriptor",
+    "Policy",
+    "Producer",
+    "ProducerAccessMode",
+    "Resource",
+    "ResourceKind",
+    "SchemaDefinition",
+    "SchemaIndexEntry",
+    "SchemaKind",
+    "SchemaMetadata",
+    "SchemaVersion",
+    "SealedState",
+    "Subscription",
+    "SubscriptionCursor",
+    "SubscriptionType",
+    "SystemLoad",
+    "TopicDelivery",
+    "TopicRoot",
+    "TopicSchemaConfig",
+    "Unassigned",
+    "ValidationPolicy",
+]

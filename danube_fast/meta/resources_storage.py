@@ -1,0 +1,111 @@
+"""Values under /danube-data/storage/ (seed 000 section 5): object descriptors, objects/cur, sealed state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Self
+
+from danube_fast.meta.resources_base import (
+    JSON,
+    U64_MAX,
+    Fields,
+    JSONObject,
+    Resource,
+    as_list,
+    as_uint,
+    bad,
+    with_extra,
+)
+
+OFFSET_DIGITS = 20
+
+
+@dataclass(frozen=True)
+class ObjectDescriptor(Resource):
+    """`.../objects/{start_offset:020d}`: one uploaded object and the offsets it holds (both ends included).
+
+    `offset_index` is the object's sparse index, pairs of [offset, byte position in the object]; `etag` is the
+    object store's etag, null when it gives none (the local folder store).
+    """
+
+    RESOURCE = "object descriptor"
+
+    object_id: str  # "data-0-29.dnb1"
+    start_offset: int
+    end_offset: int
+    size: int
+    completed: bool
+    created_at: int
+    etag: str | None = None
+    offset_index: tuple[tuple[int, int], ...] = ()
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        index = []
+        for i, entry in enumerate(f.array("offset_index")):
+            name = f"field offset_index[{i}]"
+            pair = as_list(entry, where, name)
+            if len(pair) != 2:
+                raise bad(where, name, "an [offset, position] pair", entry)
+            index.append((as_uint(pair[0], where, name + "[0]"), as_uint(pair[1], where, name + "[1]")))
+        start, end = f.uint("start_offset"), f.uint("end_offset")
+        if end < start:
+            raise bad(where, "field 'end_offset'", f"at least start_offset ({start})", end)
+        return cls(object_id=f.string("object_id"), start_offset=start, end_offset=end, size=f.uint("size"),
+                   completed=f.boolean("completed"), created_at=f.uint("created_at"),
+                   etag=f.nullable_str("etag"), offset_index=tuple(index), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({
+            "completed": self.completed, "created_at": self.created_at, "end_offset": self.end_offset,
+            "etag": self.etag, "object_id": self.object_id,
+            "offset_index": [[offset, position] for offset, position in self.offset_index],
+            "size": self.size, "start_offset": self.start_offset}, self.extra)
+
+
+@dataclass(frozen=True)
+class CurrentObject(Resource):
+    """`.../objects/cur`: {"start": "00000000000000000030"}, the start offset of the latest object, as the
+    same 20-digit zero-padded text as its descriptor key."""
+
+    RESOURCE = "current-object pointer"
+
+    start: int
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        text = f.string("start")
+        if len(text) != OFFSET_DIGITS or not (text.isascii() and text.isdigit()) or int(text) > U64_MAX:
+            raise bad(where, "field 'start'", f"a {OFFSET_DIGITS}-digit zero-padded offset", text)
+        return cls(start=int(text), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"start": f"{self.start:0{OFFSET_DIGITS}d}"}, self.extra)
+
+
+@dataclass(frozen=True)
+class SealedState(Resource):
+    """`.../state`: written by the old owner at unload; the next owner starts its WAL at
+    `last_committed_offset + 1` and deletes it once the topic is loaded (seed 004, DESIGN 6)."""
+
+    RESOURCE = "sealed state"
+
+    sealed: bool
+    last_committed_offset: int
+    broker_id: int
+    timestamp: int
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(sealed=f.boolean("sealed"), last_committed_offset=f.uint("last_committed_offset"),
+                   broker_id=f.uint("broker_id"), timestamp=f.uint("timestamp"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"sealed": self.sealed, "last_committed_offset": self.last_committed_offset,
+                           "broker_id": self.broker_id, "timestamp": self.timestamp}, self.extra)

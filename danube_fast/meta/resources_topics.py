@@ -1,0 +1,207 @@
+"""Values under /namespaces/ and /topics/ (seed 000 sections 2-3; topic policy and schema: seed 001)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import ClassVar, Self
+
+from danube_fast.meta.resources_base import (
+    JSON,
+    Fields,
+    JSONObject,
+    Resource,
+    as_int_enum,
+    as_str_enum,
+    as_uint,
+    with_extra,
+)
+
+DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024  # Danube's default policy (10 MiB)
+
+
+@dataclass(frozen=True)
+class Policy(Resource):
+    """`/namespaces/{ns}/policy` and `/topics/{ns}/{topic}/policy`: limits, 0 meaning unlimited.
+
+    The defaults are Danube's: everything unlimited but the message size.
+    """
+
+    RESOURCE = "policy"
+
+    max_consumers_per_subscription: int = 0
+    max_consumers_per_topic: int = 0
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_producers_per_topic: int = 0
+    max_publish_rate: int = 0
+    max_subscription_dispatch_rate: int = 0
+    max_subscriptions_per_topic: int = 0
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    _FIELDS: ClassVar[tuple[str, ...]] = (
+        "max_consumers_per_subscription", "max_consumers_per_topic", "max_message_size",
+        "max_producers_per_topic", "max_publish_rate", "max_subscription_dispatch_rate",
+        "max_subscriptions_per_topic")
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        limits = {name: f.uint(name) for name in cls._FIELDS}
+        return cls(**limits, extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
+        return with_extra(obj, self.extra)
+
+
+@dataclass(frozen=True)
+class TopicRoot(Resource):
+    """`/topics/{ns}/{topic}`: the number of partitions (0 for a non-partitioned topic), a bare number."""
+
+    RESOURCE = "topic root"
+
+    partitions: int = 0
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        return cls(as_uint(value, where, "the value"))
+
+    def to_obj(self) -> JSON:
+        return self.partitions
+
+
+class DeliveryMode(StrEnum):
+    RELIABLE = "Reliable"
+    NON_RELIABLE = "NonReliable"
+
+
+@dataclass(frozen=True)
+class TopicDelivery(Resource):
+    """`/topics/{ns}/{topic}/delivery`: the dispatch strategy, a bare JSON string."""
+
+    RESOURCE = "topic delivery"
+
+    mode: DeliveryMode
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        return cls(as_str_enum(value, where, "the value", DeliveryMode))
+
+    def to_obj(self) -> JSON:
+        return str(self.mode.value)
+
+
+class ProducerAccessMode(IntEnum):
+    SHARED = 0
+    EXCLUSIVE = 1
+
+
+@dataclass(frozen=True)
+class Producer(Resource):
+    """`/topics/{ns}/{topic}/producers/{producer_id}`."""
+
+    RESOURCE = "producer"
+
+    access_mode: ProducerAccessMode
+    producer_id: int
+    producer_name: str
+    status: bool
+    topic_name: str  # "/{ns}/{topic}"
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(access_mode=as_int_enum(f.get("access_mode"), where, f.name("access_mode"),
+                                           ProducerAccessMode),
+                   producer_id=f.uint("producer_id"), producer_name=f.string("producer_name"),
+                   status=f.boolean("status"), topic_name=f.string("topic_name"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"access_mode": int(self.access_mode), "producer_id": self.producer_id,
+                           "producer_name": self.producer_name, "status": self.status,
+                           "topic_name": self.topic_name}, self.extra)
+
+
+class SubscriptionType(IntEnum):
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+    KEY_SHARED = 3  # the wire enum's value (v0.12+); seed 000 lists 0..2
+
+
+@dataclass(frozen=True)
+class Subscription(Resource):
+    """`/topics/{ns}/{topic}/subscriptions/{subscription_name}`; `consumer_id` is present and may be null."""
+
+    RESOURCE = "subscription"
+
+    consumer_id: int | None
+    consumer_name: str
+    subscription_name: str
+    subscription_type: SubscriptionType
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        kind = as_int_enum(f.get("subscription_type"), where, f.name("subscription_type"), SubscriptionType)
+        return cls(consumer_id=f.nullable_uint("consumer_id"), consumer_name=f.string("consumer_name"),
+                   subscription_name=f.string("subscription_name"), subscription_type=kind, extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"consumer_id": self.consumer_id, "consumer_name": self.consumer_name,
+                           "subscription_name": self.subscription_name,
+                           "subscription_type": int(self.subscription_type)}, self.extra)
+
+
+@dataclass(frozen=True)
+class SubscriptionCursor(Resource):
+    """`.../subscriptions/{subscription_name}/cursor`: the last acknowledged offset, a bare number."""
+
+    RESOURCE = "subscription cursor"
+
+    offset: int
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        return cls(as_uint(value, where, "the value"))
+
+    def to_obj(self) -> JSON:
+        return self.offset
+
+
+class ValidationPolicy(StrEnum):
+    """As the SchemaRegistry API spells it (`none`, `warn`, `enforce`)."""
+
+    NONE = "none"
+    WARN = "warn"
+    ENFORCE = "enforce"
+
+
+@dataclass(frozen=True)
+class TopicSchemaConfig(Resource):
+    """`/topics/{ns}/{topic}/schema` (seed 001, as DESIGN 4 places it): the topic's schema subject and
+    validation settings, named as in the SchemaRegistry API's GetTopicSchemaConfigResponse.
+
+    `schema_subject` is null while the topic has none.
+    """
+
+    RESOURCE = "topic schema config"
+
+    schema_subject: str | None
+    validation_policy: ValidationPolicy = ValidationPolicy.WARN
+    enable_payload_validation: bool = False
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        policy = as_str_enum(f.get("validation_policy"), where, f.name("validation_policy"), ValidationPolicy)
+        return cls(schema_subject=f.nullable_str("schema_subject"), validation_policy=policy,
+                   enable_payload_validation=f.boolean("enable_payload_validation"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"schema_subject": self.schema_subject,
+                           "validation_policy": str(self.validation_policy.value),
+                           "enable_payload_validation": self.enable_payload_validation}, self.extra)
