@@ -1,4 +1,4 @@
-"""`python -m bench storage [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json); progress and machine facts go to
 stderr, so `--json` output can be piped as is."""
@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 
 from bench import results, storage
-from bench.common import describe_machine, machine_info, print_json_lines, print_table, progress
+from bench.common import Result, describe_machine, machine_info, print_json_lines, print_table, progress
 
 
 def _positive_int(text: str) -> int:
@@ -26,15 +26,22 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="danube_fast benchmarks")
     suites = parser.add_subparsers(dest="suite", required=True)
     st = suites.add_parser("storage", help="WAL append against plain writes, codec, CRC, index, reads")
-    st.add_argument("--json", action="store_true", help="one JSON object per result on stdout")
-    st.add_argument("--runs", type=_positive_int, default=5, help="runs per figure; figures are medians")
-    st.add_argument("--quick", action="store_true",
-                    help="64 MiB per disk run and 0.2 s per CPU run instead of 512 MiB and 1 s")
-    st.add_argument("--dir", default="/tmp",
-                    help="where to create the scratch directory (removed after); its file system is measured")
-    st.add_argument("--write-results", action="store_true",
-                    help="also rewrite the Storage section of bench/RESULTS.md from this run")
+    _common_options(st, "Storage", "64 MiB per disk run and 0.2 s per CPU run instead of 512 MiB and 1 s")
+    me = suites.add_parser("meta", help="LocalCache reads; EmbeddedStore and EtcdStore puts and transactions "
+                                        "(EtcdStore against raw aetcd calls)")
+    _common_options(me, "Metadata", "0.25 s per figure and run instead of 2 s")
     return parser
+
+
+def _common_options(parser: argparse.ArgumentParser, section: str, quick_help: str) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object per result on stdout")
+    parser.add_argument("--runs", type=_positive_int, default=5, help="runs per figure; figures are medians")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--dir", default="/tmp",
+                        help="where to create the scratch directory (removed after); its file system is "
+                             "measured")
+    parser.add_argument("--write-results", action="store_true",
+                        help=f"also rewrite the {section} section of bench/RESULTS.md from this run")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,22 +51,36 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"--dir {args.dir!r} is not a directory")
     info = machine_info(os.path.abspath(args.dir))
     progress(f"machine: {describe_machine(info)}; load average {info['load_average_1m']}")
-    warning = storage.check_native()
-    if warning:
-        progress(f"WARNING: {warning}")
-    found = storage.run_storage(storage.Options(args.runs, args.quick, args.dir))
+    extra: list[str] = []  # lines the RESULTS.md section adds after the machine line
+    if args.suite == "storage":
+        title = "Storage"
+        warning = storage.check_native()
+        if warning:
+            progress(f"WARNING: {warning}")
+        found: list[Result] = storage.run_storage(storage.Options(args.runs, args.quick, args.dir))
+    else:
+        from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
+
+        title = "Metadata"
+        found, etcd_version = meta.run_meta(meta.Options(args.runs, args.quick, args.dir))
+        extra.append(meta.etcd_version_line(etcd_version))
     if args.json:
         print_json_lines(found)
     else:
         print(f"machine: {describe_machine(info)}")
+        for line in extra:
+            print(line.removeprefix("- "))
         print(f"runs: {args.runs}{' (quick)' if args.quick else ''}\n")
         print_table(found)
     if args.write_results:
         command = shlex.join(["python", "-m", "bench", *argv])
         date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        results.write_section("Storage", results.render_section(
-            "Storage", found, info, command, date, args.runs, args.quick))
-        progress(f"wrote the Storage section of {results.RESULTS_PATH}")
+        section = results.render_section(title, found, info, command, date, args.runs, args.quick)
+        if extra:
+            head, machine_line, rest = section.partition("\n- Date: ")
+            section = head + "\n" + "\n".join(extra) + machine_line + rest
+        results.write_section(title, section)
+        progress(f"wrote the {title} section of {results.RESULTS_PATH}")
     return 0
 
 

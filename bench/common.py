@@ -226,18 +226,18 @@ def print_json_lines(results: Sequence[Result], out: TextIO = sys.stdout) -> Non
         print(json.dumps(r.as_json(), ensure_ascii=False), file=out)
 
 
-TABLE_COLUMNS = ("name", "value", "unit", "baseline", "ratio", "target", "met?")
+TABLE_COLUMNS = ("name", "value", "unit", "baseline", "ratio", "runs", "target", "met?")
 
 
 def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     return [(r.name, fmt(r.value), r.unit, fmt(r.baseline), "" if r.ratio is None else f"{r.ratio:.3f}",
-             "" if r.target is None else r.target.text, met_text(r.met)) for r in results]
+             str(r.runs), "" if r.target is None else r.target.text, met_text(r.met)) for r in results]
 
 
 def print_table(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
     rows = [TABLE_COLUMNS, *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
-    numeric = {1, 3, 4}
+    numeric = {1, 3, 4, 5}
     for n, row in enumerate(rows):
         cells = [c.rjust(w) if i in numeric and n else c.ljust(w)
                  for i, (c, w) in enumerate(zip(row, widths, strict=True))]

@@ -26,13 +26,14 @@ def render_section(title: str, results: Sequence[Result], info: dict[str, object
         f"- Machine: {describe_machine(info)}",
         f"- Date: {date}",
         f"- Command: `{command}`",
-        f"- Runs: {runs} per figure (medians); load average at start {info.get('load_average_1m')}",
+        f"- Runs: medians over the `runs` column of the table (CPU figures: --runs; disk figures: more, "
+        f"shorter bracketed pairs); load average at start {info.get('load_average_1m')}",
     ]
     if quick:
         lines.append("- **Quick run** (`--quick`): smaller sizes and shorter timings; not comparable "
                      "with full runs.")
     lines += ["", "| " + " | ".join(TABLE_COLUMNS) + " |",
-              "|:---|---:|:---|---:|---:|:---|:---:|"]
+              "|:---|---:|:---|---:|---:|---:|:---|:---:|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     return "\n".join(lines) + "\n"
 

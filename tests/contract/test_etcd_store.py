@@ -11,22 +11,12 @@ from typing import Any
 import pytest
 
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.store import Compare, MetadataStore, MetadataUnavailable, Put
-from tests.contract.conftest import EtcdServer
+from danube_fast.meta.store import Compare, MetadataUnavailable, Put
+from tests.contract.conftest import EtcdServer, until_reachable
 
 TEST_SECONDS = 10
 FAIL_FAST_SECONDS = 5
 
-
-async def until_reachable(s: MetadataStore, timeout: float = 8.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await s.current_revision()
-            return
-        except MetadataUnavailable:
-            assert time.monotonic() < deadline, f"etcd not reachable again within {timeout} s"
-            await asyncio.sleep(0.05)
 
 
 def test_calls_fail_fast_while_etcd_is_down_then_work(run: Callable[..., Any], etcd: EtcdServer) -> None:

@@ -1,0 +1,136 @@
+"""`danube-fast`: one command with a subcommand per area (`admin metadata backup|restore`; `broker`,
+`produce`, ... join the same tree). Every leaf sets `run`, an async function of the parsed arguments that
+returns the summary to print, and `what`, the words its error line starts with.
+
+Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
+one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+from danube_fast.errors import DanubeError
+from danube_fast.meta import backup
+from danube_fast.meta.connect import URL_FORMS, StoreUrl, StoreUrlError, open_store, parse_store_url
+
+PROG = "danube-fast"
+EXIT_OK, EXIT_FAILED = 0, 1  # and 2, argparse's exit code for a usage error
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+Summary = dict[str, object]
+Handler = Callable[[argparse.Namespace], Awaitable[Summary]]
+
+
+def _store_url(text: str) -> StoreUrl:
+    try:
+        return parse_store_url(text)
+    except StoreUrlError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    return value
+
+
+def _leaf(parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str, what: str, run: Handler,
+          help_text: str, description: str) -> argparse.ArgumentParser:
+    parser = parent.add_parser(name, help=help_text, description=description)
+    parser.set_defaults(run=run, what=what)
+    parser.add_argument("--output", choices=("table", "json"), default="table",
+                        help="how to print the summary on stdout (default: table)")
+    return parser
+
+
+def _store_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--store", type=_store_url, required=True, metavar="STORE",
+                        help=f"{help_text}: {URL_FORMS}")
+    parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
+                        help="give up on an unreachable etcd after this long (default: 5)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="A Danube-compatible messaging broker.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    admin = commands.add_parser("admin", help="administer a cluster").add_subparsers(
+        dest="area", required=True, metavar="AREA")
+    metadata = admin.add_parser("metadata", help="back up and restore the cluster metadata").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+
+    b = _leaf(metadata, "backup", "metadata backup", _backup, "write every metadata key to FILE",
+              "Write every key of the metadata store, read at one revision, to FILE (replaced "
+              "atomically).")
+    b.add_argument("file", metavar="FILE")
+    _store_option(b, "the store to read")
+
+    r = _leaf(metadata, "restore", "metadata restore", _restore,
+              "write the keys of a backup FILE into an empty store",
+              "Write the keys of a backup FILE into an empty metadata store. The file is checked whole "
+              "before anything is written.")
+    r.add_argument("file", metavar="FILE")
+    _store_option(r, "the store to write; it must hold no key (an embedded file is created if missing)")
+    r.add_argument("--skip-ephemeral", action=argparse.BooleanOptionalAction, default=True,
+                   help="leave out keys that were under a lease (broker registrations, the leader key): "
+                        "without their lease they would never expire and would describe brokers that are "
+                        "gone (default: skip; --no-skip-ephemeral writes them without a lease)")
+    return parser
+
+
+async def _backup(args: argparse.Namespace) -> Summary:
+    store = await open_store(args.store, create=False, timeout=args.timeout)
+    try:
+        return (await backup.backup(store, args.file)).as_json()
+    finally:
+        await store.close()
+
+
+async def _restore(args: argparse.Namespace) -> Summary:
+    source = await backup.load(args.file)  # first: a bad file must not create an embedded store
+    store = await open_store(args.store, create=True, timeout=args.timeout)
+    try:
+        return (await backup.restore(store, source, skip_ephemeral=args.skip_ephemeral)).as_json()
+    finally:
+        await store.close()
+
+
+def _table(summary: Summary) -> str:
+    width = max((len(name) for name in summary), default=0)
+    lines = []
+    for name, value in summary.items():
+        if isinstance(value, list):
+            value = f"{len(value)}" + (f": {', '.join(map(str, value))}" if value else "")
+        lines.append(f"{name.ljust(width)}  {value}")
+    return "\n".join(lines)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 on a usage error
+    try:
+        summary = asyncio.run(args.run(args))
+    except (DanubeError, OSError) as e:
+        print(f"{PROG}: {args.what} failed: {_one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{PROG}: {args.what} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(json.dumps(summary) if args.output == "json" else _table(summary))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
