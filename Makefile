@@ -37,6 +37,7 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench storage
+	$(BIN)/python -m bench meta
 
 clean:
 	rm -rf build $(VENV) danube_fast/*.so danube_fast/_frames.c danube_fast/_wal.c .pytest_cache .mypy_cache .ruff_cache .hypothesis
