@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install build test test-native test-pure lint bench clean
+.PHONY: install build test test-native test-pure lint bench proto clean
 
 $(STAMP): pyproject.toml setup.py
 	./scripts/system-deps.sh
@@ -38,6 +38,18 @@ lint: install
 bench: install
 	$(BIN)/python -m bench storage
 	$(BIN)/python -m bench meta
+
+# Regenerate the checked-in protobuf/gRPC code from danube_fast/proto/*.proto (grpcio-tools is in the
+# test extra, pinned, because the generated files carry its version; tests/compat checks they are current).
+# PROTO_OUT lets that test generate into a scratch directory.
+PROTO_DIR := danube_fast/proto
+PROTO_OUT ?= $(PROTO_DIR)
+PROTOS := $(PROTO_DIR)/DanubeApi.proto $(PROTO_DIR)/SchemaRegistry.proto $(PROTO_DIR)/DanubeAdmin.proto
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
+		--grpc_python_out=$(PROTO_OUT) $(PROTOS)
+	$(BIN)/python scripts/fix_proto_imports.py $(PROTO_OUT)
 
 clean:
 	rm -rf build $(VENV) danube_fast/*.so danube_fast/_frames.c danube_fast/_wal.c .pytest_cache .mypy_cache .ruff_cache .hypothesis
