@@ -21,6 +21,7 @@ from danube_fast.meta.store import (
     InvalidRevision,
     KeyValue,
     LeaseNotFound,
+    MetadataError,
     Op,
     Put,
     TxnResult,
@@ -38,6 +39,7 @@ CREATE TABLE IF NOT EXISTS history (revision INTEGER NOT NULL, seq INTEGER NOT N
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL, deadline REAL NOT NULL);
 """
 KV_COLUMNS = "key, value, create_revision, mod_revision, version, lease"
+Txn = tuple[Sequence[Compare], Sequence[Op], Sequence[Op]]
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
 _TARGETS = {"version": 2, "create_revision": 3, "mod_revision": 4}  # column of _compare's select
 
@@ -88,18 +90,43 @@ class EmbeddedDb:
 
     def txn(self, compare: Sequence[Compare], success: Sequence[Op],
             failure: Sequence[Op]) -> tuple[TxnResult, list[WatchEvent]]:
+        results, changes = self.txn_group([(compare, success, failure)])
+        if isinstance(results[0], Exception):
+            raise results[0]
+        return results[0], changes
+
+    def txn_group(self, txns: Sequence[Txn]) -> tuple[list[TxnResult | MetadataError], list[WatchEvent]]:
+        """Group commit: several transactions in one SQLite transaction, so one COMMIT (one fsync) covers
+        them all. Each runs in order under its own SAVEPOINT and gets its own revision, exactly as if
+        committed one by one; one that fails (LeaseNotFound) is rolled back alone and its error returned
+        in its place. If the COMMIT fails, nothing of the group happened and the error is raised."""
         self._db.execute("BEGIN IMMEDIATE")
+        results: list[TxnResult | MetadataError] = []
+        changes: list[WatchEvent] = []
+        revision = self.revision
         try:
-            succeeded = all(self._compare(c) for c in compare)
-            changes: list[WatchEvent] = []
-            responses: list[list[KeyValue] | int | None] = []
-            for op in success if succeeded else failure:
-                responses.append(self._apply(op, changes))
-            self._commit(changes)
+            for compare, success, failure in txns:
+                self._db.execute("SAVEPOINT txn")
+                mine: list[WatchEvent] = []
+                try:
+                    succeeded = all(self._compare(c) for c in compare)
+                    ops = success if succeeded else failure
+                    responses = [self._apply(op, mine, revision + 1) for op in ops]
+                except MetadataError as e:
+                    self._db.execute("ROLLBACK TO txn")
+                    self._db.execute("RELEASE txn")
+                    results.append(e)
+                    continue
+                self._db.execute("RELEASE txn")
+                if mine:
+                    revision += 1
+                    changes += mine
+                results.append(TxnResult(succeeded, revision, responses))
+            self._commit(changes, revision)
         except BaseException:
             self._rollback()
             raise
-        return TxnResult(succeeded, self.revision, responses), changes
+        return results, changes
 
     def _compare(self, c: Compare) -> bool:
         row = self._db.execute("SELECT value, 0, version, create_revision, mod_revision FROM kv "
@@ -109,11 +136,11 @@ class EmbeddedDb:
             return row is not None and bool(_OPS[c.op](bytes(row[0]), c.value))
         return bool(_OPS[c.op](row[_TARGETS[c.target]] if row else 0, c.value))
 
-    def _apply(self, op: Op, changes: list[WatchEvent]) -> list[KeyValue] | int | None:
+    def _apply(self, op: Op, changes: list[WatchEvent], revision: int) -> list[KeyValue] | int | None:
+        """Apply one op as part of the change that will get `revision`."""
         key = op.key.encode()
         if isinstance(op, Get):
             return self.range(key, op.prefix)
-        revision = self.revision + 1
         if isinstance(op, Put):
             if op.lease and not self._db.execute("SELECT 1 FROM lease WHERE id = ?", (op.lease,)).fetchone():
                 raise LeaseNotFound(f"lease {op.lease:x} expired or was revoked")
@@ -131,11 +158,11 @@ class EmbeddedDb:
             changes.append(WatchEvent("delete", kv.key, b"", revision, kv.value))
         return len(gone)
 
-    def _commit(self, changes: list[WatchEvent]) -> None:
-        """Commit the open transaction; the revision moves only once SQLite has committed it."""
-        revision, compact_revision = self.revision, self.compact_revision
+    def _commit(self, changes: list[WatchEvent], revision: int) -> None:
+        """Commit the open transaction, whose changes bring the store to `revision`; the revision moves only
+        once SQLite has committed it."""
+        compact_revision = self.compact_revision
         if changes:
-            revision += 1
             self._set_meta("revision", revision)
             self._db.executemany(
                 "INSERT INTO history (revision, seq, key, deleted, value, prev_value) "
@@ -199,8 +226,8 @@ class EmbeddedDb:
             changes: list[WatchEvent] = []
             keys = self._db.execute("SELECT key FROM kv WHERE lease = ? ORDER BY key", (lease,)).fetchall()
             for (key,) in keys:
-                self._apply(Delete(bytes(key).decode()), changes)
-            self._commit(changes)
+                self._apply(Delete(bytes(key).decode()), changes, self.revision + 1)
+            self._commit(changes, self.revision + 1 if changes else self.revision)
         except BaseException:
             self._rollback()
             raise

@@ -111,3 +111,35 @@ def test_watchers_end_when_the_store_closes(run: Callable[..., Any], tmp_path: P
             await s.get("/a")
 
     run(check(), timeout=TEST_SECONDS)
+
+
+@pytest.mark.timeout(TEST_SECONDS)
+def test_group_commit_rolls_back_a_failing_transaction_alone(run: Callable[..., Any], tmp_path: Path) -> None:
+    """Concurrent writes share one SQLite commit; each still gets its own revision, and one that fails
+    inside the group (a put under a revoked lease) leaves its neighbours written."""
+
+    async def check() -> None:
+        s = await EmbeddedStore.open(tmp_path / "meta.db")
+        try:
+            lease = await s.grant_lease(60)
+            await s.revoke_lease(lease)
+            # The middle transaction writes one key, then fails: its savepoint must take that key back.
+            failing = s.transaction([], [Put("/g/bad1", b"x"), Put("/g/bad2", b"x", lease=lease)])
+            results = await asyncio.gather(s.put("/g/a", b"1"), failing, s.put("/g/b", b"2"),
+                                           return_exceptions=True)
+            assert isinstance(results[1], LeaseNotFound)
+            assert isinstance(results[0], int) and results[2] == results[0] + 1
+            assert await s.get("/g/bad1") is None
+            assert [(kv.key, kv.mod_revision) for kv in await s.get_prefix("/g/")] == [
+                ("/g/a", results[0]), ("/g/b", results[2])]
+            revisions = await asyncio.gather(*[s.put(f"/h/{i}", b"v") for i in range(200)])
+            assert revisions == list(range(revisions[0], revisions[0] + 200))
+        finally:
+            await s.close()
+        s = await EmbeddedStore.open(tmp_path / "meta.db")  # and all of it was committed
+        try:
+            assert len(await s.get_prefix("/h/")) == 200
+        finally:
+            await s.close()
+
+    run(check())
