@@ -94,8 +94,8 @@ class LocalCache:
     """Start with `await LocalCache.start(store, prefixes)`, stop with `await cache.close()` (the store stays
     open). Overlapping prefixes are merged: "/a/" covers "/a/b/".
 
-    The mirror's KeyValues carry the store's create_revision, mod_revision and version, but lease 0: watch
-    events do not say under which lease a key was put.
+    The mirror's KeyValues are the store's: create_revision, mod_revision, version and lease come with each
+    watch event.
     """
 
     def __init__(self, store: MetadataStore, prefixes: list[str], probe_interval: float) -> None:
@@ -220,10 +220,8 @@ class LocalCache:
         if event.type == "put":
             if before is None:
                 bisect.insort(self._keys, key)
-                self._kvs[key] = KeyValue(key, event.value, event.revision, event.revision, 1)
-            else:
-                self._kvs[key] = KeyValue(key, event.value, before.create_revision, event.revision,
-                                          before.version + 1)
+            self._kvs[key] = KeyValue(key, event.value, event.create_revision, event.revision, event.version,
+                                      event.lease)
         elif before is not None:
             del self._kvs[key]
             del self._keys[bisect.bisect_left(self._keys, key)]
@@ -242,11 +240,11 @@ class LocalCache:
         for kv in kvs:
             before = old.pop(kv.key, None)
             if before is None or before.mod_revision != kv.mod_revision:
-                self._kvs[kv.key] = KeyValue(kv.key, kv.value, kv.create_revision, kv.mod_revision,
-                                             kv.version)
+                self._kvs[kv.key] = kv
                 if publish:
                     events.append(WatchEvent("put", kv.key, kv.value, kv.mod_revision,
-                                             None if before is None else before.value))
+                                             None if before is None else before.value, kv.create_revision,
+                                             kv.version, kv.lease))
         for key, before in old.items():
             del self._kvs[key]
             if publish:

@@ -425,8 +425,8 @@ class LeaderElection:
                     delay = min(2 * delay, RETRY_MAX_DELAY)
 
     async def _watch(self, revision: int) -> None:
-        """Returns when the key is deleted while campaigning, or the watch lost track (compaction, a change
-        to a key never seen created): either way the caller reads it again."""
+        """Returns when the key is deleted while campaigning, or the watch lost track (compaction): either
+        way the caller reads it again."""
         watch = self._store.watch_prefix(self._key, start_revision=revision + 1)
         try:
             async for event in watch:
@@ -436,12 +436,8 @@ class LeaderElection:
                     self._see(None)
                     if self._campaigning:
                         return
-                elif event.prev_value is None:  # created: its create revision is this revision
-                    self._see(self._holder(event.value, event.revision))
-                elif self._seen is not None:  # rewritten: same incarnation, same epoch
-                    self._see(self._holder(event.value, self._seen.epoch))
-                else:
-                    return
+                else:  # the epoch is the key's create revision, which every put event carries
+                    self._see(self._holder(event.value, event.create_revision))
         except Compacted:
             return
         finally:

@@ -35,7 +35,9 @@ CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL, create
     mod_revision INTEGER NOT NULL, version INTEGER NOT NULL, lease INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS kv_by_lease ON kv (lease) WHERE lease != 0;
 CREATE TABLE IF NOT EXISTS history (revision INTEGER NOT NULL, seq INTEGER NOT NULL, key BLOB NOT NULL,
-    deleted INTEGER NOT NULL, value BLOB NOT NULL, prev_value BLOB, PRIMARY KEY (revision, seq));
+    deleted INTEGER NOT NULL, value BLOB NOT NULL, prev_value BLOB,
+    create_revision INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
+    lease INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (revision, seq));
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL, deadline REAL NOT NULL);
 """
 KV_COLUMNS = "key, value, create_revision, mod_revision, version, lease"
@@ -50,12 +52,20 @@ class EmbeddedDb:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._add_missing_history_columns()
         self._retention = history_retention
         self.revision = self._meta("revision")
         self.compact_revision = self._meta("compact_revision")
 
     def close(self) -> None:
         self._db.close()
+
+    def _add_missing_history_columns(self) -> None:
+        """Files written before watch events carried a key's create_revision, version and lease."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(history)")}
+        for column in ("create_revision", "version", "lease"):
+            if column not in have:
+                self._db.execute(f"ALTER TABLE history ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
 
     def _meta(self, name: str) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
@@ -80,10 +90,11 @@ class EmbeddedDb:
             raise Compacted(f"revision {start} is compacted; history starts at {self.compact_revision}",
                             self.compact_revision)
         rows = self._db.execute(
-            "SELECT revision, key, deleted, value, prev_value FROM history WHERE revision >= ? AND key >= ? "
-            "AND key < ? ORDER BY revision, seq", (start, prefix, prefix_range_end(prefix))).fetchall()
+            "SELECT revision, key, deleted, value, prev_value, create_revision, version, lease FROM history "
+            "WHERE revision >= ? AND key >= ? AND key < ? ORDER BY revision, seq",
+            (start, prefix, prefix_range_end(prefix))).fetchall()
         events = [WatchEvent("delete" if r[2] else "put", bytes(r[1]).decode(), bytes(r[3]), r[0],
-                             None if r[4] is None else bytes(r[4])) for r in rows]
+                             None if r[4] is None else bytes(r[4]), r[5], r[6], r[7]) for r in rows]
         return events, self.revision
 
     # writes ------------------------------------------------------------------------------------------------
@@ -149,7 +160,8 @@ class EmbeddedDb:
             create, version = (old[1], old[2] + 1) if old else (revision, 1)
             self._db.execute(f"INSERT OR REPLACE INTO kv ({KV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
                              (key, op.value, create, revision, version, op.lease))
-            changes.append(WatchEvent("put", op.key, op.value, revision, bytes(old[0]) if old else None))
+            changes.append(WatchEvent("put", op.key, op.value, revision, bytes(old[0]) if old else None,
+                                      create, version, op.lease))
             return None
         assert isinstance(op, Delete)
         gone = self.range(key, op.prefix)
@@ -165,10 +177,10 @@ class EmbeddedDb:
         if changes:
             self._set_meta("revision", revision)
             self._db.executemany(
-                "INSERT INTO history (revision, seq, key, deleted, value, prev_value) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.revision, i, e.key.encode(), e.type == "delete", e.value, e.prev_value)
-                 for i, e in enumerate(changes)])
+                "INSERT INTO history (revision, seq, key, deleted, value, prev_value, create_revision, "
+                "version, lease) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(e.revision, i, e.key.encode(), e.type == "delete", e.value, e.prev_value, e.create_revision,
+                  e.version, e.lease) for i, e in enumerate(changes)])
             # keep `retention` revisions, compacting once the history has grown a tenth past that
             if revision - compact_revision > self._retention + max(1, self._retention // 10):
                 compact_revision = revision - self._retention + 1

@@ -87,8 +87,10 @@ def _event(event: Any) -> WatchEvent:
     deleted = event.type == rpc.Event.DELETE
     prev = event.prev_kv.value if event.HasField("prev_kv") else None
     kv = event.kv
-    return WatchEvent("delete" if deleted else "put", kv.key.decode(), b"" if deleted else kv.value,
-                      kv.mod_revision, prev)
+    if deleted:
+        return WatchEvent("delete", kv.key.decode(), b"", kv.mod_revision, prev)
+    return WatchEvent("put", kv.key.decode(), kv.value, kv.mod_revision, prev, kv.create_revision, kv.version,
+                      kv.lease)
 
 
 def _request(op: Op) -> Any:

@@ -87,6 +87,10 @@ class WatchEvent:
     value: bytes  # empty for deletes
     revision: int  # the mod_revision of the change
     prev_value: bytes | None = None
+    # For puts, the key's state after the change (as etcd's event carries it); 0 for deletes.
+    create_revision: int = 0
+    version: int = 0
+    lease: int = 0
 
 
 @dataclass(frozen=True)

@@ -234,16 +234,20 @@ def test_watch_delivers_changes_in_revision_order(run: Callable[..., Any], store
         await s.delete("/w/none")
         assert await s.delete_prefix("/w/") == 2
         r4 = await s.current_revision()
-        assert await take(watch, 7) == [
-            WatchEvent("put", "/w/a", b"1", r1, None),
-            WatchEvent("put", "/w/b", b"2", r2, None),
-            WatchEvent("put", "/w/c", b"3", r3, None),
+        lease = await s.grant_lease(60)
+        r5 = await s.put("/w/leased", b"l", lease=lease)
+        assert await take(watch, 8) == [  # puts carry the key's create_revision, version and lease, as etcd's
+            WatchEvent("put", "/w/a", b"1", r1, None, r1, 1),
+            WatchEvent("put", "/w/b", b"2", r2, None, r2, 1),
+            WatchEvent("put", "/w/c", b"3", r3, None, r3, 1),
             WatchEvent("delete", "/w/a", b"", r3, b"1"),
-            WatchEvent("put", "/w/b", b"22", r3, b"2"),
+            WatchEvent("put", "/w/b", b"22", r3, b"2", r2, 2),
             WatchEvent("delete", "/w/b", b"", r4, b"22"),
             WatchEvent("delete", "/w/c", b"", r4, b"3"),
+            WatchEvent("put", "/w/leased", b"l", r5, None, r5, 1, lease),
         ]
         await close(watch)
+        await s.revoke_lease(lease)
 
     contract(run, store, check)
 
