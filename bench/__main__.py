@@ -12,7 +12,15 @@ import sys
 from datetime import UTC, datetime
 
 from bench import results, storage
-from bench.common import Result, describe_machine, machine_info, print_json_lines, print_table, progress
+from bench.common import (
+    Options,
+    Result,
+    describe_machine,
+    machine_info,
+    print_json_lines,
+    print_table,
+    progress,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -57,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         warning = storage.check_native()
         if warning:
             progress(f"WARNING: {warning}")
-        found: list[Result] = storage.run_storage(storage.Options(args.runs, args.quick, args.dir))
+        found: list[Result] = storage.run_storage(Options(args.runs, args.quick, args.dir))
     else:
         from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 
         title = "Metadata"
-        found, etcd_version = meta.run_meta(meta.Options(args.runs, args.quick, args.dir))
+        found, etcd_version = meta.run_meta(Options(args.runs, args.quick, args.dir))
         extra.append(meta.etcd_version_line(etcd_version))
     if args.json:
         print_json_lines(found)

@@ -226,6 +226,15 @@ def print_json_lines(results: Sequence[Result], out: TextIO = sys.stdout) -> Non
         print(json.dumps(r.as_json(), ensure_ascii=False), file=out)
 
 
+@dataclass(frozen=True)
+class Options:
+    """What every suite takes from the command line."""
+
+    runs: int = 5
+    quick: bool = False
+    parent_dir: str = "/tmp"  # the scratch directory is created (and removed) inside
+
+
 TABLE_COLUMNS = ("name", "value", "unit", "baseline", "ratio", "runs", "target", "met?")
 
 

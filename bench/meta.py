@@ -25,7 +25,7 @@ from typing import Any, Literal
 import aetcd
 import uvloop
 
-from bench.common import Result, Target, median, no_gc, paired_ratio, progress, time_calls
+from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress, time_calls
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
@@ -44,12 +44,6 @@ CACHE_TARGET = Target("< 2 µs", "<=", math.nextafter(2.0, 0.0))
 Op = Callable[[int], Awaitable[object]]
 Kind = Literal["put", "txn"]
 
-
-@dataclass(frozen=True)
-class Options:
-    runs: int = 5
-    quick: bool = False
-    parent_dir: str = "/tmp"  # the scratch directory is created (and removed) inside
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench import codec, disk
-from bench.common import GIB, MB, MIB, Result, Target, median, paired_ratio, progress, time_calls
+from bench.common import GIB, MB, MIB, Options, Result, Target, median, paired_ratio, progress, time_calls
 from danube_fast import frames, wal_engine
 
 CHUNK_BYTES = 16 * MIB  # the baseline's write size
@@ -27,12 +27,6 @@ INDEX_PAYLOAD = 100
 LOOKUPS = 100_000
 READ_BYTES = MIB
 
-
-@dataclass(frozen=True)
-class Options:
-    runs: int = 5
-    quick: bool = False
-    parent_dir: str = "/tmp"  # the scratch directory is created (and removed) inside
 
 
 @dataclass(frozen=True)
