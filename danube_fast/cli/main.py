@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
+from danube_fast.cli import broker as broker_cli
 from danube_fast.errors import DanubeError
 from danube_fast.meta import backup
 from danube_fast.meta.connect import URL_FORMS, StoreUrl, StoreUrlError, open_store, parse_store_url
@@ -62,6 +63,7 @@ def _store_option(parser: argparse.ArgumentParser, help_text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="A Danube-compatible messaging broker.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    broker_cli.add_parser(commands)
     admin = commands.add_parser("admin", help="administer a cluster").add_subparsers(
         dest="area", required=True, metavar="AREA")
     metadata = admin.add_parser("metadata", help="back up and restore the cluster metadata").add_subparsers(
@@ -120,6 +122,8 @@ def _one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 on a usage error
+    if args.command == "broker":
+        return broker_cli.run(args)
     try:
         summary = asyncio.run(args.run(args))
     except (DanubeError, OSError) as e:

@@ -1,0 +1,151 @@
+"""Broker settings: defaults, then a TOML config file, then command-line flags (each overrides the last).
+
+```toml
+[broker]
+mode = "standalone"
+data_dir = "./danube-data"
+broker_addr = "127.0.0.1:6650"      # the client API (Danube's ProducerService, ConsumerService, ...)
+admin_addr = "127.0.0.1:50051"
+prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
+advertised_addr = ""              # what lookups return; defaults to broker_addr
+max_message_size = 10485760       # also the gRPC inbound limit (plus framing)
+
+[wal]
+sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
+segment_bytes = 134217728
+
+[dispatch]
+window = 1000                     # reliable: unacknowledged messages in flight per consumer
+ack_timeout_ms = 30000
+nack_base_delay_ms = 1000         # redelivery delay after the n-th nack: base * 2^(n-1), capped
+nack_max_delay_ms = 60000
+max_redeliveries = 5              # then the message goes to the dead-letter topic <topic>-dlq
+cursor_flush_acks = 1000
+cursor_flush_ms = 5000
+buffer = 1000                     # non-reliable: messages buffered per consumer before drops
+
+[policy]                          # the default namespace policy (0 = unlimited)
+max_message_size = 10485760
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from danube_fast.meta.resources import Policy
+from danube_fast.storage.config import SyncPolicy, WalConfig
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    window: int = 1000
+    ack_timeout_ms: int = 30_000
+    nack_base_delay_ms: int = 1000
+    nack_max_delay_ms: int = 60_000
+    max_redeliveries: int = 5
+    cursor_flush_acks: int = 1000
+    cursor_flush_ms: int = 5000
+    buffer: int = 1000
+    idle_subscription_ms: int = 60_000  # non-reliable subscriptions without consumers are reaped after this
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    mode: str = "standalone"
+    data_dir: str = "./danube-data"
+    broker_addr: str = "127.0.0.1:6650"
+    admin_addr: str = "127.0.0.1:50051"
+    prom_exporter: str = "127.0.0.1:9040"
+    advertised_addr: str = ""
+    max_message_size: int = 10 * 1024 * 1024
+    wal: WalConfig = field(default_factory=WalConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    policy: Policy = field(default_factory=Policy)
+
+    @property
+    def advertised_url(self) -> str:
+        """The URL lookups return: dialable by the client, `http://host:port` (wire/CONTRACT.md D.2)."""
+        return "http://" + (self.advertised_addr or self.broker_addr)
+
+    @property
+    def metadata_path(self) -> str:
+        return os.path.join(self.data_dir, "metadata.db")
+
+    @property
+    def wal_root(self) -> str:
+        return os.path.join(self.data_dir, "wal")
+
+
+def _typed(section: str, data: dict[str, Any], cls: type[Any], base: Any) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    changes: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in known or name == "extra":
+            raise ConfigError(f"[{section}] has no setting {name!r}; known: {', '.join(sorted(known))}")
+        current = getattr(base, name)
+        if isinstance(current, bool) or not isinstance(value, type(current)) or (
+                isinstance(current, int) and isinstance(value, bool)):
+            raise ConfigError(f"[{section}] {name} must be {type(current).__name__}, got {value!r}")
+        if isinstance(value, int) and value < 0:
+            raise ConfigError(f"[{section}] {name} must not be negative, got {value}")
+        changes[name] = value
+    return replace(base, **changes)
+
+
+def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
+    """Defaults, then the TOML file at `path`, then `overrides` (flag values; None means not given)."""
+    config = BrokerConfig()
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from e
+        unknown = set(data) - {"broker", "wal", "dispatch", "policy"}
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
+        wal_data = dict(data.get("wal", {}))
+        sync = wal_data.pop("sync", None)
+        wal = _typed("wal", wal_data, WalConfig, config.wal)
+        if sync is not None:
+            try:
+                wal = replace(wal, sync=SyncPolicy.parse(str(sync)))
+            except ValueError as e:
+                raise ConfigError(f"[wal] {e}") from e
+        config = replace(_typed("broker", data.get("broker", {}), BrokerConfig, config), wal=wal,
+                         dispatch=_typed("dispatch", data.get("dispatch", {}), DispatchConfig,
+                                         config.dispatch),
+                         policy=_typed("policy", data.get("policy", {}), Policy, config.policy))
+    given = {k: v for k, v in overrides.items() if v is not None}
+    config = replace(config, **given)
+    check(config)
+    return config
+
+
+def check(config: BrokerConfig) -> None:
+    if config.mode != "standalone":
+        raise ConfigError(f"mode {config.mode!r} is not available yet: only 'standalone' (cluster mode is "
+                          "issue 5's)")
+    for name in ("broker_addr", "admin_addr"):
+        _host_port(getattr(config, name), name)
+    if config.prom_exporter:
+        _host_port(config.prom_exporter, "prom_exporter")
+    if config.dispatch.window < 1:
+        raise ConfigError("[dispatch] window must be at least 1")
+    if not 0 < config.max_message_size <= 1 << 30:
+        raise ConfigError("max_message_size must be in 1..1 GiB")
+
+
+def _host_port(text: str, what: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} {text!r} is not host:port")
+    return host, int(port)

@@ -1,0 +1,110 @@
+"""A consumer session: the messages on their way to one client stream, and whether a stream is attached.
+
+Ownership: the subscription's dispatcher pushes messages; the ReceiveMessages handler that holds the current
+stream token takes them. A new stream for the same consumer takes over and the old one ends with OK
+(wire/CONTRACT.md C.8); so does every stream when the consumer is removed, which is what makes the official
+client notice a health-check CLOSE (B.8, D.8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from typing import TYPE_CHECKING
+
+from danube_fast.proto import DanubeApi_pb2 as pb
+
+if TYPE_CHECKING:
+    from danube_fast.broker.subscription import Subscription
+
+
+def compile_filters(patterns: list[str]) -> re.Pattern[str] | None:
+    """Key-Shared `key_filters`: globs with `*` and `?`, every other character literal (fnmatch would also
+    read `[...]`); no filters accept every key."""
+    if not patterns:
+        return None
+    parts = []
+    for p in patterns:
+        parts.append("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in p))
+    return re.compile("(?s:" + "|".join(f"(?:{p})" for p in parts) + r")\Z")
+
+
+class Consumer:
+    def __init__(self, consumer_id: int, name: str, subscription: Subscription, key_filters: list[str],
+                 window: int) -> None:
+        self.id = consumer_id
+        self.name = name
+        self.subscription = subscription
+        self.key_filters = list(key_filters)
+        self._filter = compile_filters(self.key_filters)
+        self.window = window  # reliable: unacknowledged deliveries allowed
+        self.inflight = 0  # reliable: delivered (or queued) and not yet acked or nacked
+        self.active = True  # a new consumer starts active: messages may queue before its stream opens (C.7)
+        self.removed = False
+        self._queue: deque[pb.StreamMessage] = deque()
+        self._wakeup = asyncio.Event()
+        self._stream = 0  # token of the attached stream (0: none)
+        self._next_token = 0
+        self.delivered = 0
+        self.dropped = 0
+
+    def accepts(self, key: str) -> bool:
+        return self._filter is None or self._filter.match(key) is not None
+
+    @property
+    def has_room(self) -> bool:
+        return self.active and self.inflight < self.window
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def push(self, msg: pb.StreamMessage) -> None:
+        self._queue.append(msg)
+        self._wakeup.set()
+
+    def drain_queue(self) -> list[pb.StreamMessage]:
+        """Take back what was queued and not yet written (the stream went away)."""
+        out = list(self._queue)
+        self._queue.clear()
+        return out
+
+    # -- streams ---------------------------------------------------------------------------------------
+
+    def attach(self) -> int:
+        """A ReceiveMessages stream starts; any previous stream of this consumer ends."""
+        self._next_token += 1
+        self._stream = self._next_token
+        self.active = True
+        self._wakeup.set()
+        return self._stream
+
+    def is_current(self, token: int) -> bool:
+        return self._stream == token and not self.removed
+
+    def detach(self, token: int) -> bool:
+        """The stream with `token` ended; True if it was the current one (the consumer is now inactive)."""
+        if self._stream != token:
+            return False
+        self._stream = 0
+        self.active = False
+        return True
+
+    def end_streams(self) -> None:
+        self.removed = True
+        self.active = False
+        self._wakeup.set()
+
+    async def take(self, token: int, limit: int = 256) -> list[pb.StreamMessage]:
+        """Queued messages for the stream `token`, waiting for some; [] when that stream must end."""
+        while True:
+            if not self.is_current(token):
+                return []
+            if self._queue:
+                n = min(limit, len(self._queue))
+                out = [self._queue.popleft() for _ in range(n)]
+                self.delivered += n
+                return out
+            self._wakeup.clear()
+            await self._wakeup.wait()

@@ -1,0 +1,1 @@
+"""Subscriptions' dispatchers: which consumer gets a message, and (reliable) until when it must ack."""

@@ -1,0 +1,328 @@
+"""Reliable dispatch: at-least-once delivery from the topic's WAL, a window of unacknowledged messages per
+consumer, redelivery on nack, ack timeout and consumer loss, and a dead-letter topic after too many.
+
+Ownership: one task per subscription (`_run`) reads the WAL and hands messages to consumers; Ack and Nack
+handlers and consumer changes only update the bookkeeping below and wake it.
+
+Bookkeeping, by offset:
+- `_ready`: read from the WAL, not yet handed to a consumer (in offset order, at most one read's worth);
+- `_pending`: handed to a consumer, waiting for its ack; insertion order is deadline order because every
+  delivery gets the same ack timeout;
+- `_waiting` + `_due` (a heap): to be delivered again at a time (after a nack, a timeout or a lost consumer);
+- `_low`: the lowest offset not yet acknowledged. The cursor persisted under the seed's cursor key is
+  `_low - 1`, the contiguous ack floor, so a restart resumes at `_low` and never skips an unacked message.
+
+Unlike v0.7.3 (one message in flight per subscription, CONTRACT C.9), each consumer may have
+`window` messages unacknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from danube_fast.broker import messages
+from danube_fast.broker.config import DispatchConfig
+from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.select import Selector
+from danube_fast.errors import DanubeError, OffsetOutOfRange
+from danube_fast.meta.resources import SubscriptionType
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage.wal import Wal
+
+if TYPE_CHECKING:
+    from danube_fast.broker.subscription import Subscription
+
+log = logging.getLogger("danube_fast.dispatch")
+
+READ_BYTES = 256 * 1024
+
+
+@dataclass(slots=True)
+class _Pending:
+    msg: pb.StreamMessage
+    consumer: Consumer | None
+    deadline: float
+    redeliveries: int = 0
+
+
+class ReliableDispatcher:
+    def __init__(self, subscription: Subscription, wal: Wal, config: DispatchConfig, start: int,
+                 save_cursor: Callable[[int], Awaitable[None]],
+                 dead_letter: Callable[[pb.StreamMessage], Awaitable[None]]) -> None:
+        self._sub = subscription
+        self._wal = wal
+        self._config = config
+        self._save_cursor = save_cursor
+        self._dead_letter = dead_letter
+        self._selector = Selector(subscription.kind)
+        self._keyed = subscription.kind == SubscriptionType.KEY_SHARED
+        self._loop = asyncio.get_running_loop()
+        self._read_pos = start
+        self._ready: deque[pb.StreamMessage] = deque()
+        self._pending: dict[int, _Pending] = {}
+        self._waiting: dict[int, _Pending] = {}
+        self._due: list[tuple[float, int]] = []
+        self._retry: deque[int] = deque()  # released from _due, in offset order, waiting for a consumer
+        self._dead: deque[_Pending] = deque()
+        self._low = start
+        self._saved = start - 1
+        self._acks_since_save = 0
+        self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
+        self._wake = asyncio.Event()
+        self._closed = False
+        self.redelivered = 0
+        self.dead_lettered = 0
+        self._task = asyncio.create_task(self._run(), name=f"dispatch:{subscription.topic_name}:"
+                                                           f"{subscription.name}")
+
+    # -- what handlers call ------------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """New records were committed to the WAL."""
+        self._wake.set()
+
+    def consumer_changed(self) -> None:
+        self._wake.set()
+
+    def ack(self, offset: int) -> bool:
+        """True if `offset` was waiting for an ack (a duplicate or unknown ack is not an error)."""
+        entry = self._pending.pop(offset, None)
+        if entry is None:
+            entry = self._waiting.pop(offset, None)  # acked after a nack or timeout: no redelivery needed
+            if entry is None:
+                return False
+        elif entry.consumer is not None:
+            entry.consumer.inflight -= 1
+        self._acks_since_save += 1
+        self._advance_low()
+        self._wake.set()
+        return True
+
+    def nack(self, offset: int, delay_ms: int | None) -> bool:
+        entry = self._pending.pop(offset, None)
+        if entry is None:
+            return False
+        if entry.consumer is not None:
+            entry.consumer.inflight -= 1
+        self._retry_later(offset, entry, delay_ms, count=True)
+        self._wake.set()
+        return True
+
+    def consumer_lost(self, consumer: Consumer) -> None:
+        """Its stream ended or it was removed: what it held goes to the others (or to it, when it is back).
+        A loss is not the message's fault, so it does not count toward the dead-letter limit."""
+        consumer.drain_queue()
+        lost = [off for off, e in self._pending.items() if e.consumer is consumer]
+        for off in lost:
+            entry = self._pending.pop(off)
+            self._retry_later(off, entry, 0, count=False)
+        consumer.inflight = 0
+        self._wake.set()
+
+    # -- state for metrics and tests -----------------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        """The contiguous ack floor: every offset below `cursor + 1` is acknowledged."""
+        return self._low - 1
+
+    @property
+    def backlog(self) -> int:
+        return max(0, self._wal.committed_offset - self._low)
+
+    @property
+    def unacked(self) -> int:
+        return len(self._pending) + len(self._waiting)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.save_cursor()
+
+    async def save_cursor(self) -> None:
+        floor = self._low - 1
+        if floor > self._saved:
+            await self._save_cursor(floor)
+            self._saved = floor
+        self._acks_since_save = 0
+        self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000
+
+    # -- the dispatch task ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            now = self._loop.time()
+            try:
+                self._expire(now)
+                self._release_due(now)
+                moved = self._send_retries(now)
+                moved = await self._send_new(now) or moved
+                await self._bury_dead()
+                if self._acks_since_save >= self._config.cursor_flush_acks or now >= self._next_save:
+                    await self.save_cursor()
+            except asyncio.CancelledError:
+                raise
+            except DanubeError as e:  # a WAL read or cursor write failed: keep the state, try again soon
+                log.warning("subscription %s on %s: %s", self._sub.name, self._sub.topic_name, e)
+                moved = False
+                await asyncio.sleep(0.5)
+            if moved:
+                await asyncio.sleep(0)  # let acks and publishes in
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._idle_timeout(now))
+
+    def _idle_timeout(self, now: float) -> float:
+        until = self._next_save
+        if self._due:
+            until = min(until, self._due[0][0])
+        if self._pending:
+            until = min(until, next(iter(self._pending.values())).deadline)
+        return max(0.001, until - now)
+
+    def _usable(self, c: Consumer) -> bool:
+        return c.has_room
+
+    def _deliver(self, msg: pb.StreamMessage, c: Consumer, now: float, redeliveries: int) -> None:
+        offset = msg.msg_id.topic_offset
+        self._pending[offset] = _Pending(msg, c, now + self._config.ack_timeout_ms / 1000, redeliveries)
+        c.inflight += 1
+        c.push(msg)
+
+    def _route(self, msg: pb.StreamMessage) -> tuple[Consumer | None, bool]:
+        """(consumer, wait): a consumer to take `msg` now; else whether to wait (True) or drop it (False:
+        a Key-Shared key that no consumer's filters accept, as upstream does)."""
+        consumers = self._sub.consumers
+        key = messages.routing_key(msg) if self._keyed else ""
+        c, routable = self._selector.pick(consumers, key, self._usable)
+        if c is not None:
+            return c, False
+        if routable or not any(x.active for x in consumers):
+            return None, True
+        return None, False
+
+    def _send_retries(self, now: float) -> bool:
+        moved = False
+        while self._retry:
+            off = self._retry[0]
+            entry = self._waiting.get(off)
+            if entry is None:  # acked meanwhile
+                self._retry.popleft()
+                continue
+            c, wait = self._route(entry.msg)
+            if c is None:
+                if wait:
+                    break
+                self._retry.popleft()
+                del self._waiting[off]
+                self._advance_low()
+                continue
+            self._retry.popleft()
+            del self._waiting[off]
+            self._deliver(entry.msg, c, now, entry.redeliveries)
+            self.redelivered += 1
+            moved = True
+        return moved
+
+    async def _send_new(self, now: float) -> bool:
+        moved = False
+        while True:
+            if not self._ready and not await self._read():
+                return moved
+            msg = self._ready[0]
+            c, wait = self._route(msg)
+            if c is None and wait:
+                return moved
+            self._ready.popleft()
+            if c is not None:
+                self._deliver(msg, c, now, 0)
+                moved = True
+            else:
+                self._advance_low()
+
+    async def _read(self) -> bool:
+        if self._read_pos >= self._wal.committed_offset:
+            return False
+        try:
+            got = await self._wal.read(self._read_pos, READ_BYTES)
+        except OffsetOutOfRange:  # retention deleted what this subscription had not consumed
+            log.warning("subscription %s on %s skips offsets %d..%d: deleted by retention", self._sub.name,
+                        self._sub.topic_name, self._read_pos, self._wal.start_offset - 1)
+            self._read_pos = self._wal.start_offset
+            self._advance_low()
+            return False
+        if got is None:
+            return False
+        data, next_offset = got
+        self._ready.extend(messages.decode(data, self._sub.topic_name, self._read_pos))
+        self._read_pos = next_offset
+        return bool(self._ready)
+
+    # -- redelivery ----------------------------------------------------------------------------------
+
+    def _retry_later(self, offset: int, entry: _Pending, delay_ms: int | None, *, count: bool) -> None:
+        entry.consumer = None
+        if count:
+            entry.redeliveries += 1
+            if entry.redeliveries > self._config.max_redeliveries:
+                self._dead.append(entry)
+                self._waiting[offset] = entry  # still unacked until the dead-letter topic has it
+                return
+            backoff = self._config.nack_base_delay_ms * (1 << min(entry.redeliveries - 1, 30))
+            delay = min(max(backoff, delay_ms or 0), self._config.nack_max_delay_ms)
+        else:
+            delay = 0
+        self._waiting[offset] = entry
+        heapq.heappush(self._due, (self._loop.time() + delay / 1000, offset))
+
+    def _release_due(self, now: float) -> None:
+        released = []
+        while self._due and self._due[0][0] <= now:
+            _, off = heapq.heappop(self._due)
+            entry = self._waiting.get(off)
+            if entry is not None and entry.redeliveries <= self._config.max_redeliveries:
+                released.append(off)
+        if released:
+            released.sort()
+            self._retry.extend(released)
+
+    def _expire(self, now: float) -> None:
+        while self._pending:
+            off, entry = next(iter(self._pending.items()))
+            if entry.deadline > now:
+                return
+            del self._pending[off]
+            if entry.consumer is not None:
+                entry.consumer.inflight -= 1
+            self._retry_later(off, entry, 0, count=True)
+
+    async def _bury_dead(self) -> None:
+        while self._dead:
+            entry = self._dead[0]
+            off = entry.msg.msg_id.topic_offset
+            if off not in self._waiting:  # acked while it waited
+                self._dead.popleft()
+                continue
+            await self._dead_letter(entry.msg)
+            self._dead.popleft()
+            del self._waiting[off]
+            self.dead_lettered += 1
+            self._acks_since_save += 1
+            self._advance_low()
+
+    def _advance_low(self) -> None:
+        limit = self._ready[0].msg_id.topic_offset if self._ready else self._read_pos
+        low = self._low
+        pending, waiting = self._pending, self._waiting
+        while low < limit and low not in pending and low not in waiting:
+            low += 1
+        self._low = low

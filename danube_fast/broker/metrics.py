@@ -1,0 +1,110 @@
+"""The Prometheus endpoint: text exposition format 0.0.4, rendered from live broker state at scrape time.
+
+Counters (rates come from `rate()` over them) per topic: messages and bytes published; per subscription:
+messages delivered and redelivered, dead-lettered, dropped (NonReliable, no room); gauges: backlog (Reliable:
+committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages, consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.topics import Topics
+
+log = logging.getLogger("danube_fast.metrics")
+
+_HELP = {
+    "danube_topic_messages_in_total": ("counter", "Messages published to the topic."),
+    "danube_topic_bytes_in_total": ("counter", "Payload bytes published to the topic."),
+    "danube_topic_committed_offset": ("gauge", "Reliable: offset after the last durable message."),
+    "danube_topic_producers": ("gauge", "Producers attached to the topic."),
+    "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers."),
+    "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss)."),
+    "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic."),
+    "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer had room for."),
+    "danube_subscription_lag": ("gauge", "Messages not acknowledged (Reliable) or buffered (NonReliable)."),
+    "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged."),
+    "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream."),
+    "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started."),
+}
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(topics: Topics, started: float) -> str:
+    samples: dict[str, list[str]] = {name: [] for name in _HELP}
+
+    def add(name: str, labels: dict[str, str], value: float) -> None:
+        text = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+        samples[name].append(f"{name}{{{text}}} {value}")
+
+    for t in topics.topics.values():
+        tl = {"topic": t.full}
+        add("danube_topic_messages_in_total", tl, t.messages_in)
+        add("danube_topic_bytes_in_total", tl, t.bytes_in)
+        add("danube_topic_producers", tl, len(t.producers))
+        if t.wal is not None:
+            add("danube_topic_committed_offset", tl, t.wal.committed_offset)
+        for s in t.subscriptions.values():
+            sl = {"topic": t.full, "subscription": s.name}
+            d = s.dispatcher
+            add("danube_subscription_messages_out_total", sl, sum(c.delivered for c in s.consumers))
+            add("danube_subscription_lag", sl, d.backlog)
+            add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
+            if isinstance(d, LiveDispatcher):
+                add("danube_subscription_dropped_total", sl, d.dropped)
+            else:
+                add("danube_subscription_redelivered_total", sl, d.redelivered)
+                add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
+                add("danube_subscription_unacked", sl, d.unacked)
+    samples["danube_broker_uptime_seconds"].append(
+        f"danube_broker_uptime_seconds {time.monotonic() - started:.3f}")
+
+    def lines() -> Iterator[str]:
+        for name, (kind, text) in _HELP.items():
+            yield f"# HELP {name} {text}"
+            yield f"# TYPE {name} {kind}"
+            yield from samples[name]
+
+    return "\n".join(lines()) + "\n"
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server: GET /metrics (and /) answers the exposition; anything else 404."""
+
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+        self._started = time.monotonic()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            method, path = ([*request.split(b"\r\n", 1)[0].split(b" "), b"", b""])[:2]
+            if method == b"GET" and path.split(b"?")[0] in (b"/metrics", b"/"):
+                body = render(self._topics, self._started).encode()
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            else:
+                body = b"not found: try GET /metrics\n"
+                head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
+            writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()

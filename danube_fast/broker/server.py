@@ -1,0 +1,169 @@
+"""The broker process: metadata store, topics, the gRPC servers and the metrics endpoint, with an orderly
+stop.
+
+Start order: data dir, broker id, embedded metadata store, topics (namespaces, WAL recovery, subscriptions and
+cursors), then the listeners; the "broker ready" line is logged only once every listener is bound. Stop order
+(SIGTERM or SIGINT): end consumer streams (clients re-lookup), stop accepting RPCs and let running ones
+finish, flush cursors, fsync and close every WAL, close the store; exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import grpc
+
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.metrics import MetricsServer
+from danube_fast.broker.services.consumer import ConsumerService
+from danube_fast.broker.services.discovery import DiscoveryService, HealthService
+from danube_fast.broker.services.producer import ProducerService
+from danube_fast.broker.topics import Topics, new_id
+from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.store import MetadataStore
+from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+log = logging.getLogger("danube_fast.broker")
+
+STOP_GRACE = 2.0  # seconds running RPCs get to finish at shutdown
+GRPC_FRAMING = 64 * 1024  # room for the rest of a StreamMessage around a max-size payload
+
+
+class StartError(Exception):
+    pass
+
+
+def _broker_id(data_dir: str) -> int:
+    """This broker's id, kept in the data dir so that a restart is the same broker (its topics are assigned
+    to it under /cluster/brokers/{id}/)."""
+    path = os.path.join(data_dir, "broker_id")
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip())
+    except FileNotFoundError:
+        pass
+    except ValueError as e:
+        raise StartError(f"{path} does not hold a broker id: {e}") from e
+    value = new_id()
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(f"{value}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return value
+
+
+@dataclass
+class Listening:
+    client_port: int
+    admin_port: int
+    metrics_port: int | None
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self._client = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.max_message_size + GRPC_FRAMING),
+            ("grpc.so_reuseport", 0),
+        ])
+        self._admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._metrics = MetricsServer(topics) if config.prom_exporter else None
+        self.listening: Listening | None = None
+
+    @classmethod
+    async def start(cls, config: BrokerConfig) -> Broker:
+        os.makedirs(config.data_dir, exist_ok=True)
+        broker_id = _broker_id(config.data_dir)
+        store = await EmbeddedStore.open(config.metadata_path)
+        try:
+            topics = await Topics.open(config, store, broker_id)
+        except BaseException:
+            await store.close()
+            raise
+        broker = cls(config, store, topics)
+        try:
+            await broker._listen()
+        except BaseException:
+            await broker.stop()
+            raise
+        return broker
+
+    async def _listen(self) -> None:
+        url = self.config.advertised_url
+        # The generated registration functions carry no annotations (grpcio-tools writes none).
+        pb_grpc.add_ProducerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            ProducerService(self.topics), self._client)
+        pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            ConsumerService(self.topics), self._client)
+        pb_grpc.add_DiscoveryServicer_to_server(  # type: ignore[no-untyped-call]
+            DiscoveryService(self.topics, url), self._client)
+        pb_grpc.add_HealthCheckServicer_to_server(  # type: ignore[no-untyped-call]
+            HealthService(self.topics), self._client)
+        client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr")
+        admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr")
+        await self._client.start()
+        await self._admin.start()
+        metrics_port = None
+        if self._metrics is not None:
+            host, _, port = self.config.prom_exporter.rpartition(":")
+            try:
+                metrics_port = await self._metrics.start(host, int(port))
+            except OSError as e:
+                raise StartError(f"cannot serve metrics on {self.config.prom_exporter}: {e}") from e
+        self.listening = Listening(client_port, admin_port, metrics_port)
+
+    @staticmethod
+    def _bind(server: grpc.aio.Server, addr: str, flag: str) -> int:
+        try:
+            port: int = server.add_insecure_port(addr)
+        except RuntimeError as e:
+            raise StartError(f"cannot listen on {addr} ({flag}): {e}") from e
+        if port == 0:
+            raise StartError(f"cannot listen on {addr} ({flag}): address in use or not local")
+        return port
+
+    async def stop(self) -> None:
+        for c in self.topics.consumers.values():
+            c.end_streams()  # streams end with OK, so clients notice and re-lookup (CONTRACT C.8)
+        await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
+        if self._metrics is not None:
+            await self._metrics.close()
+        try:
+            await self.topics.close()
+        finally:
+            await self.store.close()
+
+
+async def serve(config: BrokerConfig) -> None:
+    """Run until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    broker = await Broker.start(config)
+    listening = broker.listening
+    assert listening is not None
+    host = config.broker_addr.rpartition(":")[0]
+    admin_host = config.admin_addr.rpartition(":")[0]
+    metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
+               if listening.metrics_port is not None else "off")
+    log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s, data in %s, "
+             "%d topics", host, listening.client_port, config.advertised_url, admin_host,
+             listening.admin_port, metrics, os.path.abspath(config.data_dir), len(broker.topics.topics))
+    await stopping.wait()
+    log.info("stopping: ending streams, flushing cursors and WALs")
+    await broker.stop()
+    log.info("stopped")

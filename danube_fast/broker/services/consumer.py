@@ -1,0 +1,81 @@
+"""danube.ConsumerService: Subscribe, ReceiveMessages, Ack, Nack (CONTRACT B.7-B.9, C.7-C.10)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from danube_fast.broker.errors import ApiError, invalid
+from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.subscription import Subscription
+from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+
+def _internal(message: str) -> ApiError:
+    return ApiError("INTERNAL", message)
+
+
+class ConsumerService(pb_grpc.ConsumerServiceServicer):
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    @unary
+    async def Subscribe(self, request: pb.ConsumerRequest, context: Context) -> pb.ConsumerResponse:
+        topic = self._topics.topic_for_consumer(parse_topic(request.topic_name))
+        cid = await self._topics.subscribe(topic, request)
+        return pb.ConsumerResponse(request_id=request.request_id, consumer_id=cid,
+                                   consumer_name=request.consumer_name)
+
+    async def ReceiveMessages(self, request: pb.ReceiveRequest, context: Context
+                              ) -> AsyncIterator[pb.StreamMessage]:
+        """Stream until the consumer is taken over by a newer stream or removed; then end with OK (C.8)."""
+        try:
+            consumer = self._topics.consumer(request.consumer_id)
+        except DanubeError as e:
+            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+            return
+        sub = consumer.subscription
+        token = consumer.attach()
+        sub.stream_started(consumer)
+        try:
+            while True:
+                batch = await consumer.take(token)
+                if not batch:
+                    return
+                for msg in batch:
+                    yield msg
+        finally:
+            if consumer.detach(token):
+                sub.stream_ended(consumer)
+
+    def _subscription(self, msg_id: pb.MsgID, subscription: str, what: str) -> Subscription:
+        name = parse_topic(msg_id.topic_name)
+        topic = self._topics.find(name.full)
+        if topic is None:
+            raise _internal(f"Error {what} message: Topic {name} not found on this broker")
+        sub = topic.subscriptions.get(subscription)
+        if sub is None:
+            raise _internal(f"Error {what} message: Subscription {subscription!r} not found on {name}")
+        return sub
+
+    @unary
+    async def Ack(self, request: pb.AckRequest, context: Context) -> pb.AckResponse:
+        if not request.HasField("msg_id"):
+            raise invalid("AckRequest has no msg_id: send back the msg_id of the message being acknowledged")
+        sub = self._subscription(request.msg_id, request.subscription_name, "acknowledging")
+        sub.dispatcher.ack(request.msg_id.topic_offset)
+        return pb.AckResponse(request_id=request.request_id)
+
+    @unary
+    async def Nack(self, request: pb.NackRequest, context: Context) -> pb.NackResponse:
+        if not request.HasField("msg_id"):
+            raise invalid("NackRequest has no msg_id: send back the msg_id of the message being rejected")
+        sub = self._subscription(request.msg_id, request.subscription_name, "rejecting")
+        delay = request.delay_ms if request.HasField("delay_ms") else None
+        sub.dispatcher.nack(request.msg_id.topic_offset, delay)
+        return pb.NackResponse(request_id=request.request_id)

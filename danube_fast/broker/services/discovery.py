@@ -1,0 +1,50 @@
+"""danube.Discovery and danube.HealthCheck (CONTRACT B.3, B.10, C.3, C.11)."""
+
+from __future__ import annotations
+
+from danube_fast.broker.errors import invalid, not_found
+from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topics import Topics
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+
+class DiscoveryService(pb_grpc.DiscoveryServicer):
+    def __init__(self, topics: Topics, url: str) -> None:
+        self._topics = topics
+        self._url = url  # dialable by the client: http://host:port (D.2)
+
+    @unary
+    async def TopicLookup(self, request: pb.TopicLookupRequest, context: Context) -> pb.TopicLookupResponse:
+        name = parse_topic(request.topic)
+        if self._topics.find(name.full) is None:
+            raise not_found(f"Unable to find the requested topic: {name}")
+        return pb.TopicLookupResponse(request_id=request.request_id,
+                                      response_type=pb.TopicLookupResponse.Connect,
+                                      connect_url=self._url, broker_url=self._url, proxy=False)
+
+    @unary
+    async def TopicPartitions(self, request: pb.TopicLookupRequest, context: Context
+                              ) -> pb.TopicPartitionsResponse:
+        name = parse_topic(request.topic)
+        return pb.TopicPartitionsResponse(request_id=request.request_id,
+                                          partitions=self._topics.partitions(name))
+
+
+class HealthService(pb_grpc.HealthCheckServicer):
+    """Unknown ids answer CLOSE, never an error: an error silently ends the client's health loop (D.10)."""
+
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    @unary
+    async def HealthCheck(self, request: pb.HealthCheckRequest, context: Context) -> pb.HealthCheckResponse:
+        ok = pb.HealthCheckResponse.OK
+        close = pb.HealthCheckResponse.CLOSE
+        if request.client == pb.HealthCheckRequest.Producer:
+            return pb.HealthCheckResponse(status=ok if request.id in self._topics.producers else close)
+        if request.client == pb.HealthCheckRequest.Consumer:
+            c = self._topics.consumers.get(request.id)
+            return pb.HealthCheckResponse(status=ok if c is not None and c.active else close)
+        raise invalid(f"Invalid client type {request.client} (0 Producer, 1 Consumer)")

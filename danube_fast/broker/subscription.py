@@ -1,0 +1,77 @@
+"""A subscription: its consumers (in attach order) and the dispatcher that feeds them.
+
+The subscription type is fixed by the first consumer (CONTRACT C.7); later consumers asking for another type
+join it as it is. An Exclusive subscription admits one consumer name at a time, counting only consumers whose
+stream is active: a consumer that went away no longer blocks a new one (v0.7.3 keeps counting it, D.16).
+"""
+
+from __future__ import annotations
+
+import time
+
+from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.dispatch.reliable import ReliableDispatcher
+from danube_fast.broker.errors import denied
+from danube_fast.meta.resources import SubscriptionType
+
+Dispatcher = LiveDispatcher | ReliableDispatcher
+
+
+class Subscription:
+    def __init__(self, topic_name: str, name: str, kind: SubscriptionType) -> None:
+        self.topic_name = topic_name
+        self.name = name
+        self.kind = kind
+        self.consumers: list[Consumer] = []
+        self.dispatcher: Dispatcher  # set by the topic right after construction
+        self.idle_since: float | None = time.monotonic()
+
+    def by_name(self, consumer_name: str) -> Consumer | None:
+        for c in self.consumers:
+            if c.name == consumer_name:
+                return c
+        return None
+
+    def check_admits(self, consumer_name: str, max_consumers: int) -> list[Consumer]:
+        """The consumers a new one named `consumer_name` replaces (inactive Exclusive holders), or raise."""
+        if self.kind == SubscriptionType.EXCLUSIVE:
+            holders = [c for c in self.consumers if c.active]
+            if holders:
+                raise denied(f"Not able to subscribe to the topic {self.topic_name} due to: subscription "
+                             f"{self.name!r} is Exclusive and consumer {holders[0].name!r} holds it")
+            return list(self.consumers)
+        if max_consumers and len(self.consumers) >= max_consumers:
+            raise denied(f"Not able to subscribe to the topic {self.topic_name} due to: subscription "
+                         f"{self.name!r} has reached max_consumers_per_subscription ({max_consumers})")
+        return []
+
+    def add(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.idle_since = None
+        self.dispatcher.consumer_changed()
+
+    def remove(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        consumer.end_streams()
+        self.dispatcher.consumer_lost(consumer)
+        if not self.consumers:
+            self.idle_since = time.monotonic()
+
+    def stream_started(self, consumer: Consumer) -> None:
+        self.idle_since = None
+        self.dispatcher.consumer_changed()
+
+    def stream_ended(self, consumer: Consumer) -> None:
+        self.dispatcher.consumer_lost(consumer)
+        if not any(c.active for c in self.consumers):
+            self.idle_since = time.monotonic()
+
+    def takeover(self, consumer: Consumer) -> None:
+        """Subscribe again under the same name: the old stream ends, what it held is delivered again."""
+        token = consumer.attach()
+        consumer.detach(token)
+        consumer.active = True
+        self.dispatcher.consumer_lost(consumer)
+        self.idle_since = None

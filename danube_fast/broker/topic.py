@@ -1,0 +1,60 @@
+"""A topic served by this broker: its producers, subscriptions and (Reliable) its WAL.
+
+Publishing on a Reliable topic appends a one-record batch to the WAL and answers once the WAL says it is
+durable (per the topic's sync policy); the subscriptions' dispatchers then read it from the WAL. A
+NonReliable publish is handed straight to every subscription's dispatcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from danube_fast.broker import messages
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.subscription import Subscription
+from danube_fast.meta.resources import DeliveryMode, Policy
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage.wal import Wal
+
+
+@dataclass
+class ProducerEntry:
+    producer_id: int
+    name: str
+    topic: Topic
+
+
+class Topic:
+    def __init__(self, name: TopicName, delivery: DeliveryMode, policy: Policy, wal: Wal | None) -> None:
+        self.name = name
+        self.full = name.full
+        self.delivery = delivery
+        self.policy = policy
+        self.wal = wal
+        self.producers: dict[str, ProducerEntry] = {}  # by producer name
+        self.subscriptions: dict[str, Subscription] = {}
+        self.messages_in = 0
+        self.bytes_in = 0
+
+    @property
+    def reliable(self) -> bool:
+        return self.delivery == DeliveryMode.RELIABLE
+
+    async def publish(self, msg: pb.StreamMessage) -> None:
+        if self.wal is not None:
+            await self.wal.append(messages.encode(msg))
+            self.messages_in += 1
+            self.bytes_in += len(msg.payload)
+            for sub in self.subscriptions.values():
+                sub.dispatcher.notify()
+            return
+        self.messages_in += 1
+        self.bytes_in += len(msg.payload)
+        for sub in self.subscriptions.values():
+            live = sub.dispatcher
+            assert isinstance(live, LiveDispatcher)  # a NonReliable topic has only live dispatchers
+            live.publish(msg)
+
+    def consumer_count(self) -> int:
+        return sum(len(s.consumers) for s in self.subscriptions.values())

@@ -1,0 +1,365 @@
+"""The topics this broker serves, and every producer and consumer on them, by id.
+
+Ownership: everything here lives on the event loop; the metadata store is written first and memory changed
+after the write succeeded, so a failed write leaves nothing half-made. Standalone mode serves every topic of
+the store. On start it loads namespaces' topics, their WALs, producers, subscriptions and cursors, which is
+how a restart (after SIGTERM or SIGKILL) picks up where the last run stopped.
+
+Reads on the request path are memory lookups; namespace existence and policies come from the LocalCache of
+`/namespaces/`, so a namespace created through the store by an admin is seen without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable
+
+from danube_fast.broker import names
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.dispatch.reliable import ReliableDispatcher
+from danube_fast.broker.errors import (
+    ApiError,
+    denied,
+    exhausted,
+    invalid,
+    not_found,
+    precondition,
+    unavailable,
+)
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.subscription import Subscription
+from danube_fast.broker.topic import ProducerEntry, Topic
+from danube_fast.meta import keys
+from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.resources import (
+    NULL,
+    DeliveryMode,
+    Marker,
+    Policy,
+    Producer,
+    ProducerAccessMode,
+    SubscriptionCursor,
+    SubscriptionType,
+    TopicDelivery,
+    TopicRoot,
+)
+from danube_fast.meta.resources import Subscription as SubscriptionRecord
+from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage.wal import Wal
+
+log = logging.getLogger("danube_fast.broker")
+
+BOOTSTRAP_NAMESPACES = ("default", "system")
+CACHE_WAIT = 5.0  # seconds to wait for the cache to see our own write
+
+
+def new_id(taken: Iterable[int] = ()) -> int:
+    """A random non-zero u64, as Danube's ids are (clients treat them as opaque, CONTRACT C.1)."""
+    used = set(taken)
+    while True:
+        value = secrets.randbits(64)
+        if value and value not in used:
+            return value
+
+
+class Topics:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, broker_id: int) -> None:
+        self._config = config
+        self._store = store
+        self._cache = cache
+        self.broker_id = broker_id
+        self.topics: dict[str, Topic] = {}
+        self.producers: dict[int, ProducerEntry] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self._creating: dict[str, asyncio.Lock] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Topics:
+        for ns in BOOTSTRAP_NAMESPACES:
+            await store.transaction([Compare(keys.namespace_policy(ns), "version", "==", 0)],
+                                    [Put(keys.namespace_policy(ns), config.policy.to_json())], [])
+        cache = await LocalCache.start(store, [keys.namespaces_prefix()])
+        self = cls(config, store, cache, broker_id)
+        try:
+            await self._load()
+        except BaseException:
+            await self.close()
+            raise
+        self._reaper = asyncio.create_task(self._reap_idle(), name="reap-idle-subscriptions")
+        return self
+
+    async def close(self) -> None:
+        """Stop dispatching, persist every cursor, fsync and close every WAL."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        for c in self.consumers.values():
+            c.end_streams()
+        for topic in self.topics.values():
+            for sub in topic.subscriptions.values():
+                try:
+                    await sub.dispatcher.close()
+                except Exception as e:  # keep closing the others; the WAL still holds the data
+                    log.error("closing subscription %s on %s: %s", sub.name, topic.full, e)
+            if topic.wal is not None:
+                await topic.wal.close()
+        await self._cache.close()
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        by_topic: dict[tuple[str, str], dict[str, bytes]] = {}
+        for kv in await self._store.get_prefix(keys.topics_prefix()):
+            with contextlib.suppress(ValueError):
+                by_topic.setdefault(keys.parse_topic_root(kv.key), {})["root"] = kv.value
+        for (ns, short) in sorted(by_topic):
+            name = TopicName(ns, short)
+            delivery_kv = await self._store.get(keys.topic_delivery(ns, short))
+            if delivery_kv is None:
+                log.warning("topic %s has no delivery key; skipped", name)
+                continue
+            delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
+            topic = await self._open_topic(name, delivery)
+            for kv in await self._store.get_prefix(keys.topic_producers_prefix(ns, short)):
+                p = Producer.from_json(kv.value, key=kv.key)
+                entry = ProducerEntry(p.producer_id, p.producer_name, topic)
+                topic.producers[p.producer_name] = entry
+                self.producers[p.producer_id] = entry
+            cursors: dict[str, int] = {}
+            records: list[SubscriptionRecord] = []
+            for kv in await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short)):
+                try:
+                    _, _, sub_name = keys.parse_subscription_cursor(kv.key)
+                    cursors[sub_name] = SubscriptionCursor.from_json(kv.value, key=kv.key).offset
+                except ValueError:
+                    records.append(SubscriptionRecord.from_json(kv.value, key=kv.key))
+            for rec in records:
+                start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
+                self._attach_subscription(topic, rec.subscription_name, rec.subscription_type, start)
+            log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
+                     len(topic.producers), len(topic.subscriptions),
+                     f", WAL at offset {topic.wal.committed_offset}" if topic.wal else "")
+
+    async def _open_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+        wal = None
+        if delivery == DeliveryMode.RELIABLE:
+            wal = await Wal.open(os.path.join(self._config.wal_root, name.namespace, name.topic),
+                                 self._config.wal)
+            report = wal.recovery
+            if report.truncated_bytes:
+                log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
+        topic = Topic(name, delivery, self._policy(name), wal)
+        self.topics[name.full] = topic
+        return topic
+
+    def _policy(self, name: TopicName) -> Policy:
+        kv = self._cache.get(keys.namespace_policy(name.namespace))
+        return Policy.from_json(kv.value, key=kv.key) if kv is not None else self._config.policy
+
+    # -- topics --------------------------------------------------------------------------------------
+
+    def namespace_exists(self, namespace: str) -> bool:
+        return self._cache.get(keys.namespace_policy(namespace)) is not None
+
+    def find(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def partitions(self, name: TopicName) -> list[str]:
+        """TopicPartitions (CONTRACT C.3): [name] for a topic, else its `-part-N` topics in index order."""
+        if name.full in self.topics:
+            return [name.full]
+        found = [t for t in self.topics.values()
+                 if t.name.namespace == name.namespace and names.is_partition_of(t.name.topic, name.topic)]
+        found.sort(key=lambda t: names.partition_index(t.name.topic))
+        return [t.full for t in found]
+
+    async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+        """The topic, created with `delivery` if it does not exist (producers auto-create, CONTRACT C.4)."""
+        topic = self.topics.get(name.full)
+        if topic is None:
+            lock = self._creating.setdefault(name.full, asyncio.Lock())
+            async with lock:
+                topic = self.topics.get(name.full) or await self._create(name, delivery)
+            self._creating.pop(name.full, None)
+        if topic.delivery != delivery:
+            raise precondition(f"Producer requested dispatch strategy does not match topic strategy: "
+                               f"{name} is {topic.delivery.value}, the producer asked for {delivery.value}")
+        return topic
+
+    def topic_for_consumer(self, name: TopicName) -> Topic:
+        topic = self.topics.get(name.full)
+        if topic is None:
+            raise invalid(f"topic {name} does not exist: consumers never create topics (create it with a "
+                          "producer or the admin API first)")
+        return topic
+
+    async def _create(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+        ns, short = name.namespace, name.topic
+        if not self.namespace_exists(ns):
+            raise unavailable(f"Unable to find the namespace {ns}, the topic can be created only for an "
+                              "existing namespace")
+        base = names.partition_base(short)
+        if base is not None and TopicName(ns, base).full in self.topics:
+            raise ApiError("ALREADY_EXISTS", f"Cannot create partitioned topic {name}: "
+                                             f"{TopicName(ns, base)} exists as a non-partitioned topic")
+        if base is None and self.partitions(name):
+            raise ApiError("ALREADY_EXISTS", f"Cannot create topic {name}: partitioned topics with this base "
+                                             "name already exist")
+        root = keys.topic_root(ns, short)
+        txn = await self._store.transaction(
+            [Compare(root, "version", "==", 0)],
+            [Put(root, TopicRoot(0).to_json()), Put(keys.namespace_topic(ns, short), NULL),
+             Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()),
+             Put(keys.broker_topic(self.broker_id, ns, short), Marker().to_json())], [])
+        if not txn.succeeded:
+            raise ApiError("ALREADY_EXISTS", f"topic {name} exists in the metadata store but is not loaded")
+        topic = await self._open_topic(name, delivery)
+        log.info("created topic %s (%s)", name, delivery.value)
+        return topic
+
+    # -- producers -----------------------------------------------------------------------------------
+
+    async def add_producer(self, topic: Topic, producer_name: str, access_mode: int) -> int:
+        """The producer's id; the existing one for a name already on the topic (CONTRACT C.5)."""
+        entry = topic.producers.get(producer_name)
+        if entry is not None:
+            return entry.producer_id
+        limit = topic.policy.max_producers_per_topic
+        if limit and len(topic.producers) >= limit:
+            raise exhausted(f"topic {topic.full} has reached max_producers_per_topic ({limit})")
+        pid = new_id(self.producers)
+        mode = ProducerAccessMode(access_mode) if access_mode in (0, 1) else ProducerAccessMode.SHARED
+        record = Producer(mode, pid, producer_name, True, topic.full)
+        key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
+        await self._store.put(key, record.to_json())
+        entry = ProducerEntry(pid, producer_name, topic)
+        topic.producers[producer_name] = entry
+        self.producers[pid] = entry
+        return pid
+
+    def producer(self, producer_id: int) -> ProducerEntry:
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            raise not_found(f"The producer with id {producer_id} does not exist")
+        return entry
+
+    # -- consumers -----------------------------------------------------------------------------------
+
+    async def subscribe(self, topic: Topic, req: pb.ConsumerRequest) -> int:
+        if not req.subscription:
+            raise invalid("ConsumerRequest.subscription is empty: name the subscription")
+        if not req.consumer_name:
+            raise invalid("ConsumerRequest.consumer_name is empty: name the consumer")
+        if req.subscription_type not in (0, 1, 2, 3):
+            raise invalid(f"unknown subscription type {req.subscription_type} (0..3: Exclusive, Shared, "
+                          "Failover, KeyShared)")
+        sub = topic.subscriptions.get(req.subscription)
+        if sub is not None:
+            existing = sub.by_name(req.consumer_name)
+            if existing is not None:  # takeover by name (CONTRACT C.7 step 2)
+                existing.key_filters = list(req.key_filters)
+                sub.takeover(existing)
+                return existing.id
+        policy = topic.policy
+        if sub is None and policy.max_subscriptions_per_topic and \
+                len(topic.subscriptions) >= policy.max_subscriptions_per_topic:
+            raise denied(f"Not allowed to create the subscription for the topic: {topic.full} (it has "
+                         f"reached max_subscriptions_per_topic, {policy.max_subscriptions_per_topic})")
+        if policy.max_consumers_per_topic and topic.consumer_count() >= policy.max_consumers_per_topic:
+            raise exhausted(f"topic {topic.full} has reached max_consumers_per_topic "
+                            f"({policy.max_consumers_per_topic})")
+        if sub is None:
+            sub = await self._create_subscription(topic, req.subscription,
+                                                  SubscriptionType(req.subscription_type), req.consumer_name)
+        for old in sub.check_admits(req.consumer_name, policy.max_consumers_per_subscription):
+            self._remove_consumer(old)
+        cid = new_id(self.consumers)
+        consumer = Consumer(cid, req.consumer_name, sub, list(req.key_filters), self._config.dispatch.window)
+        self.consumers[cid] = consumer
+        sub.add(consumer)
+        return cid
+
+    def consumer(self, consumer_id: int) -> Consumer:
+        c = self.consumers.get(consumer_id)
+        if c is None:
+            raise not_found(f"The consumer with the id {consumer_id} does not exist")
+        return c
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        self.consumers.pop(consumer.id, None)
+        consumer.subscription.remove(consumer)
+
+    async def _create_subscription(self, topic: Topic, name: str, kind: SubscriptionType,
+                                   consumer_name: str) -> Subscription:
+        """Persist the subscription and its start before Subscribe answers (DESIGN 7): a new one starts at
+        the latest offset, written as the cursor `latest - 1` so that a restart cannot move it forward."""
+        ns, short = topic.name.namespace, topic.name.topic
+        start = topic.wal.committed_offset if topic.wal is not None else 0
+        record = SubscriptionRecord(None, consumer_name, name, kind)
+        ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
+        if start > 0:
+            cursor = SubscriptionCursor(start - 1)
+            ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
+        await self._store.transaction([], ops, [])
+        return self._attach_subscription(topic, name, kind, start)
+
+    def _attach_subscription(self, topic: Topic, name: str, kind: SubscriptionType, start: int
+                             ) -> Subscription:
+        sub = Subscription(topic.full, name, kind)
+        if topic.wal is not None:
+            ns, short = topic.name.namespace, topic.name.topic
+            cursor_key = keys.subscription_cursor(ns, short, name)
+
+            async def save_cursor(offset: int) -> None:
+                await self._store.put(cursor_key, SubscriptionCursor(offset).to_json())
+
+            async def dead_letter(msg: pb.StreamMessage) -> None:
+                await self._dead_letter(topic, msg)
+
+            start = max(start, topic.wal.start_offset)
+            sub.dispatcher = ReliableDispatcher(sub, topic.wal, self._config.dispatch, start, save_cursor,
+                                                dead_letter)
+        else:
+            sub.dispatcher = LiveDispatcher(sub, self._config.dispatch.buffer)
+        topic.subscriptions[name] = sub
+        return sub
+
+    async def _dead_letter(self, topic: Topic, msg: pb.StreamMessage) -> None:
+        dlq = await self.topic_for_producer(names.dead_letter_topic(topic.name), DeliveryMode.RELIABLE)
+        await dlq.publish(msg)
+
+    async def _delete_subscription(self, topic: Topic, sub: Subscription) -> None:
+        ns, short = topic.name.namespace, topic.name.topic
+        await self._store.transaction([], [Delete(keys.subscription_cursor(ns, short, sub.name)),
+                                           Delete(keys.topic_subscription(ns, short, sub.name))], [])
+        for c in list(sub.consumers):
+            self._remove_consumer(c)
+        topic.subscriptions.pop(sub.name, None)
+        await sub.dispatcher.close()
+
+    async def _reap_idle(self) -> None:
+        """NonReliable subscriptions without an active consumer for `idle_subscription_ms` go (C.9): nothing
+        is stored for them, so nothing is lost; Reliable ones keep their cursor until unsubscribed."""
+        idle = self._config.dispatch.idle_subscription_ms / 1000
+        while True:
+            await asyncio.sleep(max(1.0, idle / 2))
+            now = time.monotonic()
+            for topic in list(self.topics.values()):
+                if topic.reliable:
+                    continue
+                for sub in list(topic.subscriptions.values()):
+                    if sub.idle_since is not None and now - sub.idle_since > idle:
+                        try:
+                            await self._delete_subscription(topic, sub)
+                            log.info("reaped idle subscription %s on %s", sub.name, topic.full)
+                        except Exception as e:
+                            log.warning("reaping subscription %s on %s: %s", sub.name, topic.full, e)

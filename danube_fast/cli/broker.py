@@ -1,0 +1,55 @@
+"""`danube-fast broker`: run the broker in the foreground until SIGTERM or SIGINT (exit 0 then)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvloop
+
+from danube_fast.broker import config as broker_config
+from danube_fast.broker.server import StartError, serve
+from danube_fast.errors import DanubeError
+
+DEFAULTS = broker_config.BrokerConfig()
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "broker", help="run the broker",
+        description="Run the broker in the foreground. Flags override the config file, which overrides the "
+                    "defaults. It logs one 'broker ready' line when it serves; SIGTERM stops it cleanly.")
+    p.set_defaults(run=None, what="broker")
+    p.add_argument("--mode", choices=("standalone",), default=None,
+                   help="standalone: embedded metadata store and WAL under the data dir (the default)")
+    p.add_argument("--config-file", metavar="FILE", help="TOML settings (see danube_fast/broker/config.py)")
+    p.add_argument("--data-dir", metavar="DIR", help=f"default {DEFAULTS.data_dir}")
+    p.add_argument("--broker-addr", metavar="HOST:PORT", help=f"client API, default {DEFAULTS.broker_addr}")
+    p.add_argument("--admin-addr", metavar="HOST:PORT", help=f"admin API, default {DEFAULTS.admin_addr}")
+    p.add_argument("--prom-exporter", metavar="HOST:PORT",
+                   help=f"Prometheus endpoint, default {DEFAULTS.prom_exporter}; '' turns it off")
+    p.add_argument("--advertised-addr", metavar="HOST:PORT",
+                   help="the address lookups return to clients (default: --broker-addr)")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = broker_config.load(args.config_file, {
+            "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
+            "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter,
+            "advertised_addr": args.advertised_addr})
+    except broker_config.ConfigError as e:
+        print(f"danube-fast broker: {e}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(serve(config))
+    except (StartError, DanubeError, OSError) as e:
+        print(f"danube-fast broker: cannot start: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
