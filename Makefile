@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install build test test-native test-pure lint bench proto clean
+.PHONY: install build broker test test-native test-pure lint bench proto clean
 
 $(STAMP): pyproject.toml setup.py
 	./scripts/system-deps.sh
@@ -19,6 +19,13 @@ install: $(STAMP) build
 # Rebuild the extensions in place whenever a .pyx/.pxd/.h changed (pip's editable build does it once).
 build: $(STAMP)
 	$(BIN)/python setup.py -q build_ext --inplace
+
+# The README's first command: the broker in standalone mode (embedded metadata store and WALs under
+# DATA_DIR), on Danube's default ports, in the foreground until Ctrl-C or SIGTERM.
+DATA_DIR ?= ./danube-data
+broker: install
+	$(BIN)/danube-fast broker --mode standalone --data-dir $(DATA_DIR) --broker-addr 127.0.0.1:6650 \
+		--admin-addr 127.0.0.1:50051 --prom-exporter 127.0.0.1:9040
 
 # Everything on the native core, then again on the pure-Python twins the tests that reach the core
 # through the selectors (tests/unit parametrises over both cores by itself).

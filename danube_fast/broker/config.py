@@ -8,7 +8,7 @@ broker_addr = "127.0.0.1:6650"      # the client API (Danube's ProducerService, 
 admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
 advertised_addr = ""              # what lookups return; defaults to broker_addr
-max_message_size = 10485760       # also the gRPC inbound limit (plus framing)
+max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
@@ -24,8 +24,12 @@ cursor_flush_acks = 1000
 cursor_flush_ms = 5000
 buffer = 1000                     # non-reliable: messages buffered per consumer before drops
 
-[policy]                          # the default namespace policy (0 = unlimited)
-max_message_size = 10485760
+[policy]                          # the policy a namespace gets when it is created (default and system: at the
+max_message_size = 10485760       # first start); 0 = unlimited
+max_producers_per_topic = 0
+max_consumers_per_topic = 0
+max_subscriptions_per_topic = 0
+max_consumers_per_subscription = 0
 ```
 """
 

@@ -80,6 +80,15 @@ class Consumer:
         self._wakeup.set()
         return self._stream
 
+    @property
+    def generation(self) -> int:
+        """Changes whenever a stream attaches or is taken over."""
+        return self._next_token
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream != 0
+
     def is_current(self, token: int) -> bool:
         return self._stream == token and not self.removed
 

@@ -19,18 +19,23 @@ import grpc
 
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.metrics import MetricsServer
+from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.topics import Topics, new_id
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.store import MetadataStore
+from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 log = logging.getLogger("danube_fast.broker")
 
 STOP_GRACE = 2.0  # seconds running RPCs get to finish at shutdown
-GRPC_FRAMING = 64 * 1024  # room for the rest of a StreamMessage around a max-size payload
+# gRPC's own inbound limit sits well above the max_message_size policy: a request over gRPC's limit is
+# refused with RESOURCE_EXHAUSTED, which the official client retries for ever (CONTRACT D.11); one under it
+# reaches the policy check and gets INVALID_ARGUMENT.
+MIN_GRPC_RECEIVE = 64 * 1024 * 1024
 
 
 class StartError(Exception):
@@ -76,7 +81,7 @@ class Broker:
         self.store = store
         self.topics = topics
         self._client = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", config.max_message_size + GRPC_FRAMING),
+            ("grpc.max_receive_message_length", max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)),
             ("grpc.so_reuseport", 0),
         ])
         self._admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -112,6 +117,10 @@ class Broker:
             DiscoveryService(self.topics, url), self._client)
         pb_grpc.add_HealthCheckServicer_to_server(  # type: ignore[no-untyped-call]
             HealthService(self.topics), self._client)
+        admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
+            NamespaceAdmin(self.topics), self._admin)
+        admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]
+            TopicAdmin(self.topics), self._admin)
         client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr")
         admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr")
         await self._client.start()

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterable
 
@@ -58,7 +59,9 @@ from danube_fast.storage.wal import Wal
 log = logging.getLogger("danube_fast.broker")
 
 BOOTSTRAP_NAMESPACES = ("default", "system")
-CACHE_WAIT = 5.0  # seconds to wait for the cache to see our own write
+CACHE_WAIT = 5.0  # seconds to wait for the cache to see this broker's own write
+TOMBSTONE_SECONDS = 60.0
+STREAM_WAIT = 10.0  # seconds a subscribed consumer may go without opening its stream before it counts as gone
 
 
 def new_id(taken: Iterable[int] = ()) -> int:
@@ -79,6 +82,9 @@ class Topics:
         self.topics: dict[str, Topic] = {}
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, Consumer] = {}
+        # Consumers removed (topic deleted, Exclusive holder replaced) -> set once a health check told the
+        # client CLOSE. Kept for TOMBSTONE_SECONDS; see ConsumerService.ReceiveMessages.
+        self.gone: dict[int, tuple[float, asyncio.Event]] = {}
         self._creating: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -226,6 +232,70 @@ class Topics:
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
 
+    async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+        """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""
+        if name.full in self.topics:
+            raise ApiError("ALREADY_EXISTS", f"topic {name} already exists")
+        return await self.topic_for_producer(name, delivery)
+
+    async def delete_topic(self, topic: Topic) -> None:
+        """Remove the topic, its subscriptions, cursors and stored messages. Producers and consumers go with
+        it: their health checks answer CLOSE and consumer streams end with OK, so clients notice (C.12)."""
+        ns, short = topic.name.namespace, topic.name.topic
+        await self._store.transaction([], [
+            Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
+            Delete(keys.namespace_topic(ns, short)),
+            Delete(keys.broker_topic(self.broker_id, ns, short))], [])
+        self.topics.pop(topic.full, None)
+        for entry in topic.producers.values():
+            self.producers.pop(entry.producer_id, None)
+        for sub in list(topic.subscriptions.values()):
+            for c in list(sub.consumers):
+                self._remove_consumer(c)
+            await sub.dispatcher.close(save=False)
+        topic.subscriptions.clear()
+        if topic.wal is not None:
+            await topic.wal.close()
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
+        log.info("deleted topic %s", topic.full)
+
+    async def unsubscribe(self, topic: Topic, name: str) -> None:
+        sub = topic.subscriptions.get(name)
+        if sub is None:
+            raise not_found(f"subscription {name!r} does not exist on {topic.full}")
+        if any(c.active for c in sub.consumers):
+            raise not_found(f"subscription {name!r} on {topic.full} has active consumers")
+        await self._delete_subscription(topic, sub)
+
+    async def create_namespace(self, namespace: str) -> None:
+        key = keys.namespace_policy(namespace)
+        txn = await self._store.transaction([Compare(key, "version", "==", 0)],
+                                            [Put(key, self._config.policy.to_json())], [])
+        if not txn.succeeded:
+            raise ApiError("ALREADY_EXISTS", f"namespace {namespace} already exists")
+        await self._cache.wait_for_revision(txn.revision, CACHE_WAIT, key=key)
+
+    async def delete_namespace(self, namespace: str) -> None:
+        if not self.namespace_exists(namespace):
+            raise not_found(f"namespace {namespace} does not exist")
+        if any(t.name.namespace == namespace for t in self.topics.values()):
+            raise precondition(f"namespace {namespace} still has topics: delete them first")
+        txn = await self._store.transaction([], [Delete(keys.namespace_prefix(namespace), prefix=True)], [])
+        await self._cache.wait_for_revision(txn.revision, CACHE_WAIT)
+
+    def namespaces(self) -> list[str]:
+        found = []
+        for kv in self._cache.get_prefix(keys.namespaces_prefix()):
+            with contextlib.suppress(ValueError):
+                found.append(keys.parse_namespace_policy(kv.key))
+        return sorted(found)
+
+    def namespace_policy(self, namespace: str) -> Policy:
+        kv = self._cache.get(keys.namespace_policy(namespace))
+        if kv is None:
+            raise not_found(f"namespace {namespace} does not exist")
+        return Policy.from_json(kv.value, key=kv.key)
+
     # -- producers -----------------------------------------------------------------------------------
 
     async def add_producer(self, topic: Topic, producer_name: str, access_mode: int) -> int:
@@ -268,6 +338,7 @@ class Topics:
             if existing is not None:  # takeover by name (CONTRACT C.7 step 2)
                 existing.key_filters = list(req.key_filters)
                 sub.takeover(existing)
+                self._expect_stream(existing)
                 return existing.id
         policy = topic.policy
         if sub is None and policy.max_subscriptions_per_topic and \
@@ -286,7 +357,22 @@ class Topics:
         consumer = Consumer(cid, req.consumer_name, sub, list(req.key_filters), self._config.dispatch.window)
         self.consumers[cid] = consumer
         sub.add(consumer)
+        self._expect_stream(consumer)
         return cid
+
+    def _expect_stream(self, consumer: Consumer) -> None:
+        """A consumer starts active so that messages queue for it before its stream opens (CONTRACT C.7);
+        one that never opens a stream (its process died after Subscribe) must not hold an Exclusive or
+        Failover subscription, nor its messages, for ever."""
+        generation = consumer.generation
+
+        def check() -> None:
+            if consumer.generation == generation and not consumer.streaming and consumer.active \
+                    and not consumer.removed:
+                consumer.active = False
+                consumer.subscription.stream_ended(consumer)
+
+        asyncio.get_running_loop().call_later(STREAM_WAIT, check)
 
     def consumer(self, consumer_id: int) -> Consumer:
         c = self.consumers.get(consumer_id)
@@ -297,6 +383,16 @@ class Topics:
     def _remove_consumer(self, consumer: Consumer) -> None:
         self.consumers.pop(consumer.id, None)
         consumer.subscription.remove(consumer)
+        now = time.monotonic()
+        self.gone[consumer.id] = (now, asyncio.Event())
+        for cid in [cid for cid, (when, _) in self.gone.items() if now - when > TOMBSTONE_SECONDS]:
+            del self.gone[cid]
+
+    def told_close(self, consumer_id: int) -> None:
+        """A health check answered CLOSE for `consumer_id`."""
+        entry = self.gone.get(consumer_id)
+        if entry is not None:
+            entry[1].set()
 
     async def _create_subscription(self, topic: Topic, name: str, kind: SubscriptionType,
                                    consumer_name: str) -> Subscription:
@@ -344,7 +440,7 @@ class Topics:
         for c in list(sub.consumers):
             self._remove_consumer(c)
         topic.subscriptions.pop(sub.name, None)
-        await sub.dispatcher.close()
+        await sub.dispatcher.close(save=False)
 
     async def _reap_idle(self) -> None:
         """NonReliable subscriptions without an active consumer for `idle_subscription_ms` go (C.9): nothing

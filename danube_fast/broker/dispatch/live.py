@@ -59,5 +59,5 @@ class LiveDispatcher:
     def backlog(self) -> int:
         return sum(c.queued for c in self._sub.consumers)
 
-    async def close(self) -> None:
+    async def close(self, *, save: bool = True) -> None:
         pass

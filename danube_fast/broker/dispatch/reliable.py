@@ -141,11 +141,13 @@ class ReliableDispatcher:
     def unacked(self) -> int:
         return len(self._pending) + len(self._waiting)
 
-    async def close(self) -> None:
+    async def close(self, *, save: bool = True) -> None:
+        """Stop dispatching; persist the cursor unless the subscription is being deleted."""
         self._closed = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        await self.save_cursor()
+        if save:
+            await self.save_cursor()
 
     async def save_cursor(self) -> None:
         floor = self._low - 1

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
 
-from danube_fast.broker.errors import ApiError, invalid
+from danube_fast.broker.errors import ApiError, invalid, not_found
 from danube_fast.broker.names import parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topics import Topics
-from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+HEALTH_WAIT = 6.0  # the client health-checks every 5 s
+UNKNOWN_DELAY = 0.25
 
 
 def _internal(message: str) -> ApiError:
@@ -33,11 +37,23 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
 
     async def ReceiveMessages(self, request: pb.ReceiveRequest, context: Context
                               ) -> AsyncIterator[pb.StreamMessage]:
-        """Stream until the consumer is taken over by a newer stream or removed; then end with OK (C.8)."""
-        try:
-            consumer = self._topics.consumer(request.consumer_id)
-        except DanubeError as e:
-            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+        """Stream until the consumer is taken over by a newer stream or removed; then end with OK (C.8).
+
+        The official client reopens a stream at once, without backoff, whether it ended or failed, and only
+        resubscribes once a health check said CLOSE (B.8). So a stream for a consumer that was removed waits
+        until the client has been told CLOSE (or HEALTH_WAIT) and then ends with OK, instead of failing
+        thousands of times a second; an id never seen (e.g. from before a restart) gets NOT_FOUND (C.8),
+        slowed down by UNKNOWN_DELAY for the same reason."""
+        consumer = self._topics.consumers.get(request.consumer_id)
+        if consumer is None:
+            gone = self._topics.gone.get(request.consumer_id)
+            if gone is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone[1].wait(), HEALTH_WAIT)
+                return
+            await asyncio.sleep(UNKNOWN_DELAY)
+            error = not_found(f"The consumer with the id {request.consumer_id} does not exist")
+            await context.abort(grpc.StatusCode[error.grpc_code], str(error))
             return
         sub = consumer.subscription
         token = consumer.attach()

@@ -46,5 +46,8 @@ class HealthService(pb_grpc.HealthCheckServicer):
             return pb.HealthCheckResponse(status=ok if request.id in self._topics.producers else close)
         if request.client == pb.HealthCheckRequest.Consumer:
             c = self._topics.consumers.get(request.id)
-            return pb.HealthCheckResponse(status=ok if c is not None and c.active else close)
+            if c is not None and c.active:
+                return pb.HealthCheckResponse(status=ok)
+            self._topics.told_close(request.id)
+            return pb.HealthCheckResponse(status=close)
         raise invalid(f"Invalid client type {request.client} (0 Producer, 1 Consumer)")

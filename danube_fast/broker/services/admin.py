@@ -1,0 +1,149 @@
+"""danube_admin.NamespaceAdmin and danube_admin.TopicAdmin on the admin port (CONTRACT A.4, C.14), for one
+standalone broker. The broker-level and cluster calls (BrokerAdmin, UnloadTopic, ListBrokerTopics) belong to
+cluster mode and answer UNIMPLEMENTED here.
+
+Statuses follow v0.7.3 where the contract names them (creation and deletion failures are NOT_FOUND with the
+cause in the message; DescribeTopic never fails), without its duplicates in ListSubscriptions (D.16).
+"""
+
+from __future__ import annotations
+
+import json
+
+from danube_fast.broker.errors import invalid, not_found
+from danube_fast.broker.names import TopicName, parse_topic, partition_base
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError
+from danube_fast.meta.resources import DeliveryMode
+from danube_fast.proto import DanubeAdmin_pb2 as pb
+from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
+
+
+def _namespace(name: str) -> str:
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise invalid(f"namespace name {name!r} is invalid: use letters, digits, '_' and '-'")
+    return name
+
+
+def _delivery(value: int) -> DeliveryMode:
+    return DeliveryMode.RELIABLE if value == 1 else DeliveryMode.NON_RELIABLE
+
+
+class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    @unary
+    async def GetNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
+                                 ) -> pb.TopicListResponse:
+        ns = _namespace(request.name)
+        if not self._topics.namespace_exists(ns):
+            raise not_found(f"namespace {ns} does not exist")
+        return pb.TopicListResponse(topics=sorted(t.full[1:] for t in self._topics.topics.values()
+                                                  if t.name.namespace == ns))
+
+    @unary
+    async def GetNamespacePolicies(self, request: pb.NamespaceRequest, context: Context) -> pb.PolicyResponse:
+        policy = self._topics.namespace_policy(_namespace(request.name))
+        return pb.PolicyResponse(policies=json.dumps(policy.to_obj()))
+
+    @unary
+    async def CreateNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
+        ns = _namespace(request.name)
+        try:
+            await self._topics.create_namespace(ns)
+        except DanubeError as e:
+            raise not_found(f"Unable to create the namespace {ns} due to: {e}") from e
+        return pb.NamespaceResponse(success=True)
+
+    @unary
+    async def DeleteNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
+        ns = _namespace(request.name)
+        try:
+            await self._topics.delete_namespace(ns)
+        except DanubeError as e:
+            raise not_found(f"Unable to delete the namespace {ns} due to: {e}") from e
+        return pb.NamespaceResponse(success=True)
+
+
+class TopicAdmin(pb_grpc.TopicAdminServicer):
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    def _info(self, full: str) -> pb.TopicInfo:
+        topic = self._topics.topics[full]
+        return pb.TopicInfo(name=full, broker_id=str(self._topics.broker_id), delivery=topic.delivery.value)
+
+    @unary
+    async def ListNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
+                                  ) -> pb.TopicInfoListResponse:
+        ns = _namespace(request.name)
+        return pb.TopicInfoListResponse(topics=[self._info(t) for t in sorted(self._topics.topics)
+                                                if self._topics.topics[t].name.namespace == ns])
+
+    @unary
+    async def CreateTopic(self, request: pb.NewTopicRequest, context: Context) -> pb.TopicResponse:
+        name = parse_topic(request.name)
+        if request.HasField("schema_subject"):
+            raise not_found(f"Unable to create the topic {name} due to: schema subject "
+                            f"{request.schema_subject!r} is not registered (no schema registry yet)")
+        try:
+            await self._topics.create_topic(name, _delivery(request.dispatch_strategy))
+        except DanubeError as e:
+            raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+        return pb.TopicResponse(success=True)
+
+    @unary
+    async def CreatePartitionedTopic(self, request: pb.PartitionedTopicRequest, context: Context
+                                     ) -> pb.TopicResponse:
+        base = parse_topic(request.base_name)
+        if request.HasField("schema_subject"):
+            raise not_found(f"Unable to create the topic {base} due to: schema subject "
+                            f"{request.schema_subject!r} is not registered (no schema registry yet)")
+        for i in range(request.partitions):
+            name = TopicName(base.namespace, f"{base.topic}-part-{i}")
+            try:
+                await self._topics.create_topic(name, _delivery(request.dispatch_strategy))
+            except DanubeError as e:
+                raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+        return pb.TopicResponse(success=True)
+
+    @unary
+    async def DeleteTopic(self, request: pb.TopicRequest, context: Context) -> pb.TopicResponse:
+        name = parse_topic(request.name)
+        if partition_base(name.topic) is not None:
+            raise not_found(f"Unable to delete the topic {name}: it is a partition; delete its base topic")
+        targets = self._topics.partitions(name)
+        if not targets:
+            raise not_found(f"Unable to delete the topic {name}: it does not exist")
+        for full in targets:
+            topic = self._topics.find(full)
+            if topic is not None:
+                await self._topics.delete_topic(topic)
+        return pb.TopicResponse(success=True)
+
+    @unary
+    async def ListSubscriptions(self, request: pb.TopicRequest, context: Context
+                                ) -> pb.SubscriptionListResponse:
+        topic = self._topics.find(parse_topic(request.name).full)
+        names = sorted(topic.subscriptions) if topic is not None else []
+        return pb.SubscriptionListResponse(subscriptions=names)
+
+    @unary
+    async def Unsubscribe(self, request: pb.SubscriptionRequest, context: Context) -> pb.SubscriptionResponse:
+        name = parse_topic(request.topic)
+        topic = self._topics.find(name.full)
+        if topic is None:
+            raise not_found(f"Unable to unsubscribe: topic {name} does not exist")
+        await self._topics.unsubscribe(topic, request.subscription)
+        return pb.SubscriptionResponse(success=True)
+
+    @unary
+    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Context
+                            ) -> pb.DescribeTopicResponse:
+        topic = self._topics.find(request.name)
+        if topic is None:
+            return pb.DescribeTopicResponse(name=request.name, delivery=DeliveryMode.NON_RELIABLE.value)
+        return pb.DescribeTopicResponse(name=request.name, subscriptions=sorted(topic.subscriptions),
+                                        broker_id=str(self._topics.broker_id), delivery=topic.delivery.value)
