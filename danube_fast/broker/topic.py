@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from danube_fast.broker import messages
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import DeliveryMode, Policy
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -36,12 +37,15 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self.messages_in = 0
         self.bytes_in = 0
+        self.publish_rate = RateLimiter(policy.max_publish_rate)
 
     @property
     def reliable(self) -> bool:
         return self.delivery == DeliveryMode.RELIABLE
 
     async def publish(self, msg: pb.StreamMessage) -> None:
+        if self.publish_rate.per_second:
+            await self.publish_rate.acquire()
         if self.wal is not None:
             await self.wal.append(messages.encode(msg))
             self.messages_in += 1

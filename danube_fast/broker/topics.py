@@ -423,7 +423,7 @@ class Topics:
 
             start = max(start, topic.wal.start_offset)
             sub.dispatcher = ReliableDispatcher(sub, topic.wal, self._config.dispatch, start, save_cursor,
-                                                dead_letter)
+                                                dead_letter, topic.policy.max_subscription_dispatch_rate)
         else:
             sub.dispatcher = LiveDispatcher(sub, self._config.dispatch.buffer)
         topic.subscriptions[name] = sub

@@ -31,6 +31,7 @@ from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.select import Selector
+from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -55,7 +56,7 @@ class _Pending:
 class ReliableDispatcher:
     def __init__(self, subscription: Subscription, wal: Wal, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]],
-                 dead_letter: Callable[[pb.StreamMessage], Awaitable[None]]) -> None:
+                 dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0) -> None:
         self._sub = subscription
         self._wal = wal
         self._config = config
@@ -76,6 +77,8 @@ class ReliableDispatcher:
         self._acks_since_save = 0
         self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
         self._wake = asyncio.Event()
+        self._rate = RateLimiter(max_rate)
+        self._throttle = 0.0
         self._closed = False
         self.redelivered = 0
         self.dead_lettered = 0
@@ -178,7 +181,9 @@ class ReliableDispatcher:
                 moved = False
                 await asyncio.sleep(0.5)
             if moved:
-                await asyncio.sleep(0)  # let acks and publishes in
+                # let acks and publishes in; under max_subscription_dispatch_rate, wait out the excess
+                await asyncio.sleep(self._throttle)
+                self._throttle = 0.0
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._idle_timeout(now))
@@ -195,6 +200,8 @@ class ReliableDispatcher:
         return c.has_room
 
     def _deliver(self, msg: pb.StreamMessage, c: Consumer, now: float, redeliveries: int) -> None:
+        if self._rate.per_second:
+            self._throttle = self._rate.delay()
         offset = msg.msg_id.topic_offset
         self._pending[offset] = _Pending(msg, c, now + self._config.ack_timeout_ms / 1000, redeliveries)
         c.inflight += 1
