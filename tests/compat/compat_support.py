@@ -1,0 +1,474 @@
+"""Support for the compatibility suite: the broker as a subprocess, an event-loop runner, and thin wrappers
+over the official client (danube-client 0.5.0, imported as `danube`) and the raw gRPC stubs.
+
+Every wait is bounded (a broker bug must fail a test, not hang it), and every failure message says what was
+expected and what arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+import uvloop
+from danube import DanubeClientBuilder, DispatchStrategy, SubType
+
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = "broker ready"
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+LOG_TAIL_CHARS = 16_000
+
+# How long a single expected event may take. Generous for a loaded 2-core machine, short next to the
+# per-test timeout, so that a missing message fails with a message instead of a pytest-timeout traceback.
+WAIT = 8.0
+CREATE_TIMEOUT = 15.0  # the client retries UNAVAILABLE for about 3 s: stay above that
+RPC_TIMEOUT = 5.0
+
+
+# --- the broker process -------------------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports that were free a moment ago (bound together, so never the same one)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Broker:
+    """One `danube-fast broker --mode standalone` subprocess; `restart()` reuses its ports and data dir.
+
+    stdout and stderr of every run are appended to one log file, whose tail goes into failure reports.
+    """
+
+    def __init__(self, workdir: Path, config: str | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = workdir / "data"
+        self.log_path = workdir / "broker.log"
+        self.config_file: Path | None = None
+        if config is not None:
+            self.config_file = workdir / "broker.toml"
+            self.config_file.write_text(config)
+        self.broker_port, self.admin_port, self.prom_port = free_ports(3)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    @property
+    def url(self) -> str:
+        """The service URL clients bootstrap from, and what lookups must advertise (wire/CONTRACT.md C.1)."""
+        return f"http://127.0.0.1:{self.broker_port}"
+
+    @property
+    def target(self) -> str:
+        """host:port, for raw gRPC channels."""
+        return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "danube_fast.cli.main", "broker", "--mode", "standalone",
+            "--data-dir", str(self.data_dir),
+            "--broker-addr", f"127.0.0.1:{self.broker_port}",
+            "--admin-addr", f"127.0.0.1:{self.admin_port}",
+            "--prom-exporter", f"127.0.0.1:{self.prom_port}",
+        ]
+        if self.config_file is not None:
+            cmd += ["--config-file", str(self.config_file)]
+        return cmd
+
+    def start(self) -> None:
+        """Start the broker and return once it logged `broker ready`; fail with its output if it does not."""
+        assert not self.running, "the broker is already running"
+        self.runs += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"===== run {self.runs}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            start_offset = log.tell()
+            self.process = subprocess.Popen(
+                self.command(), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if READY_LINE in self._read_log(start_offset):
+                return
+            rc = self.process.poll()
+            if rc is not None:
+                pytest.fail(f"the broker exited with code {rc} before logging {READY_LINE!r}:\n"
+                            f"{self.log_tail()}", pytrace=False)
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"the broker did not log {READY_LINE!r} within {START_TIMEOUT} s:\n"
+                            f"{self.log_tail()}", pytrace=False)
+            time.sleep(0.05)
+
+    def terminate(self) -> None:
+        """SIGTERM; the broker must exit by itself, with code 0, within STOP_TIMEOUT."""
+        process = self._require_running()
+        process.send_signal(signal.SIGTERM)
+        try:
+            rc = process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail(f"the broker was still running {STOP_TIMEOUT} s after SIGTERM:\n{self.log_tail()}",
+                        pytrace=False)
+        assert rc == 0, f"the broker exited with code {rc} after SIGTERM, expected 0:\n{self.log_tail()}"
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to flush or close anything."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Stop the broker if it runs (SIGTERM, must exit 0), then start it on the same ports and data dir."""
+        if self.running:
+            self.terminate()
+        self.start()
+
+    def close(self) -> None:
+        self.kill()
+
+    def _require_running(self) -> subprocess.Popen[bytes]:
+        process = self.process
+        assert process is not None and process.poll() is None, (
+            f"the broker is not running (exit code {None if process is None else process.returncode}):\n"
+            f"{self.log_tail()}")
+        return process
+
+    def _read_log(self, offset: int = 0) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self) -> str:
+        text = self._read_log()
+        if len(text) > LOG_TAIL_CHARS:
+            text = "[...]\n" + text[-LOG_TAIL_CHARS:]
+        return text
+
+
+class BrokerFactory:
+    """Brokers of one test, each in its own directory under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.brokers: list[Broker] = []
+
+    def start(self, config: str | None = None) -> Broker:
+        broker = Broker(self.root / f"broker{len(self.brokers)}", config)
+        self.brokers.append(broker)
+        broker.start()
+        return broker
+
+    def close(self) -> None:
+        for broker in self.brokers:
+            broker.close()
+
+
+# --- running coroutines -------------------------------------------------------------------------------------
+
+
+def run_async(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    """Run `coro` on a fresh uvloop loop (one loop, not the `run` fixture's two: every test here talks to a
+    broker subprocess, which is what dominates). An error the loop only logs fails a test that otherwise
+    passed; tasks left behind (client health checks, receive loops) are cancelled before the loop closes."""
+    loop = uvloop.new_event_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        result = loop.run_until_complete(asyncio.wait_for(coro, timeout))
+    finally:
+        _cancel_remaining(loop)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    assert not errors, f"the event loop reported unhandled errors: {errors}"
+    return result
+
+
+def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def bounded(awaitable: Awaitable[T], what: str, timeout: float = RPC_TIMEOUT) -> T:
+    """`awaitable` within `timeout`, or an AssertionError naming `what` (instead of a bare TimeoutError)."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except TimeoutError:
+        raise AssertionError(f"{what}: no answer within {timeout} s") from None
+
+
+# --- the official client ------------------------------------------------------------------------------------
+
+
+def describe(m: Any) -> str:
+    """A delivered StreamMessage in one line, for assertion messages."""
+    key = repr(m.routing_key) if m.HasField("routing_key") else "-"
+    return (f"<{m.msg_id.topic_name}@{m.msg_id.topic_offset} payload={bytes(m.payload)[:40]!r} key={key} "
+            f"request_id={m.request_id}>")
+
+
+class ConsumerHandle:
+    """A subscribed danube `Consumer` with its receive queue, read with timeouts."""
+
+    def __init__(self, consumer: Any, queue: asyncio.Queue[Any], name: str) -> None:
+        self.consumer = consumer
+        self.queue = queue
+        self.name = name
+        self.closed = False
+
+    async def get(self, timeout: float = WAIT) -> Any:
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"consumer {self.name}: no message within {timeout} s") from None
+
+    async def get_n(self, n: int, timeout: float = WAIT) -> list[Any]:
+        """Exactly the next `n` messages (more may follow: see `expect_silence`)."""
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n:
+            remaining = deadline - time.monotonic()
+            try:
+                got.append(await asyncio.wait_for(self.queue.get(), max(remaining, 0.001)))
+            except TimeoutError:
+                raise AssertionError(
+                    f"consumer {self.name}: {len(got)} of {n} messages within {timeout} s; got "
+                    f"{[describe(m) for m in got][-10:]}") from None
+        return got
+
+    async def expect_silence(self, seconds: float = 0.5) -> None:
+        """Nothing more is delivered during `seconds`."""
+        await asyncio.sleep(seconds)
+        extra = []
+        while not self.queue.empty():
+            extra.append(self.queue.get_nowait())
+        assert not extra, f"consumer {self.name}: unexpected deliveries {[describe(m) for m in extra]}"
+
+    async def ack(self, message: Any) -> None:
+        await bounded(self.consumer.ack(message), f"{self.name}: ack of {describe(message)}")
+
+    async def nack(self, message: Any, delay_ms: int | None = None) -> None:
+        await bounded(self.consumer.nack(message, delay_ms=delay_ms),
+                      f"{self.name}: nack of {describe(message)}")
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await bounded(self.consumer.close(), f"{self.name}: close")
+
+
+class Session:
+    """`async with Session(url) as s:` one danube client; producers and consumers made through it are closed,
+    and its gRPC channels too (the client has no close of its own), when the block ends."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: Any = None
+        self._producers: list[Any] = []
+        self._consumers: list[ConsumerHandle] = []
+
+    async def __aenter__(self) -> Session:
+        self.client = await DanubeClientBuilder().service_url(self.url).build()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        for handle in self._consumers:
+            with contextlib.suppress(Exception):
+                await handle.close()
+        for producer in self._producers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.close(), RPC_TIMEOUT)
+        # ConnectionManager keeps one channel per (connect_url, broker_url) and never closes them.
+        for connection in list(self.client.connection_manager._connections.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.channel.close(), RPC_TIMEOUT)
+
+    async def producer(self, topic: str, name: str, *, reliable: bool = False, partitions: int = 0) -> Any:
+        builder = self.client.new_producer().with_topic(topic).with_name(name)
+        if reliable:
+            builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        if partitions:
+            builder = builder.with_partitions(partitions)
+        producer = builder.build()
+        await bounded(producer.create(), f"create producer {name} on {topic}", CREATE_TIMEOUT)
+        self._producers.append(producer)
+        return producer
+
+    async def consumer(self, topic: str, name: str, subscription: str, sub_type: Any = SubType.EXCLUSIVE,
+                       key_filters: Sequence[str] = (), settle: float = 0.2) -> ConsumerHandle:
+        """Subscribe and start receiving; `settle` lets the ReceiveMessages stream reach the broker before
+        the test publishes (non-reliable topics drop what no open stream takes)."""
+        builder = (self.client.new_consumer().with_topic(topic).with_consumer_name(name)
+                   .with_subscription(subscription).with_subscription_type(sub_type))
+        if key_filters:
+            builder = builder.with_key_filters(list(key_filters))
+        consumer = builder.build()
+        await bounded(consumer.subscribe(), f"subscribe {name} to {topic} ({subscription})", CREATE_TIMEOUT)
+        queue = await consumer.receive()
+        handle = ConsumerHandle(consumer, queue, name)
+        self._consumers.append(handle)
+        if settle:
+            await asyncio.sleep(settle)
+        return handle
+
+    async def partitions(self, topic: str) -> list[str]:
+        """What TopicPartitions answers, as the client sees it (always asked of the bootstrap URL)."""
+        return list(await bounded(self.client.lookup_service.topic_partitions(self.url, topic),
+                                  f"TopicPartitions {topic}"))
+
+
+async def send_all(producer: Any, payloads: Iterable[bytes], what: str = "send") -> list[int]:
+    """Send one after the other (so per-topic order is the list's order); the ids `send()` returned."""
+    ids = []
+    for payload in payloads:
+        ids.append(await bounded(producer.send(payload, None), f"{what} {payload[:40]!r}"))
+    return ids
+
+
+async def collect(handles: Sequence[ConsumerHandle], total: int, *, ack: bool,
+                  timeout: float = WAIT) -> dict[str, list[Any]]:
+    """Read every handle concurrently until `total` messages arrived in all, acking each if `ack`."""
+    got: dict[str, list[Any]] = {h.name: [] for h in handles}
+    done = asyncio.Event()
+
+    async def drain(handle: ConsumerHandle) -> None:
+        while True:
+            message = await handle.queue.get()
+            got[handle.name].append(message)
+            if ack:
+                await handle.ack(message)
+            if sum(map(len, got.values())) >= total:
+                done.set()
+
+    tasks = [asyncio.ensure_future(drain(h)) for h in handles]
+    waiter: asyncio.Future[Any] = asyncio.ensure_future(done.wait())
+    try:
+        finished, _ = await asyncio.wait([waiter, *tasks], timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            if t in finished:
+                t.result()  # a drain only ends by raising (a failed ack): re-raise it here
+        if waiter not in finished:
+            counts = {name: len(ms) for name, ms in got.items()}
+            raise AssertionError(f"{sum(counts.values())} of {total} messages within {timeout} s: {counts}")
+    finally:
+        for future in (waiter, *tasks):
+            future.cancel()
+        await asyncio.gather(waiter, *tasks, return_exceptions=True)
+    return got
+
+
+def offsets(messages: Iterable[Any]) -> list[int]:
+    return [m.msg_id.topic_offset for m in messages]
+
+
+def payloads(messages: Iterable[Any]) -> list[bytes]:
+    return [bytes(m.payload) for m in messages]
+
+
+# --- the raw wire -------------------------------------------------------------------------------------------
+
+
+class RawApi:
+    """The client-facing services over one plaintext channel, built from danube_fast's generated stubs (the
+    same descriptors as the client's). Use inside a running loop: `async with RawApi(broker.target) as api:`.
+    """
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.channel: Any = None
+        self.producer: Any = None
+        self.consumer: Any = None
+        self.discovery: Any = None
+        self.health: Any = None
+        self._request_id = 0
+
+    async def __aenter__(self) -> RawApi:
+        # A private subchannel pool: gRPC otherwise shares connections per target process-wide, and one left
+        # in reconnect backoff by a stopped broker would fail this channel's calls fast after a restart.
+        self.channel = grpc.aio.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        # The generated stubs are untyped code (danube_fast/proto is exempt from mypy).
+        self.producer = pb_grpc.ProducerServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.consumer = pb_grpc.ConsumerServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.discovery = pb_grpc.DiscoveryStub(self.channel)  # type: ignore[no-untyped-call]
+        self.health = pb_grpc.HealthCheckStub(self.channel)  # type: ignore[no-untyped-call]
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.channel.close()
+
+    def next_id(self) -> int:
+        self._request_id += 1
+        return self._request_id
+
+    async def create_producer(self, topic: str, name: str, *, reliable: bool = False) -> Any:
+        request = pb.ProducerRequest(
+            request_id=self.next_id(), producer_name=name, topic_name=topic, producer_access_mode=pb.Shared,
+            dispatch_strategy=pb.Reliable if reliable else pb.NonReliable)
+        return await bounded(self.producer.CreateProducer(request), f"CreateProducer {name} on {topic}")
+
+    async def subscribe(self, topic: str, name: str, subscription: str,
+                        sub_type: pb.ConsumerRequest.SubscriptionType = pb.ConsumerRequest.Exclusive) -> Any:
+        request = pb.ConsumerRequest(request_id=self.next_id(), topic_name=topic, consumer_name=name,
+                                     subscription=subscription, subscription_type=sub_type)
+        return await bounded(self.consumer.Subscribe(request), f"Subscribe {name} to {topic}")
+
+    async def health_check(self, client: pb.HealthCheckRequest.ClientType, client_id: int) -> int:
+        request = pb.HealthCheckRequest(request_id=self.next_id(), client=client, id=client_id)
+        response = await bounded(self.health.HealthCheck(request), f"HealthCheck {client}/{client_id}")
+        return int(response.status)
+
+
+async def rpc_error(awaitable: Awaitable[Any], what: str, timeout: float = RPC_TIMEOUT) -> Any:
+    """The grpc.aio.AioRpcError that `awaitable` fails with; an AssertionError if it succeeds or hangs."""
+    try:
+        result = await asyncio.wait_for(awaitable, timeout)
+    except grpc.aio.AioRpcError as e:
+        return e
+    except TimeoutError:
+        raise AssertionError(f"{what}: no answer within {timeout} s, expected an error status") from None
+    raise AssertionError(f"{what}: succeeded with {result!r}, expected an error status")
+
+
+def status_line(error: Any) -> str:
+    return f"{error.code().name}: {error.details()!r}"
