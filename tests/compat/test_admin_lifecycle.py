@@ -42,7 +42,8 @@ def test_namespaces_and_topics_through_the_admin_port(broker: Broker) -> None:
             policies = await a.namespaces.GetNamespacePolicies(admin.NamespaceRequest(name="adm"))
             assert json.loads(policies.policies)["max_message_size"] == 10 * 1024 * 1024
 
-            await a.topics.CreateTopic(admin.NewTopicRequest(name="/adm/one", dispatch_strategy=admin.Reliable))
+            await a.topics.CreateTopic(admin.NewTopicRequest(name="/adm/one",
+                                                             dispatch_strategy=admin.Reliable))
             await a.topics.CreatePartitionedTopic(admin.PartitionedTopicRequest(base_name="/adm/many",
                                                                                 partitions=3))
             listed = await a.namespaces.GetNamespaceTopics(admin.NamespaceRequest(name="adm"))
@@ -88,7 +89,8 @@ def test_delete_under_a_live_client_closes_and_the_client_resubscribes(broker: B
         a = Admin(broker)
         try:
             async with Session(broker.url) as s, RawApi(broker.target) as raw:
-                await a.topics.CreateTopic(admin.NewTopicRequest(name=topic, dispatch_strategy=admin.Reliable))
+                await a.topics.CreateTopic(admin.NewTopicRequest(name=topic,
+                                                                 dispatch_strategy=admin.Reliable))
                 handle = await s.consumer(topic, "life-c", "life-sub", SubType.EXCLUSIVE)
                 producer = await s.producer(topic, "life-p", reliable=True)
                 await producer.send(b"before")
@@ -111,7 +113,8 @@ def test_delete_under_a_live_client_closes_and_the_client_resubscribes(broker: B
 
                 # The topic comes back; the client must find it by itself: its health check (every 5 s)
                 # sees CLOSE, the stream ends, and it subscribes again, with a new consumer id.
-                await a.topics.CreateTopic(admin.NewTopicRequest(name=topic, dispatch_strategy=admin.Reliable))
+                await a.topics.CreateTopic(admin.NewTopicRequest(name=topic,
+                                                                 dispatch_strategy=admin.Reliable))
                 deadline = time.monotonic() + 5 + 2 * WAIT
                 while tc.consumer_id == old_consumer_id:
                     assert time.monotonic() < deadline, "the client never subscribed again"
