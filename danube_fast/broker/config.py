@@ -104,6 +104,13 @@ def _typed(section: str, data: dict[str, Any], cls: type[Any], base: Any) -> Any
     return replace(base, **changes)
 
 
+def _table(data: dict[str, Any], section: str) -> dict[str, Any]:
+    value = data.get(section, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{section}] must be a table of settings, got {value!r}")
+    return value
+
+
 def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
     """Defaults, then the TOML file at `path`, then `overrides` (flag values; None means not given)."""
     config = BrokerConfig()
@@ -116,7 +123,7 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
         unknown = set(data) - {"broker", "wal", "dispatch", "policy"}
         if unknown:
             raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
-        wal_data = dict(data.get("wal", {}))
+        wal_data = dict(_table(data, "wal"))
         sync = wal_data.pop("sync", None)
         wal = _typed("wal", wal_data, WalConfig, config.wal)
         if sync is not None:
@@ -124,10 +131,10 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                 wal = replace(wal, sync=SyncPolicy.parse(str(sync)))
             except ValueError as e:
                 raise ConfigError(f"[wal] {e}") from e
-        config = replace(_typed("broker", data.get("broker", {}), BrokerConfig, config), wal=wal,
-                         dispatch=_typed("dispatch", data.get("dispatch", {}), DispatchConfig,
+        config = replace(_typed("broker", _table(data, "broker"), BrokerConfig, config), wal=wal,
+                         dispatch=_typed("dispatch", _table(data, "dispatch"), DispatchConfig,
                                          config.dispatch),
-                         policy=_typed("policy", data.get("policy", {}), Policy, config.policy))
+                         policy=_typed("policy", _table(data, "policy"), Policy, config.policy))
     given = {k: v for k, v in overrides.items() if v is not None}
     config = replace(config, **given)
     check(config)

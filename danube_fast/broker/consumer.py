@@ -36,8 +36,8 @@ class Consumer:
         self.id = consumer_id
         self.name = name
         self.subscription = subscription
-        self.key_filters = list(key_filters)
-        self._filter = compile_filters(self.key_filters)
+        self._key_filters = list(key_filters)
+        self._filter = compile_filters(self._key_filters)
         self.window = window  # reliable: unacknowledged deliveries allowed
         self.inflight = 0  # reliable: delivered (or queued) and not yet acked or nacked
         self.active = True  # a new consumer starts active: messages may queue before its stream opens (C.7)
@@ -47,7 +47,15 @@ class Consumer:
         self._stream = 0  # token of the attached stream (0: none)
         self._next_token = 0
         self.delivered = 0
-        self.dropped = 0
+
+    @property
+    def key_filters(self) -> list[str]:
+        return list(self._key_filters)
+
+    @key_filters.setter
+    def key_filters(self, patterns: list[str]) -> None:
+        self._key_filters = list(patterns)
+        self._filter = compile_filters(self._key_filters)
 
     def accepts(self, key: str) -> bool:
         return self._filter is None or self._filter.match(key) is not None
@@ -114,6 +122,7 @@ class Consumer:
                 n = min(limit, len(self._queue))
                 out = [self._queue.popleft() for _ in range(n)]
                 self.delivered += n
+                self.subscription.delivered += n
                 return out
             self._wakeup.clear()
             await self._wakeup.wait()

@@ -25,7 +25,7 @@ _HELP = {
     "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers."),
     "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss)."),
     "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic."),
-    "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer had room for."),
+    "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer took."),
     "danube_subscription_lag": ("gauge", "Messages not acknowledged (Reliable) or buffered (NonReliable)."),
     "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged."),
     "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream."),
@@ -54,7 +54,7 @@ def render(topics: Topics, started: float) -> str:
         for s in t.subscriptions.values():
             sl = {"topic": t.full, "subscription": s.name}
             d = s.dispatcher
-            add("danube_subscription_messages_out_total", sl, sum(c.delivered for c in s.consumers))
+            add("danube_subscription_messages_out_total", sl, s.delivered)
             add("danube_subscription_lag", sl, d.backlog)
             add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
             if isinstance(d, LiveDispatcher):

@@ -26,6 +26,7 @@ class Subscription:
         self.consumers: list[Consumer] = []
         self.dispatcher: Dispatcher  # set by the topic right after construction
         self.idle_since: float | None = time.monotonic()
+        self.delivered = 0  # messages taken by consumer streams, over the subscription's life
 
     def by_name(self, consumer_name: str) -> Consumer | None:
         for c in self.consumers:

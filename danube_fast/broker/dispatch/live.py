@@ -26,7 +26,7 @@ class LiveDispatcher:
         self._buffer = buffer
         self._selector = Selector(subscription.kind)
         self._keyed = subscription.kind == SubscriptionType.KEY_SHARED
-        self.dropped = 0  # messages no consumer of this subscription could take
+        self.dropped = 0  # messages no consumer of this subscription took (no room, or its stream went)
 
     def _usable(self, c: Consumer) -> bool:
         return c.active and c.queued < self._buffer
@@ -53,7 +53,7 @@ class LiveDispatcher:
         pass
 
     def consumer_lost(self, consumer: Consumer) -> None:
-        consumer.drain_queue()
+        self.dropped += len(consumer.drain_queue())  # buffered for a stream that is gone
 
     @property
     def backlog(self) -> int:

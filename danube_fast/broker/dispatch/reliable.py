@@ -9,6 +9,8 @@ Bookkeeping, by offset:
 - `_pending`: handed to a consumer, waiting for its ack; insertion order is deadline order because every
   delivery gets the same ack timeout;
 - `_waiting` + `_due` (a heap): to be delivered again at a time (after a nack, a timeout or a lost consumer);
+  `_retry`: released from `_due`, in order; Key-Shared also parks here the messages whose consumer is away or
+  full, so that one slow consumer does not stop every other key;
 - `_low`: the lowest offset not yet acknowledged. The cursor persisted under the seed's cursor key is
   `_low - 1`, the contiguous ack floor, so a restart resumes at `_low` and never skips an unacked message.
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 256 * 1024
+PARK_WINDOWS = 10  # Key-Shared: messages parked for busy or absent consumers, in windows, before reads stop
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class _Pending:
     consumer: Consumer | None
     deadline: float
     redeliveries: int = 0
+    delivered: bool = True  # False for a Key-Shared message parked before its first delivery
 
 
 class ReliableDispatcher:
@@ -70,7 +74,8 @@ class ReliableDispatcher:
         self._pending: dict[int, _Pending] = {}
         self._waiting: dict[int, _Pending] = {}
         self._due: list[tuple[float, int]] = []
-        self._retry: deque[int] = deque()  # released from _due, in offset order, waiting for a consumer
+        self._retry: deque[int] = deque()  # released from _due (or parked), waiting for a consumer
+        self._blocked_keys: set[str] = set()  # Key-Shared: keys that could not be delivered in this pass
         self._dead: deque[_Pending] = deque()
         self._low = start
         self._saved = start - 1
@@ -220,43 +225,70 @@ class ReliableDispatcher:
         return None, False
 
     def _send_retries(self, now: float) -> bool:
+        """Deliver what waits in `_retry`, in order. Other types stop at the first message nobody can take;
+        Key-Shared skips a key whose consumer is away or full (it is "blocked" for the rest of this pass, so
+        its later messages cannot overtake it) and goes on with the other keys."""
         moved = False
+        keep: deque[int] = deque()
+        blocked = self._blocked_keys
+        blocked.clear()
         while self._retry:
-            off = self._retry[0]
+            off = self._retry.popleft()
             entry = self._waiting.get(off)
             if entry is None:  # acked meanwhile
-                self._retry.popleft()
+                continue
+            key = messages.routing_key(entry.msg) if self._keyed else ""
+            if key in blocked:
+                keep.append(off)
                 continue
             c, wait = self._route(entry.msg)
             if c is None:
                 if wait:
-                    break
-                self._retry.popleft()
-                del self._waiting[off]
+                    keep.append(off)
+                    if not self._keyed:
+                        keep.extend(self._retry)
+                        self._retry.clear()
+                    blocked.add(key)
+                    continue
+                del self._waiting[off]  # a key no consumer accepts any more
                 self._advance_low()
                 continue
-            self._retry.popleft()
             del self._waiting[off]
             self._deliver(entry.msg, c, now, entry.redeliveries)
-            self.redelivered += 1
+            if entry.delivered:
+                self.redelivered += 1
             moved = True
+        self._retry = keep
         return moved
 
     async def _send_new(self, now: float) -> bool:
         moved = False
+        park_limit = self._config.window * PARK_WINDOWS
         while True:
             if not self._ready and not await self._read():
                 return moved
             msg = self._ready[0]
-            c, wait = self._route(msg)
+            if self._keyed and messages.routing_key(msg) in self._blocked_keys:
+                c, wait = None, True
+            else:
+                c, wait = self._route(msg)
             if c is None and wait:
-                return moved
+                if not self._keyed or len(self._retry) >= park_limit:
+                    return moved
+                self._park(self._ready.popleft())  # Key-Shared: let the other keys go on
+                continue
             self._ready.popleft()
             if c is not None:
                 self._deliver(msg, c, now, 0)
                 moved = True
             else:
                 self._advance_low()
+
+    def _park(self, msg: pb.StreamMessage) -> None:
+        off = msg.msg_id.topic_offset
+        self._waiting[off] = _Pending(msg, None, 0.0, 0, delivered=False)
+        self._retry.append(off)
+        self._blocked_keys.add(messages.routing_key(msg))
 
     async def _read(self) -> bool:
         if self._read_pos >= self._wal.committed_offset:

@@ -57,8 +57,9 @@ class Selector:
 
     def pick(self, consumers: Sequence[Consumer], key: str, usable: Callable[[Consumer], bool]
              ) -> tuple[Consumer | None, bool]:
-        """(consumer, routable): `routable` False means no consumer could ever take this message (a key
-        no filter accepts, or no consumer at all); a None consumer with routable True means wait."""
+        """(consumer, routable): `routable` False means no consumer of the subscription takes this message
+        now or when it reconnects (no consumer at all, no active one for Exclusive/Failover/Shared, or a key
+        no consumer's filters accept); a None consumer with routable True means wait."""
         if not consumers:
             return None, False
         if self.kind in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
@@ -83,9 +84,12 @@ class Selector:
         ids = [c.id for c in consumers]
         if ids != self._ring_of:
             self._build(consumers)
-        eligible = [c.active and c.accepts(key) for c in consumers]
+        accepting = [c.accepts(key) for c in consumers]
+        if not any(accepting):
+            return None, False  # no consumer, connected or not, takes this key
+        eligible = [a and c.active for a, c in zip(accepting, consumers, strict=True)]
         if not any(eligible):
-            return None, False
+            return None, True  # its consumers are away: wait for them
         start = bisect.bisect_left(self._ring, (ring_hash(key), -1))
         size = len(self._ring)
         for i in range(size):

@@ -1,0 +1,156 @@
+"""Broker settings: defaults, TOML overrides per section, flags last, and errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from danube_fast.broker.config import BrokerConfig, ConfigError, DispatchConfig, load
+from danube_fast.meta.resources import Policy
+from danube_fast.storage.config import SyncPolicy, WalConfig
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_without_a_file() -> None:
+    config = load(None, {})
+    assert config == BrokerConfig()
+    assert config.mode == "standalone"
+    assert config.broker_addr == "127.0.0.1:6650"
+    assert config.admin_addr == "127.0.0.1:50051"
+    assert config.prom_exporter == "127.0.0.1:9040"
+    assert config.max_message_size == 10 * 1024 * 1024
+    assert config.wal == WalConfig()
+    assert config.wal.sync == SyncPolicy("always")
+    assert config.dispatch == DispatchConfig(window=1000, ack_timeout_ms=30_000, nack_base_delay_ms=1000,
+                                             nack_max_delay_ms=60_000, max_redeliveries=5,
+                                             cursor_flush_acks=1000, cursor_flush_ms=5000, buffer=1000)
+    assert config.policy == Policy()
+    assert config.advertised_url == "http://127.0.0.1:6650"
+    assert config.metadata_path == "./danube-data/metadata.db"
+    assert config.wal_root == "./danube-data/wal"
+
+
+def test_each_section_overrides_only_what_it_names(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+[broker]
+data_dir = "/var/lib/danube"
+broker_addr = "0.0.0.0:7650"
+advertised_addr = "broker-1.example:7650"
+
+[wal]
+sync = "interval(250)"
+segment_bytes = 1048576
+
+[dispatch]
+window = 16
+nack_base_delay_ms = 200
+max_redeliveries = 3
+
+[policy]
+max_consumers_per_topic = 10
+""")
+    config = load(path, {})
+    assert config.data_dir == "/var/lib/danube"
+    assert config.broker_addr == "0.0.0.0:7650"
+    assert config.admin_addr == "127.0.0.1:50051"  # untouched
+    assert config.advertised_url == "http://broker-1.example:7650"
+    assert config.wal_root == "/var/lib/danube/wal"
+    assert config.wal == WalConfig(sync=SyncPolicy("interval", 250), segment_bytes=1048576)
+    assert config.dispatch == DispatchConfig(window=16, nack_base_delay_ms=200, max_redeliveries=3)
+    assert config.policy == Policy(max_consumers_per_topic=10)
+
+
+@pytest.mark.parametrize(("text", "sync"), [
+    ('sync = "none"', SyncPolicy("none")),
+    ('sync = "always"', SyncPolicy("always")),
+    ('sync = "interval(5ms)"', SyncPolicy("interval", 5)),
+])
+def test_sync_policies(tmp_path: Path, text: str, sync: SyncPolicy) -> None:
+    assert load(write(tmp_path, f"[wal]\n{text}\n"), {}).wal.sync == sync
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[broker]\nbroker_addr = "127.0.0.1:7000"\ndata_dir = "/d"\n')
+    config = load(path, {"broker_addr": "127.0.0.1:8000", "data_dir": None})  # None: flag not given
+    assert config.broker_addr == "127.0.0.1:8000"
+    assert config.data_dir == "/d"
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ('[broker]\nbroker_adr = "127.0.0.1:1"\n', ["[broker]", "broker_adr"]),
+    ("[dispatch]\nwindows = 3\n", ["[dispatch]", "windows"]),
+    ("[wal]\nsegment_size = 3\n", ["[wal]", "segment_size"]),
+    ("[policy]\nmax_topics = 3\n", ["[policy]", "max_topics"]),
+    ("[policy]\nextra = 3\n", ["[policy]", "extra"]),  # the resource's internal field is no setting
+    ("[brokers]\nmode = \"standalone\"\n", ["brokers"]),
+    ("[cluster]\n", ["cluster"]),
+])
+def test_unknown_settings_and_sections_are_named(tmp_path: Path, text: str, names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), {})
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ('[dispatch]\nwindow = "16"\n', ["[dispatch]", "window"]),
+    ("[dispatch]\nwindow = 1.5\n", ["[dispatch]", "window"]),
+    ("[dispatch]\nack_timeout_ms = true\n", ["[dispatch]", "ack_timeout_ms"]),  # a bool is no int here
+    ("[dispatch]\nbuffer = -1\n", ["[dispatch]", "buffer"]),
+    ("[broker]\nbroker_addr = 6650\n", ["[broker]", "broker_addr"]),
+    ("[broker]\nmax_message_size = \"10MB\"\n", ["[broker]", "max_message_size"]),
+    ("[wal]\nsegment_bytes = [1]\n", ["[wal]", "segment_bytes"]),
+    ("[policy]\nmax_message_size = -5\n", ["[policy]", "max_message_size"]),
+])
+def test_wrong_types_are_refused_naming_the_setting(tmp_path: Path, text: str, names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), {})
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("section", ["broker", "wal", "dispatch", "policy"])
+def test_a_section_that_is_not_a_table_is_a_config_error(tmp_path: Path, section: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, f"{section} = 3\n"), {})
+    assert section in str(info.value)
+
+
+@pytest.mark.parametrize("sync", ['"sometimes"', '"interval(0)"', '"interval(-5)"', '"interval"', "5"])
+def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, f"[wal]\nsync = {sync}\n"), {})
+    assert "[wal]" in str(info.value)
+    assert "sync" in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ('[broker]\nmode = "cluster"\n', "mode"),
+    ('[broker]\nbroker_addr = "localhost"\n', "broker_addr"),
+    ('[broker]\nadmin_addr = "host:99999"\n', "admin_addr"),
+    ('[broker]\nprom_exporter = ":9040"\n', "prom_exporter"),
+    ("[dispatch]\nwindow = 0\n", "window"),
+    ("[broker]\nmax_message_size = 0\n", "max_message_size"),
+])
+def test_invalid_values_are_refused(tmp_path: Path, text: str, name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load(write(tmp_path, text), {})
+
+
+def test_prometheus_endpoint_may_be_disabled(tmp_path: Path) -> None:
+    assert load(write(tmp_path, '[broker]\nprom_exporter = ""\n'), {}).prom_exporter == ""
+
+
+def test_unreadable_or_malformed_files(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match=r"missing\.toml"):
+        load(missing, {})
+    with pytest.raises(ConfigError, match="cannot read config file") as info:
+        load(write(tmp_path, "[dispatch\nwindow = 3\n"), {})
+    assert info.value.__cause__ is not None  # the TOML error is chained, not flattened

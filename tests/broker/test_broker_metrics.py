@@ -1,0 +1,170 @@
+"""The Prometheus exposition: per-topic and per-subscription samples from real topics, escaped labels."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from broker_support import Run, message, offsets, receive
+
+from danube_fast.broker import metrics
+from danube_fast.broker.config import DispatchConfig
+from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.dispatch.reliable import ReliableDispatcher
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.subscription import Subscription
+from danube_fast.broker.topic import ProducerEntry, Topic
+from danube_fast.broker.topics import Topics
+from danube_fast.meta.resources import DeliveryMode, Policy, SubscriptionType
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage import SyncPolicy, Wal, WalConfig
+
+SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="(?:[^"\\\n]|\\[\\"n])*",?)*\})? -?[0-9.e+]+$')
+
+
+def topics_of(*topics: Topic) -> Topics:
+    """The registry `render` reads, holding just these topics (no store behind it)."""
+    registry = Topics.__new__(Topics)
+    registry.topics = {t.full: t for t in topics}
+    return registry
+
+
+def samples(text: str) -> dict[str, float]:
+    """Sample line (name and labels) → value; checks the exposition format on the way."""
+    assert text.endswith("\n")
+    out: dict[str, float] = {}
+    described: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            described.add(line.split()[2])
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name in described and kind in ("counter", "gauge"), line
+            continue
+        assert SAMPLE.match(line), f"not a valid sample line: {line!r}"
+        series, value = line.rsplit(" ", 1)
+        assert series.split("{")[0] in described, line
+        assert series not in out, f"duplicate series {series}"
+        out[series] = float(value)
+    return out
+
+
+def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
+    async def main() -> None:
+        t = Topic(TopicName("default", 'we"ird\\name'), DeliveryMode.NON_RELIABLE, Policy(), None)
+        t.producers["p"] = ProducerEntry(1, "p", t)
+        sub = Subscription(t.full, "sub\nline", SubscriptionType.EXCLUSIVE)
+        sub.dispatcher = LiveDispatcher(sub, 2)
+        t.subscriptions[sub.name] = sub
+        c = Consumer(1, "c", sub, [], 10)
+        sub.add(c)
+        token = c.attach()
+        for i in range(3):
+            await t.publish(message(i))  # the third finds the buffer full
+        await receive(c, token, 1)
+
+        got = samples(metrics.render(topics_of(t), time.monotonic() - 1.5))
+        tl = 'topic="/default/we\\"ird\\\\name"'
+        sl = tl + ',subscription="sub\\nline"'
+        assert got == {
+            f"danube_topic_messages_in_total{{{tl}}}": 3,
+            f"danube_topic_bytes_in_total{{{tl}}}": 6,
+            f"danube_topic_producers{{{tl}}}": 1,
+            f"danube_subscription_messages_out_total{{{sl}}}": 1,
+            f"danube_subscription_lag{{{sl}}}": 1,
+            f"danube_subscription_consumers{{{sl}}}": 1,
+            f"danube_subscription_dropped_total{{{sl}}}": 1,
+            "danube_broker_uptime_seconds": got["danube_broker_uptime_seconds"],
+        }
+        assert 1.5 <= got["danube_broker_uptime_seconds"] < 60
+
+    run(main())
+
+
+def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal = await Wal.open(tmp_path / "w", WalConfig(sync=SyncPolicy("none")))
+        t = Topic(TopicName("default", "rel"), DeliveryMode.RELIABLE, Policy(), wal)
+        sub = Subscription(t.full, "s", SubscriptionType.SHARED)
+
+        async def save_cursor(offset: int) -> None:
+            pass
+
+        async def dead_letter(msg: pb.StreamMessage) -> None:
+            pass
+
+        cfg = DispatchConfig(nack_base_delay_ms=5, cursor_flush_ms=60_000)
+        dispatcher = ReliableDispatcher(sub, wal, cfg, 0, save_cursor, dead_letter)
+        sub.dispatcher = dispatcher
+        t.subscriptions[sub.name] = sub
+        try:
+            active = Consumer(1, "a", sub, [], 10)
+            sub.add(active)
+            idle = Consumer(2, "b", sub, [], 10)
+            sub.add(idle)
+            assert idle.detach(idle.attach())
+            sub.stream_ended(idle)
+            token = active.attach()
+            for i in range(3):
+                await t.publish(message(i))
+            assert offsets(await receive(active, token, 3)) == [0, 1, 2]
+            assert dispatcher.nack(1, None)
+            assert offsets(await receive(active, token, 1)) == [1]
+            assert dispatcher.ack(0)
+            assert dispatcher.nack(2, 30_000)  # due again in 30 s: unacknowledged, not in flight
+
+            got = samples(metrics.render(topics_of(t), time.monotonic()))
+            tl = 'topic="/default/rel"'
+            sl = tl + ',subscription="s"'
+            assert {k: v for k, v in got.items() if k != "danube_broker_uptime_seconds"} == {
+                f"danube_topic_messages_in_total{{{tl}}}": 3,
+                f"danube_topic_bytes_in_total{{{tl}}}": 6,
+                f"danube_topic_producers{{{tl}}}": 0,
+                f"danube_topic_committed_offset{{{tl}}}": 3,
+                f"danube_subscription_messages_out_total{{{sl}}}": 4,
+                f"danube_subscription_lag{{{sl}}}": 2,  # committed 3, floor 0
+                f"danube_subscription_consumers{{{sl}}}": 1,
+                f"danube_subscription_redelivered_total{{{sl}}}": 1,
+                f"danube_subscription_dead_lettered_total{{{sl}}}": 0,
+                f"danube_subscription_unacked{{{sl}}}": 2,
+            }
+        finally:
+            await dispatcher.close()
+            await wal.close()
+
+    run(main())
+
+
+def test_every_family_is_described_once_even_without_topics() -> None:
+    text = metrics.render(topics_of(), time.monotonic())
+    got = samples(text)
+    assert list(got) == ["danube_broker_uptime_seconds"]
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    assert len(helps) == len(set(helps)) >= 12
+    assert "# TYPE danube_subscription_redelivered_total counter" in text
+    assert "# TYPE danube_subscription_lag gauge" in text
+
+
+def test_delivered_counter_does_not_go_down_when_a_consumer_leaves(run: Run) -> None:
+    """A counter may only grow (a drop reads as a counter reset to `rate()`)."""
+
+    async def main() -> None:
+        t = Topic(TopicName("default", "t"), DeliveryMode.NON_RELIABLE, Policy(), None)
+        sub = Subscription(t.full, "s", SubscriptionType.SHARED)
+        sub.dispatcher = LiveDispatcher(sub, 10)
+        t.subscriptions[sub.name] = sub
+        c = Consumer(1, "c", sub, [], 10)
+        sub.add(c)
+        token = c.attach()
+        for i in range(2):
+            await t.publish(message(i))
+        await receive(c, token, 2)
+        key = 'danube_subscription_messages_out_total{topic="/default/t",subscription="s"}'
+        assert samples(metrics.render(topics_of(t), time.monotonic()))[key] == 2
+        sub.remove(c)
+        assert samples(metrics.render(topics_of(t), time.monotonic()))[key] >= 2
+
+    run(main())
