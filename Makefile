@@ -45,6 +45,7 @@ lint: install
 bench: install
 	$(BIN)/python -m bench storage
 	$(BIN)/python -m bench meta
+	$(BIN)/python -m bench broker
 
 # Regenerate the checked-in protobuf/gRPC code from danube_fast/proto/*.proto (grpcio-tools is in the
 # test extra, pinned, because the generated files carry its version; tests/compat checks they are current).

@@ -1,4 +1,4 @@
-"""`python -m bench storage|meta [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json); progress and machine facts go to
 stderr, so `--json` output can be piped as is."""
@@ -38,12 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     me = suites.add_parser("meta", help="LocalCache reads; EmbeddedStore and EtcdStore puts and transactions "
                                         "(EtcdStore against raw aetcd calls)")
     _common_options(me, "Metadata", "0.25 s per figure and run instead of 2 s")
+    br = suites.add_parser("broker", help="the official client producing and consuming through the broker "
+                                          "(reliable and non-reliable) against a bare grpc.aio server")
+    _common_options(br, BROKER_SECTION, "a fifth of the messages per figure, and 1 run unless --runs says "
+                                        "otherwise", default_runs=None)
     return parser
 
 
-def _common_options(parser: argparse.ArgumentParser, section: str, quick_help: str) -> None:
+BROKER_SECTION = "Broker (Danube API)"
+BROKER_RUNS = 3  # the broker suite's default --runs (1 with --quick)
+
+
+def _common_options(parser: argparse.ArgumentParser, section: str, quick_help: str,
+                    default_runs: int | None = 5) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per result on stdout")
-    parser.add_argument("--runs", type=_positive_int, default=5, help="runs per figure; figures are medians")
+    runs_help = "runs per figure; figures are medians" + (
+        "" if default_runs else f" (default {BROKER_RUNS}, or 1 with --quick)")
+    parser.add_argument("--runs", type=_positive_int, default=default_runs, help=runs_help)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--dir", default="/tmp",
                         help="where to create the scratch directory (removed after); its file system is "
@@ -57,15 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.dir):
         _parser().error(f"--dir {args.dir!r} is not a directory")
+    if args.runs is None:
+        args.runs = 1 if args.quick else BROKER_RUNS
     info = machine_info(os.path.abspath(args.dir))
     progress(f"machine: {describe_machine(info)}; load average {info['load_average_1m']}")
     extra: list[str] = []  # lines the RESULTS.md section adds after the machine line
+    runs_note = results.RUNS_NOTE
     if args.suite == "storage":
         title = "Storage"
         warning = storage.check_native()
         if warning:
             progress(f"WARNING: {warning}")
         found: list[Result] = storage.run_storage(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "broker":
+        from bench import broker  # here: only this suite needs danube-client
+
+        title = BROKER_SECTION
+        extra.append(broker.load_line())
+        runs_note = broker.RUNS_NOTE
+        found = broker.run_broker(Options(args.runs, args.quick, args.dir))
     else:
         from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 
@@ -83,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_results:
         command = shlex.join(["python", "-m", "bench", *argv])
         date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        section = results.render_section(title, found, info, command, date, args.runs, args.quick)
+        section = results.render_section(title, found, info, command, date, args.runs, args.quick, runs_note)
         if extra:
             head, machine_line, rest = section.partition("\n- Date: ")
             section = head + "\n" + "\n".join(extra) + machine_line + rest

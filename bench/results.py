@@ -17,8 +17,11 @@ rerun the command. What the figures mean and how to get stable ones: [README.md]
 """
 
 
+RUNS_NOTE = "CPU figures: --runs; disk figures: more, shorter bracketed pairs"
+
+
 def render_section(title: str, results: Sequence[Result], info: dict[str, object], command: str, date: str,
-                   runs: int, quick: bool) -> str:
+                   runs: int, quick: bool, runs_note: str = RUNS_NOTE) -> str:
     """The section's markdown, from its `## ` heading to the table's last line."""
     lines = [
         f"## {title}",
@@ -26,8 +29,8 @@ def render_section(title: str, results: Sequence[Result], info: dict[str, object
         f"- Machine: {describe_machine(info)}",
         f"- Date: {date}",
         f"- Command: `{command}`",
-        f"- Runs: medians over the `runs` column of the table (CPU figures: --runs; disk figures: more, "
-        f"shorter bracketed pairs); load average at start {info.get('load_average_1m')}",
+        f"- Runs: medians over the `runs` column of the table ({runs_note}); load average at start "
+        f"{info.get('load_average_1m')}",
     ]
     if quick:
         lines.append("- **Quick run** (`--quick`): smaller sizes and shorter timings; not comparable "
