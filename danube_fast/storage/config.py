@@ -49,7 +49,3 @@ class WalConfig:
     index_max_bytes: int = 1024 * 1024
     cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
     max_group_bytes: int = 16 * 1024 * 1024  # one write + fsync covers at most this much
-    # sync=always: start fdatasyncs at least this far apart (microseconds) while appends keep coming, so that
-    # a stream of small appends shares fsyncs instead of paying one each (bench/RESULTS.md, Broker); an
-    # append that arrives after a quiet spell is synced at once. 0 = sync back to back.
-    sync_min_interval_us: int = 500

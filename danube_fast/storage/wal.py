@@ -243,23 +243,12 @@ class Wal:
     def _sync_loop(self) -> None:
         """sync=always: fdatasync whatever the writer has written, acknowledge exactly what it covered.
         Runs beside the writer so the next group is being written while this one is flushed."""
-        spacing = self._config.sync_min_interval_us / 1e6
-        last_start = 0.0
         while True:
             with self._sync_cv:
                 while not self._unsynced and not self._writer_done:
                     self._sync_cv.wait()
                 if not self._unsynced:
                     return
-                # Busy (the last fsync started moments ago): let more appends join this one. The writer's
-                # notifications wake the wait early, hence the loop.
-                deadline = last_start + spacing
-                while not self._writer_done:
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:
-                        break
-                    self._sync_cv.wait(wait)
-            last_start = time.monotonic()
             try:
                 covered = self._log.sync()
             except Exception as e:
