@@ -1,0 +1,112 @@
+"""The Prometheus endpoint as a scraper sees it, the namespace policy limits on the wire, and Reliable
+redelivery after an ack timeout, with the official client and raw stubs (issue: metrics, policies)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+
+import grpc
+from compat_support import Broker, BrokerFactory, RawApi, Session, offsets, rpc_error, run_async, status_line
+from danube import SubType
+
+from danube_fast.proto import DanubeApi_pb2 as pb
+
+BROKER_CONFIG = """
+[dispatch]
+ack_timeout_ms = 700
+"""
+
+
+def scrape(broker: Broker) -> dict[str, float]:
+    """`name{labels}` -> value, from GET /metrics (in a thread: urllib blocks)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_show_rates_bytes_backlog_and_lag(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "lagging", SubType.EXCLUSIVE)
+            for i in range(5):
+                await producer.send(b"%04d" % i, None)
+            got = await consumer.get_n(5)
+            for m in got[:3]:
+                await consumer.ack(m)
+            await asyncio.sleep(0.2)
+            m = await asyncio.to_thread(scrape, broker)
+            labels = f'topic="{topic}"'
+            sub = f'{labels},subscription="lagging"'
+            assert m[f"danube_topic_messages_in_total{{{labels}}}"] == 5
+            assert m[f"danube_topic_bytes_in_total{{{labels}}}"] == 20
+            assert m[f"danube_topic_committed_offset{{{labels}}}"] == 5
+            assert m[f"danube_subscription_messages_out_total{{{sub}}}"] == 5
+            assert m[f"danube_subscription_lag{{{sub}}}"] == 2  # offsets 3 and 4 not acknowledged
+            assert m[f"danube_subscription_unacked{{{sub}}}"] == 2
+            assert m[f"danube_subscription_consumers{{{sub}}}"] == 1
+            for extra in got[3:]:
+                await consumer.ack(extra)
+
+    run_async(scenario())
+
+
+def test_unacknowledged_message_comes_back_after_the_ack_timeout(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "slow", SubType.EXCLUSIVE)
+            await producer.send(b"forgotten", None)
+            first = await consumer.get()
+            t0 = time.monotonic()
+            again = await consumer.get(timeout=5)
+            waited = time.monotonic() - t0
+            assert offsets([first, again]) == [0, 0] and bytes(again.payload) == b"forgotten"
+            assert 0.5 <= waited <= 3.0, f"redelivered after {waited:.2f} s, ack timeout is 0.7 s"
+            await consumer.ack(again)
+            await consumer.expect_silence(1.2)  # acked: no further redelivery
+
+    run_async(scenario())
+
+
+LIMITS = """
+[policy]
+max_producers_per_topic = 1
+max_subscriptions_per_topic = 1
+max_consumers_per_subscription = 1
+max_consumers_per_topic = 2
+"""
+
+
+def test_policy_limits_answer_with_the_contract_statuses(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(LIMITS)
+    topic = "/default/limited"
+
+    async def scenario() -> None:
+        async with RawApi(broker.target) as raw:
+            await raw.create_producer(topic, "first")
+            again = await raw.create_producer(topic, "first")  # the same name is the same producer
+            assert again.producer_id
+            more = await rpc_error(raw.create_producer(topic, "second"), "a second producer")
+            assert more.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, status_line(more)
+            assert "max_producers_per_topic" in more.details()
+
+            shared = pb.ConsumerRequest.Shared
+            await raw.subscribe(topic, "c1", "only", shared)
+            full = await rpc_error(raw.subscribe(topic, "c2", "only", shared), "a 2nd consumer")
+            assert full.code() == grpc.StatusCode.PERMISSION_DENIED, status_line(full)
+            assert "max_consumers_per_subscription" in full.details()
+            other = await rpc_error(raw.subscribe(topic, "c3", "another", shared), "a 2nd subscription")
+            assert other.code() == grpc.StatusCode.PERMISSION_DENIED, status_line(other)
+            assert re.search(r"max_subscriptions_per_topic", other.details())
+
+    run_async(scenario())
