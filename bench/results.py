@@ -66,7 +66,10 @@ def replace_section(text: str, title: str, section: str) -> str:
     parts = [preamble if preamble.endswith("\n") else preamble + "\n"]
     for i, (name, body) in enumerate(sections):
         if name != title:
-            parts.append(body if body.endswith("\n") else body + "\n")
+            body = body if body.endswith("\n") else body + "\n"
+            if i + 1 < len(sections) and not body.endswith("\n\n"):
+                body += "\n"  # a blank line before the next heading
+            parts.append(body)
         elif i + 1 < len(sections):
             parts.append(section + "\n")  # a blank line before the next heading
         else:
