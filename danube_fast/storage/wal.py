@@ -66,6 +66,8 @@ class Wal:
         # then also sees bigger groups).
         self._outbox: list[_Append] = []
         self._handoff_scheduled = False
+        self._unacked = 0  # appends not yet answered; written on the loop, read by the writer
+        self._lingering = False  # the writer is gathering a group: appends need not wake it (guarded by _cv)
         # Shared with the writer thread, guarded by _cv.
         self._cv = threading.Condition()
         self._appends: deque[_Append] = deque()
@@ -134,7 +136,11 @@ class Wal:
         if not self._handoff_scheduled:
             self._handoff_scheduled = True
             self._loop.call_soon(self._handoff)
-        return await fut
+        self._unacked += 1
+        try:
+            return await fut
+        finally:
+            self._unacked -= 1
 
     def _handoff(self) -> None:
         self._handoff_scheduled = False
@@ -143,7 +149,8 @@ class Wal:
         items, self._outbox = self._outbox, []
         with self._cv:
             self._appends.extend(items)
-            self._cv.notify()
+            if not self._lingering:
+                self._cv.notify()
 
     async def sync(self) -> None:
         """fdatasync now, whatever the policy (used at shutdown and before sealing a topic)."""
@@ -186,6 +193,7 @@ class Wal:
 
     def _writer(self) -> None:
         policy = self._config.sync
+        linger = self._config.linger_us / 1e6
         last_sync = time.monotonic()
         while True:
             with self._cv:
@@ -196,6 +204,9 @@ class Wal:
                         if timeout <= 0:
                             break
                     self._cv.wait(timeout)
+                if linger and self._appends and not self._commands and not self._stopping \
+                        and self._unacked > len(self._appends):
+                    self._gather(linger)
                 group = self._take_group()
                 commands = list(self._commands)
                 self._commands.clear()
@@ -212,6 +223,20 @@ class Wal:
             if stopping:
                 self._shutdown()
                 return
+
+    def _gather(self, linger: float) -> None:
+        """Under _cv: let appends from concurrent producers join the group for up to `linger` seconds.
+        Appends do not wake the writer meanwhile (each wakeup is a GIL handoff); commands and close do."""
+        self._lingering = True
+        deadline = time.monotonic() + linger
+        try:
+            while not (self._commands or self._stopping):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+        finally:
+            self._lingering = False
 
     def _take_group(self) -> list[_Append]:
         group: list[_Append] = []
