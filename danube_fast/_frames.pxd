@@ -35,9 +35,9 @@ cdef enum:
     F_ATTRIBUTES = 16
     F_KNOWN = 31
 
-    # Work on fewer bytes than this keeps the GIL: releasing and retaking it costs a thread handoff (tens of
-    # microseconds when the event loop thread is busy: the broker bench's WAL threads spent most of their
-    # time waiting for the GIL on one-message batches), far more than checksumming or copying a small batch.
+    # A write of fewer bytes than this keeps the GIL: releasing and retaking it costs a thread handoff (tens
+    # of microseconds when the event loop thread is busy: the broker bench's WAL writer spent much of its
+    # time waiting for the GIL on one-message groups), more than a small write into the page cache takes.
     NOGIL_MIN_BYTES = 64 * 1024
 
     BATCH_MAGIC = 0xDB

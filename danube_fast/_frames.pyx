@@ -86,16 +86,6 @@ cdef uint32_t crc32c_of(const unsigned char* p, size_t n) noexcept nogil:
     return crc32c_update(0, p, n)
 
 
-cdef uint32_t crc32c_held(const unsigned char* p, size_t n) noexcept:
-    """CRC32C, called with the GIL held: released only around inputs of NOGIL_MIN_BYTES or more."""
-    cdef uint32_t v
-    if n < NOGIL_MIN_BYTES:
-        return crc32c_update(0, p, n)
-    with nogil:
-        v = crc32c_update(0, p, n)
-    return v
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Buffers: hold the Py_buffer for as long as the pointer is used, release it in __dealloc__.
 
@@ -349,7 +339,8 @@ cdef int check_batch(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos, 
     _check_header(buf, size, pos, info)
     cdef uint32_t computed
     if verify_crc:
-        computed = crc32c_held(buf + pos + CRC_FROM, info.length - CRC_FROM)
+        with nogil:
+            computed = crc32c_update(0, buf + pos + CRC_FROM, info.length - CRC_FROM)
         if computed != info.crc:
             raise FrameCorrupt(f"CRC mismatch: stored 0x{info.crc:08x}, computed 0x{computed:08x}", pos)
     _walk_records(buf + pos, info, NULL)
@@ -637,7 +628,8 @@ cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64
 cdef void _seal(object batch) noexcept:
     cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(batch)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(batch)
-    store_u32(p + OFF_CRC, crc32c_held(p + CRC_FROM, n - CRC_FROM))
+    with nogil:
+        store_u32(p + OFF_CRC, crc32c_update(0, p + CRC_FROM, n - CRC_FROM))
 
 
 def encode_batch(records, *, producer_id=0, producer_name="", broker_addr="", base_offset=0):

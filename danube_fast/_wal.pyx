@@ -507,10 +507,7 @@ cdef class SegmentedLog:
                 view = views[i]
                 blen = view.shape[0]
                 ranges[i] = (offset, offset + counts[i] - 1)
-                if blen >= NOGIL_MIN_BYTES:
-                    with nogil:
-                        memcpy(p, &view[0], blen)
-                else:
+                with nogil:
                     memcpy(p, &view[0], blen)
                 pos = 0
                 while pos < blen:
