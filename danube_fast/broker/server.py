@@ -23,11 +23,14 @@ from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.producer import ProducerService
+from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.topics import Topics, new_id
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
+from danube_fast.schema import SchemaRegistry, TopicSchemas
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -80,6 +83,7 @@ class Broker:
         self.config = config
         self.store = store
         self.topics = topics
+        self.schemas = TopicSchemas(store, SchemaRegistry(store))
         self._client = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)),
             ("grpc.so_reuseport", 0),
@@ -108,9 +112,12 @@ class Broker:
 
     async def _listen(self) -> None:
         url = self.config.advertised_url
+        # Topics' schema configurations are in place before any producer can publish.
+        await self.schemas.registry.load()
+        await self.schemas.load(self.topics.topics.values())
         # The generated registration functions carry no annotations (grpcio-tools writes none).
         pb_grpc.add_ProducerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ProducerService(self.topics), self._client)
+            ProducerService(self.topics, self.schemas), self._client)
         pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ConsumerService(self.topics), self._client)
         pb_grpc.add_DiscoveryServicer_to_server(  # type: ignore[no-untyped-call]
@@ -120,7 +127,12 @@ class Broker:
         admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
             NamespaceAdmin(self.topics), self._admin)
         admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            TopicAdmin(self.topics), self._admin)
+            TopicAdmin(self.topics, self.schemas), self._admin)
+        # SchemaRegistry is served on both ports, as v0.7.3 does (CONTRACT A.3, C.1); one servicer.
+        registry = SchemaRegistryService(self.topics, self.schemas)
+        for server in (self._client, self._admin):
+            schema_grpc.add_SchemaRegistryServicer_to_server(  # type: ignore[no-untyped-call]
+                registry, server)
         client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr")
         admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr")
         await self._client.start()

@@ -8,15 +8,19 @@ NonReliable publish is handed straight to every subscription's dispatcher.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from danube_fast.broker import messages
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.subscription import Subscription
-from danube_fast.meta.resources import DeliveryMode, Policy
+from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
+
+if TYPE_CHECKING:
+    from danube_fast.schema.topic_schema import SchemaGate
 
 
 @dataclass
@@ -38,6 +42,10 @@ class Topic:
         self.messages_in = 0
         self.bytes_in = 0
         self.publish_rate = RateLimiter(policy.max_publish_rate)
+        # Owned by danube_fast.schema.topic_schema.TopicSchemas: the stored schema configuration (None: the
+        # defaults, nothing stored) and the publish check it implies (None: nothing can be refused).
+        self.schema_config: TopicSchemaConfig | None = None
+        self.schema_gate: SchemaGate | None = None
 
     @property
     def reliable(self) -> bool:

@@ -4,6 +4,8 @@ cluster mode and answer UNIMPLEMENTED here.
 
 Statuses follow v0.7.3 where the contract names them (creation and deletion failures are NOT_FOUND with the
 cause in the message; DescribeTopic never fails), without its duplicates in ListSubscriptions (D.16).
+A `schema_subject` on CreateTopic or CreatePartitionedTopic must be registered; each topic created then uses
+it as a producer's `use_latest` schema reference would (C.14).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from danube_fast.errors import DanubeError
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
+from danube_fast.schema import TopicSchemas
 
 
 def _namespace(name: str) -> str:
@@ -68,8 +71,23 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
 
 
 class TopicAdmin(pb_grpc.TopicAdminServicer):
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, schemas: TopicSchemas) -> None:
         self._topics = topics
+        self._schemas = schemas
+
+    async def _create(self, name: TopicName, dispatch_strategy: int, subject: str | None) -> None:
+        """One topic, with its schema subject if given; NOT_FOUND with the cause for any failure."""
+        try:
+            topic = await self._topics.create_topic(name, _delivery(dispatch_strategy))
+            if subject is not None:
+                await self._schemas.assign_subject(topic, subject)
+        except DanubeError as e:
+            raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+
+    async def _require_subject(self, name: TopicName, subject: str | None) -> None:
+        if subject is not None and await self._schemas.registry.subject_id(subject) is None:
+            raise not_found(f"Unable to create the topic {name} due to: schema subject {subject!r} is not "
+                            "registered")
 
     def _info(self, full: str) -> pb.TopicInfo:
         topic = self._topics.topics[full]
@@ -85,28 +103,20 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
     @unary
     async def CreateTopic(self, request: pb.NewTopicRequest, context: Context) -> pb.TopicResponse:
         name = parse_topic(request.name)
-        if request.HasField("schema_subject"):
-            raise not_found(f"Unable to create the topic {name} due to: schema subject "
-                            f"{request.schema_subject!r} is not registered (no schema registry yet)")
-        try:
-            await self._topics.create_topic(name, _delivery(request.dispatch_strategy))
-        except DanubeError as e:
-            raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+        subject = request.schema_subject if request.HasField("schema_subject") else None
+        await self._require_subject(name, subject)
+        await self._create(name, request.dispatch_strategy, subject)
         return pb.TopicResponse(success=True)
 
     @unary
     async def CreatePartitionedTopic(self, request: pb.PartitionedTopicRequest, context: Context
                                      ) -> pb.TopicResponse:
         base = parse_topic(request.base_name)
-        if request.HasField("schema_subject"):
-            raise not_found(f"Unable to create the topic {base} due to: schema subject "
-                            f"{request.schema_subject!r} is not registered (no schema registry yet)")
+        subject = request.schema_subject if request.HasField("schema_subject") else None
+        await self._require_subject(base, subject)
         for i in range(request.partitions):
-            name = TopicName(base.namespace, f"{base.topic}-part-{i}")
-            try:
-                await self._topics.create_topic(name, _delivery(request.dispatch_strategy))
-            except DanubeError as e:
-                raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+            await self._create(TopicName(base.namespace, f"{base.topic}-part-{i}"), request.dispatch_strategy,
+                               subject)
         return pb.TopicResponse(success=True)
 
     @unary
@@ -145,5 +155,17 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
         topic = self._topics.find(request.name)
         if topic is None:
             return pb.DescribeTopicResponse(name=request.name, delivery=DeliveryMode.NON_RELIABLE.value)
-        return pb.DescribeTopicResponse(name=request.name, subscriptions=sorted(topic.subscriptions),
-                                        broker_id=str(self._topics.broker_id), delivery=topic.delivery.value)
+        response = pb.DescribeTopicResponse(name=request.name, subscriptions=sorted(topic.subscriptions),
+                                            broker_id=str(self._topics.broker_id),
+                                            delivery=topic.delivery.value)
+        try:
+            schema = await self._schemas.describe(topic)
+        except DanubeError:  # DescribeTopic never fails (C.14): without the registry, no schema fields
+            schema = None
+        if schema is not None:
+            response.schema_subject = schema.subject
+            response.schema_id = schema.schema_id
+            response.schema_version = schema.version
+            response.schema_type = schema.schema_type
+            response.compatibility_mode = schema.compatibility_mode
+        return response

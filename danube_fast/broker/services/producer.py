@@ -1,4 +1,8 @@
-"""danube.ProducerService: CreateProducer and SendMessage (CONTRACT B.4, B.5, C.5, C.6)."""
+"""danube.ProducerService: CreateProducer and SendMessage (CONTRACT B.4, B.5, C.5, C.6).
+
+A producer's `schema_ref` gives its topic a schema subject (C.4 step 2, danube_fast.schema.topic_schema);
+SendMessage runs the topic's schema gate, which exists only when the topic's validation can refuse something.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,13 @@ from danube_fast.broker.topics import Topics
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.schema import SubjectNotFound, TopicSchemas
 
 
 class ProducerService(pb_grpc.ProducerServiceServicer):
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, schemas: TopicSchemas) -> None:
         self._topics = topics
+        self._schemas = schemas
 
     @unary
     async def CreateProducer(self, request: pb.ProducerRequest, context: Context) -> pb.ProducerResponse:
@@ -24,13 +30,17 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
             raise invalid(f"unknown dispatch strategy {request.dispatch_strategy} "
                           "(0 NonReliable, 1 Reliable)")
         delivery = DeliveryMode.RELIABLE if request.dispatch_strategy == 1 else DeliveryMode.NON_RELIABLE
-        if request.HasField("schema_ref"):
-            # The schema registry is not served yet: no subject is registered, so none can be assigned
-            # (CONTRACT C.4: an unregistered subject is FAILED_PRECONDITION).
-            raise precondition(f"Failed to assign schema subject {request.schema_ref.subject!r} to "
-                               f"{name}: the subject is not registered (this broker has no schema "
-                               "registry yet)")
+        subject = request.schema_ref.subject if request.HasField("schema_ref") else None
+        if subject is not None and self._topics.find(name.full) is None \
+                and await self._schemas.registry.subject_id(subject) is None:
+            # Refused before auto-creation, so that a refused producer leaves no topic behind.
+            raise self._unregistered(subject, name.full)
         topic = await self._topics.topic_for_producer(name, delivery)
+        if subject is not None:
+            try:
+                await self._schemas.assign_subject(topic, subject)
+            except SubjectNotFound as e:
+                raise self._unregistered(subject, name.full) from e
         pid = await self._topics.add_producer(topic, request.producer_name, request.producer_access_mode)
         return pb.ProducerResponse(request_id=request.request_id, producer_id=pid,
                                    producer_name=request.producer_name)
@@ -46,5 +56,13 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
         if limit and len(request.payload) > limit:
             raise invalid(f"payload of {len(request.payload)} bytes exceeds the max_message_size policy of "
                           f"{topic.full} ({limit} bytes)")
+        gate = topic.schema_gate
+        if gate is not None:
+            await gate.check(request)
         await topic.publish(request)
         return pb.MessageResponse(request_id=request.request_id)
+
+    @staticmethod
+    def _unregistered(subject: str, topic: str) -> Exception:
+        return precondition(f"Failed to assign schema subject '{subject}' to {topic}: the subject is not "
+                            "registered in the schema registry")
