@@ -19,7 +19,7 @@ log = logging.getLogger("danube_fast.metrics")
 
 _HELP = {
     "danube_topic_messages_in_total": ("counter", "Messages published to the topic."),
-    "danube_topic_bytes_in_total": ("counter", "Payload bytes published to the topic."),
+    "danube_topic_bytes_in_total": ("counter", "Bytes published: payloads (Danube API), batches (fast API)."),
     "danube_topic_committed_offset": ("gauge", "Reliable: offset after the last durable message."),
     "danube_topic_producers": ("gauge", "Producers attached to the topic."),
     "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers."),

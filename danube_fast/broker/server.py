@@ -22,6 +22,7 @@ from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
+from danube_fast.broker.services.fast import FastProducerService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.topics import Topics, new_id
@@ -29,6 +30,7 @@ from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 
@@ -124,6 +126,8 @@ class Broker:
             DiscoveryService(self.topics, url), self._client)
         pb_grpc.add_HealthCheckServicer_to_server(  # type: ignore[no-untyped-call]
             HealthService(self.topics), self._client)
+        fast_grpc.add_FastProducerServicer_to_server(  # type: ignore[no-untyped-call]
+            FastProducerService(self.topics), self._client)
         admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
             NamespaceAdmin(self.topics), self._admin)
         admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]

@@ -68,5 +68,28 @@ class Topic:
             assert isinstance(live, LiveDispatcher)  # a NonReliable topic has only live dispatchers
             live.publish(msg)
 
+    async def publish_batch(self, data: bytes, records: int) -> tuple[int, int]:
+        """The fast API's publish: whole record batches, already checked by the caller. Reliable: appended to
+        the WAL as they are (offsets stamped there), answered with their offsets once durable. NonReliable:
+        decoded and handed to the live dispatchers (offsets 0 .. records - 1)."""
+        if self.publish_rate.per_second:
+            await self.publish_rate.acquire(records)
+        if self.wal is not None:
+            first, last = await self.wal.submit(data)
+            self.messages_in += records
+            self.bytes_in += len(data)
+            for sub in self.subscriptions.values():
+                sub.dispatcher.notify()
+            return first, last
+        self.messages_in += records
+        self.bytes_in += len(data)
+        if self.subscriptions:
+            for msg in messages.decode(data, self.full, 0):
+                for sub in self.subscriptions.values():
+                    live = sub.dispatcher
+                    assert isinstance(live, LiveDispatcher)
+                    live.publish(msg)
+        return 0, records - 1
+
     def consumer_count(self) -> int:
         return sum(len(s.consumers) for s in self.subscriptions.values())

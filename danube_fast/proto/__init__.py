@@ -5,7 +5,8 @@ The ``.proto`` files here are written by hand from ``wire/CONTRACT.md`` section 
 * ``DanubeApi.proto`` (package ``danube``): the data plane, identical to the descriptor inside
   ``danube-client`` 0.5.0;
 * ``SchemaRegistry.proto`` (package ``danube_schema``): identical to the client's and to broker v0.7.3's;
-* ``DanubeAdmin.proto`` (package ``danube_admin``): broker v0.7.3's admin API.
+* ``DanubeAdmin.proto`` (package ``danube_admin``): broker v0.7.3's admin API;
+* ``FastApi.proto`` (package ``danube_fast.v1``): our own fast path, streams of record batches.
 
 Everything else in this package is generated: ``*_pb2.py`` (messages), ``*_pb2.pyi`` (their types) and
 ``*_pb2_grpc.py`` (stubs and servicers), produced by ``make proto`` with the pinned grpcio-tools of the

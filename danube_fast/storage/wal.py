@@ -135,6 +135,11 @@ class Wal:
     async def append(self, batch: Buffer) -> tuple[int, int]:
         """Append a buffer of one or more encoded batches; returns its (first, last) offset once it is as
         durable as the sync policy promises. Raises FrameCorrupt (nothing appended) for a bad buffer."""
+        return await self.submit(batch)
+
+    def submit(self, batch: Buffer) -> asyncio.Future[tuple[int, int]]:
+        """`append` without the coroutine: queue the buffer now, get the future of its (first, last) offset
+        (for callers that keep many appends in flight and answer them in order)."""
         self._check_open()
         fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
         self._outbox.append(_Append(batch, memoryview(batch).nbytes, fut))
@@ -142,10 +147,11 @@ class Wal:
             self._handoff_scheduled = True
             self._loop.call_soon(self._handoff)
         self._unacked += 1
-        try:
-            return await fut
-        finally:
-            self._unacked -= 1
+        fut.add_done_callback(self._answered)
+        return fut
+
+    def _answered(self, _fut: asyncio.Future[tuple[int, int]]) -> None:
+        self._unacked -= 1
 
     def _handoff(self) -> None:
         self._handoff_scheduled = False

@@ -1,0 +1,290 @@
+"""FastProducer: records go out in batches on one Produce stream, many batches in flight.
+
+`send(payload)` adds a record to the open batch and returns that batch's future (its (first, last) offsets
+once the broker acknowledged it, as durable as the topic promises). A batch ships when it holds
+`batch_records` records or `batch_bytes` bytes, or `linger_ms` after its first record. `send_batch(payloads)`
+ships a list as one batch. Back-pressure: at most `max_inflight_bytes` of unacknowledged batches; `send`
+waits beyond that. `flush()` ships what is open and waits for every ack.
+
+If the stream fails with a retriable status (the broker restarted or moved the topic), the producer opens a
+new stream and sends every unacknowledged batch again, in order: delivery is at least once.
+
+Ownership: one event loop. Writes to the stream are serialised by a lock (a gRPC call takes one write at a
+time); the reader task resolves futures in the order the broker answers, which is the order sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from danube_fast import frames
+from danube_fast.errors import DanubeError
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+
+RETRIABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.DEADLINE_EXCEEDED})
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
+                   ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+Offsets = tuple[int, int]
+
+
+class ProduceRejected(DanubeError):
+    """The broker refused a batch (or the producer): `code` is the gRPC status name it gave."""
+
+    def __init__(self, code: str, message: str, retriable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.grpc_code = code
+        self.retriable = retriable
+
+
+@dataclass
+class _Shipped:
+    data: bytes
+    future: asyncio.Future[Offsets]
+
+
+@dataclass
+class _Open:
+    payloads: list[bytes] = field(default_factory=list)
+    size: int = 0
+    future: asyncio.Future[Offsets] | None = None
+
+
+class FastProducer:
+    def __init__(self, target: str, topic: str, name: str, *, reliable: bool = True,
+                 batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
+                 max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 20) -> None:
+        self.topic = topic
+        self.name = name
+        self.reliable = reliable
+        self.producer_id = 0
+        self._target = target
+        self._batch_records = batch_records
+        self._batch_bytes = batch_bytes
+        self._linger = linger_ms / 1000
+        self._max_inflight = max_inflight_bytes
+        self._reconnect_tries = reconnect_tries
+        self._loop = asyncio.get_running_loop()
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = fast_grpc.FastProducerStub(self._channel)  # type: ignore[no-untyped-call]
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._open = _Open()
+        self._linger_handle: asyncio.TimerHandle | None = None
+        self._seq = itertools.count(1)
+        self._unacked: dict[int, _Shipped] = {}  # insertion order = seq order
+        self._inflight = 0
+        self._room = asyncio.Event()
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, target: str, topic: str, name: str, **options: Any) -> FastProducer:
+        """Open a producer on `topic` at `target` (host:port of the broker's client API)."""
+        producer = cls(target, topic, name, **options)
+        try:
+            await producer._start_stream()
+        except BaseException:
+            await producer._channel.close()
+            raise
+        return producer
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    async def send(self, payload: bytes) -> asyncio.Future[Offsets]:
+        """Add one record; the future of the batch it joined (resolved with that batch's offsets)."""
+        self._check()
+        batch = self._open
+        if batch.future is None:
+            batch.future = self._loop.create_future()
+            self._linger_handle = self._loop.call_later(self._linger, self._linger_expired)
+        batch.payloads.append(payload)
+        batch.size += len(payload)
+        future = batch.future
+        if len(batch.payloads) >= self._batch_records or batch.size >= self._batch_bytes:
+            await self._ship_open()
+        return future
+
+    async def send_batch(self, payloads: Sequence[bytes]) -> asyncio.Future[Offsets]:
+        """Ship `payloads` as one batch of their own (after what is open); the future of its offsets."""
+        self._check()
+        await self._ship_open()
+        future: asyncio.Future[Offsets] = self._loop.create_future()
+        await self._ship(list(payloads), future)
+        return future
+
+    async def flush(self) -> None:
+        """Ship what is open and wait until every batch sent so far is acknowledged (or failed)."""
+        await self._ship_open()
+        waiting = [s.future for s in self._unacked.values()]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
+        if self._failed is not None:
+            raise self._failed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            with contextlib.suppress(DanubeError):
+                await self.flush()
+        finally:
+            self._closed = True
+            if self._call is not None:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await self._call.done_writing()
+            if self._reader is not None:
+                self._reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._reader
+            await self._channel.close()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ProduceRejected("FAILED_PRECONDITION", "the producer is closed")
+        if self._failed is not None:
+            raise self._failed
+
+    def _linger_expired(self) -> None:
+        self._linger_handle = None
+        if self._open.payloads:
+            task = self._loop.create_task(self._ship_open())
+            task.add_done_callback(_ignore_result)
+
+    async def _ship_open(self) -> None:
+        batch = self._open
+        if not batch.payloads:
+            return
+        self._open = _Open()
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        assert batch.future is not None
+        await self._ship(batch.payloads, batch.future)
+
+    async def _ship(self, payloads: list[bytes], future: asyncio.Future[Offsets]) -> None:
+        data = frames.encode_payloads(payloads, publish_time=int(time.time() * 1000),
+                                      producer_id=self.producer_id, producer_name=self.name)
+        while self._inflight and self._inflight + len(data) > self._max_inflight:
+            self._room.clear()
+            await self._room.wait()
+            if self._failed is not None:
+                future.set_exception(self._failed)
+                return
+        seq = next(self._seq)
+        self._unacked[seq] = _Shipped(data, future)
+        self._inflight += len(data)
+        async with self._write_lock:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                # A broken stream is noticed by the reader, which resends everything unacknowledged.
+                await self._call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+
+    # -- the stream ---------------------------------------------------------------------------------
+
+    async def _start_stream(self) -> None:
+        call = self._stub.Produce()
+        await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
+                                                            reliable=self.reliable)))
+        try:
+            response = await call.read()
+        except grpc.aio.AioRpcError as e:
+            raise ProduceRejected(e.code().name, e.details() or "the broker refused the producer",
+                                  e.code() in RETRIABLE) from e
+        if response is grpc.aio.EOF or response.WhichOneof("kind") != "opened":
+            raise ProduceRejected("UNKNOWN", "the broker ended the stream without opening the producer")
+        self.producer_id = response.opened.producer_id
+        self._call = call
+        self._reader = self._loop.create_task(self._read_answers(call))
+
+    async def _read_answers(self, call: Any) -> None:
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    break
+                kind = response.WhichOneof("kind")
+                if kind == "ack":
+                    self._settle(response.ack.seq, (response.ack.first_offset, response.ack.last_offset))
+                elif kind == "rejected":
+                    r = response.rejected
+                    self._settle(r.seq, ProduceRejected(r.code, r.message, r.retriable))
+            if self._closed:
+                return
+            status = await call.code()
+            raise grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       await call.details())
+        except grpc.aio.AioRpcError as e:
+            if self._closed:
+                return
+            if e.code() in RETRIABLE:
+                await self._reconnect(e)
+            else:
+                self._fail(ProduceRejected(e.code().name, e.details() or "the stream failed"))
+
+    def _settle(self, seq: int, outcome: Offsets | ProduceRejected) -> None:
+        shipped = self._unacked.pop(seq, None)
+        if shipped is None:
+            return
+        self._inflight -= len(shipped.data)
+        self._room.set()
+        if shipped.future.done():
+            return
+        if isinstance(outcome, ProduceRejected):
+            shipped.future.set_exception(outcome)
+        else:
+            shipped.future.set_result(outcome)
+
+    async def _reconnect(self, cause: grpc.aio.AioRpcError) -> None:
+        """Open a new stream and send every unacknowledged batch again (re-stamped with the producer id the
+        broker gives this time; the records are unchanged)."""
+        for attempt in range(self._reconnect_tries):
+            await asyncio.sleep(min(0.1 * (attempt + 1), 2.0))
+            try:
+                async with self._write_lock:
+                    await self._start_stream()
+                    for seq, shipped in list(self._unacked.items()):
+                        data = _with_producer_id(shipped.data, self.producer_id)
+                        shipped.data = data
+                        await self._call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+                return
+            except (grpc.aio.AioRpcError, ProduceRejected):
+                continue
+        self._fail(ProduceRejected(cause.code().name, f"gave up reconnecting: {cause.details()}", True))
+
+    def _fail(self, error: ProduceRejected) -> None:
+        self._failed = error
+        for shipped in self._unacked.values():
+            if not shipped.future.done():
+                shipped.future.set_exception(error)
+        self._unacked.clear()
+        self._inflight = 0
+        self._room.set()
+
+
+def _with_producer_id(data: bytes, producer_id: int) -> bytes:
+    """The batches in `data` with `producer_id` in their headers (it is covered by the CRC: re-encode)."""
+    headers = frames.scan_batches(data, verify=False)
+    if all(h.producer_id == producer_id for h in headers):
+        return data
+    out = []
+    for h in headers:
+        records = frames.decode_records(memoryview(data)[h.position:h.end], verify=False)
+        out.append(frames.encode_batch(records, producer_id=producer_id, producer_name=h.producer_name,
+                                       broker_addr=h.broker_addr))
+    return b"".join(out)
+
+
+def _ignore_result(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure is reported through the batch futures
