@@ -1,4 +1,4 @@
-"""`python -m bench storage|meta|broker [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker|fast [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json); progress and machine facts go to
 stderr, so `--json` output can be piped as is."""
@@ -42,9 +42,14 @@ def _parser() -> argparse.ArgumentParser:
                                           "(reliable and non-reliable) against a bare grpc.aio server")
     _common_options(br, BROKER_SECTION, "a fifth of the messages per figure, and 1 run unless --runs says "
                                         "otherwise", default_runs=None)
+    fa = suites.add_parser("fast", help="our fast API's produce stream through the broker against a bare "
+                                        "grpc.aio server answering the same stream")
+    _common_options(fa, FAST_SECTION, "200 batches per figure instead of 1,000, and 1 run unless --runs says "
+                                      "otherwise", default_runs=None)
     return parser
 
 
+FAST_SECTION = "Fast API (produce)"
 BROKER_SECTION = "Broker (Danube API)"
 BROKER_RUNS = 3  # the broker suite's default --runs (1 with --quick)
 
@@ -87,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(broker.load_line())
         runs_note = broker.RUNS_NOTE
         found = broker.run_broker(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "fast":
+        from bench import fast
+
+        title = FAST_SECTION
+        extra.append(fast.load_line())
+        found = fast.run_fast(Options(args.runs, args.quick, args.dir))
     else:
         from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 

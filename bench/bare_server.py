@@ -6,6 +6,7 @@ on stdout when it serves and stops cleanly on SIGTERM.
   costs on its own, the floor for a publish.
 - `danube.ConsumerService/ReceiveMessages` streams `consumer_id` prebuilt StreamMessages (256 B payloads, the
   fields the broker fills in on a delivery) and ends: the floor for delivering messages on a stream.
+- `danube_fast.v1.FastProducer/Produce` acknowledges every batch at once: the floor for the fast API.
 
 Same server options and event loop (uvloop) as the broker's client API server (danube_fast.broker.server).
 """
@@ -23,6 +24,8 @@ import uvloop
 
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
 READY = "bare server ready"
 PAYLOAD_BYTES = 256
@@ -58,6 +61,18 @@ class BareConsumer(pb_grpc.ConsumerServiceServicer):
             yield pool[i % POOL]
 
 
+class BareFast(fast_grpc.FastProducerServicer):
+    """The fast API's Produce with nothing behind it: every batch is acknowledged at once."""
+
+    async def Produce(self, request_iterator: AsyncIterator[fast.ProduceRequest], context: Any
+                      ) -> AsyncIterator[fast.ProduceResponse]:
+        async for request in request_iterator:
+            if request.WhichOneof("kind") == "open":
+                yield fast.ProduceResponse(opened=fast.Opened(producer_id=1, reliable=request.open.reliable))
+            else:
+                yield fast.ProduceResponse(ack=fast.Ack(seq=request.batch.seq))
+
+
 async def serve(port: int) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -70,6 +85,7 @@ async def serve(port: int) -> None:
     pb_grpc.add_ProducerServiceServicer_to_server(BareProducer(), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
         BareConsumer(stream_pool(f"http://127.0.0.1:{port}")), server)
+    fast_grpc.add_FastProducerServicer_to_server(BareFast(), server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     if bound == 0:
         raise SystemExit(f"bare server: cannot listen on 127.0.0.1:{port}")

@@ -1,0 +1,147 @@
+"""`python -m bench fast`: our fast API's produce stream through the broker, next to a bare grpc.aio server
+answering the same stream shape, in the same run with the same batches.
+
+Figures (records of RECORD_BYTES bytes in batches of BATCH_RECORDS, encoded once by the codec and sent as
+they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
+- `bare_batch_stream`: a raw stub writing the batches to the bare server's Produce (bench/bare_server.py).
+  The gRPC ceiling for these bytes on this machine.
+- `fast_produce_reliable`: danube_fast.client.FastProducer.send_batch through the broker to a Reliable topic
+  (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
+- `*_ack_p50/p99`: per batch, from send_batch to its ack.
+The issue's target (>= 2,000,000 records/s reliable) is put on `fast_produce_reliable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import uvloop
+
+from bench.broker import Server, metered, percentile, start_bare_server, start_broker
+from bench.common import Options, Result, Target, median, paired_ratio, progress
+from danube_fast import frames
+from danube_fast.client import FastProducer
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+
+RECORD_BYTES = 256
+BATCH_RECORDS = 1000
+IN_FLIGHT = 64
+TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
+Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
+
+
+def batches(count: int) -> list[bytes]:
+    payload = b"r" * RECORD_BYTES
+    one = frames.encode_payloads([payload] * BATCH_RECORDS, publish_time=int(time.time() * 1000),
+                                 producer_id=1, producer_name="bench")
+    return [one] * count
+
+
+async def bare(server: Server, count: int) -> tuple[float, None, None]:
+    channel = grpc.aio.insecure_channel(server.target, options=[("grpc.max_send_message_length", 64 << 20)])
+    try:
+        stub: Any = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.Produce()
+        await call.write(fast.ProduceRequest(open=fast.Open(topic="/default/bare", producer_name="bench")))
+        await call.read()
+        data = batches(1)[0]
+        window = asyncio.Semaphore(IN_FLIGHT)
+
+        async def read() -> None:
+            for _ in range(count):
+                await call.read()
+                window.release()
+
+        with metered(server.pid) as usage:
+            reader = asyncio.create_task(read())
+            for seq in range(count):
+                await window.acquire()
+                await call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+            await reader
+        await call.done_writing()
+        return count * BATCH_RECORDS / usage.wall, None, None
+    finally:
+        await channel.close()
+
+
+async def through_broker(server: Server, topic: str, reliable: bool, count: int
+                         ) -> tuple[float, float, float]:
+    producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
+                                          max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
+    try:
+        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        latencies: list[float] = []
+
+        def acked(start: float) -> Callable[[object], None]:
+            return lambda _future: latencies.append(time.perf_counter() - start)
+
+        with metered(server.pid) as usage:
+            for _ in range(count):
+                start = time.perf_counter()
+                future = await producer.send_batch(payloads)
+                future.add_done_callback(acked(start))
+            await producer.flush()
+        latencies.sort()
+        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
+                percentile(latencies, 0.99) * 1e3)
+    finally:
+        await producer.close()
+
+
+def run_fast(options: Options) -> list[Result]:
+    count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
+    scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
+    runs: list[Figures] = []
+    bare_server = start_bare_server(scratch / "bare.log")
+    try:
+        for run in range(options.runs):
+            broker = start_broker(scratch / f"broker-{run}", scratch / f"broker-{run}.log")
+            figures: Figures = {}
+            try:
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    runner.run(bare(bare_server, count // 10))  # warm-up
+                    figures["bare_batch_stream"] = runner.run(bare(bare_server, count))
+                    for reliable in (True, False):
+                        name = "fast_produce_" + ("reliable" if reliable else "nonreliable")
+                        topic = f"/default/{name}-{run}"
+                        runner.run(through_broker(broker, topic + "-warm", reliable, count // 10))
+                        figures[name] = runner.run(through_broker(broker, topic, reliable, count))
+            finally:
+                broker.stop()
+            runs.append(figures)
+            progress(f"run {run + 1}/{options.runs}: " + ", ".join(
+                f"{name} {rate:,.0f} rec/s" for name, (rate, _, _) in figures.items()))
+    finally:
+        bare_server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return summarise(runs)
+
+
+def summarise(runs: list[Figures]) -> list[Result]:
+    n = len(runs)
+    bare_rates = [r["bare_batch_stream"][0] for r in runs]
+    results = [Result("bare_batch_stream", "records/s", median(bare_rates), n),
+               Result("bare_batch_stream_mb", "MB/s", median(bare_rates) * RECORD_BYTES / 1e6, n)]
+    for name in ("fast_produce_reliable", "fast_produce_nonreliable"):
+        rates = [r[name][0] for r in runs]
+        results.append(Result(name, "records/s", median(rates), n, median(bare_rates),
+                              paired_ratio(rates, bare_rates),
+                              TARGET if name.endswith("_reliable") else None))
+        for i, q in ((1, "p50"), (2, "p99")):
+            values = [v for r in runs if (v := r[name][i]) is not None]
+            results.append(Result(f"{name}_ack_{q}", "ms", median(values), n))
+    return results
+
+
+def load_line() -> str:
+    return (f"- Load: one producer, {RECORD_BYTES} B records in batches of {BATCH_RECORDS}, at most "
+            f"{IN_FLIGHT} batches unacknowledged; broker and bare server are subprocesses, the load "
+            "generator (uvloop) is this process")
