@@ -247,3 +247,51 @@ def test_records_keep_every_field(tmp_path: Path, run: Run) -> None:
         await wal.close()
 
     run(main())
+
+
+def test_a_lone_sequential_producer_never_waits_for_the_linger(tmp_path: Path, run: Run) -> None:
+    """linger_us applies only while other appends await their ack: one producer awaiting each append in
+    turn must not pay it (a 200 ms linger would make these 10 appends take 2 s)."""
+
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(linger_us=200_000))
+        start = time.monotonic()
+        for i in range(10):
+            await wal.append(batch(3 * i))
+        assert time.monotonic() - start < 1.0
+        await wal.close()
+
+    run(main())
+
+
+class SlowSyncLog(CountingLog):
+    """The real engine with a slow disk: each fdatasync takes 100 ms more."""
+
+    def sync(self) -> int:
+        time.sleep(0.1)
+        return super().sync()
+
+
+@pytest.mark.parametrize(("linger_us", "groups"), [(60_000, [1, 5]), (0, [1, 4, 5])])
+def test_the_linger_lets_a_late_append_join_the_group(tmp_path: Path, run: Run, linger_us: int,
+                                                      groups: list[int]) -> None:
+    """A is written and fsynced alone (nothing else in flight). B, C, D arrive during that fsync; E arrives
+    20 ms after it ends. With a 60 ms linger E joins B-D in one write and one fsync; without, it waits for
+    an fsync of its own. Acknowledgements stay exact either way."""
+
+    async def main() -> None:
+        config = WalConfig(linger_us=linger_us)
+        engine = SlowSyncLog(str(tmp_path), segment_bytes=config.segment_bytes)
+        engine.synced_up_to = []
+        wal = Wal(engine, config, asyncio.get_running_loop())
+        a = asyncio.ensure_future(wal.append(batch(0, count=1)))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(wal.append(batch(i, count=1))) for i in (1, 2, 3)]
+        await a
+        await asyncio.sleep(0.02)
+        rest.append(asyncio.ensure_future(wal.append(batch(4, count=1))))
+        assert [await f for f in rest] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+        assert engine.synced_up_to == groups
+        await wal.close()
+
+    run(main())
