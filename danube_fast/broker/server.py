@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import grpc
 
 from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
-from danube_fast.broker.services.fast import FastProducerService
+from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.topics import Topics, new_id
@@ -128,6 +129,8 @@ class Broker:
             HealthService(self.topics), self._client)
         fast_grpc.add_FastProducerServicer_to_server(  # type: ignore[no-untyped-call]
             FastProducerService(self.topics), self._client)
+        fast_grpc.add_FastConsumerServicer_to_server(  # type: ignore[no-untyped-call]
+            FastConsumerService(self.topics), self._client)
         admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
             NamespaceAdmin(self.topics), self._admin)
         admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]
@@ -163,6 +166,10 @@ class Broker:
     async def stop(self) -> None:
         for c in self.topics.consumers.values():
             c.end_streams()  # streams end with OK, so clients notice and re-lookup (CONTRACT C.8)
+        for topic in self.topics.topics.values():
+            for sub in topic.subscriptions.values():
+                if isinstance(sub.dispatcher, BatchDispatcher):
+                    sub.dispatcher.stop_streams()  # fast consumers' streams too
         await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
         if self._metrics is not None:
             await self._metrics.close()

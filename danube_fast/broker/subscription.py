@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.errors import denied
 from danube_fast.meta.resources import SubscriptionType
 
-Dispatcher = LiveDispatcher | ReliableDispatcher
+Dispatcher = LiveDispatcher | ReliableDispatcher | BatchDispatcher
 
 
 class Subscription:

@@ -18,11 +18,12 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from danube_fast.broker import names
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.errors import (
@@ -334,6 +335,7 @@ class Topics:
                           "Failover, KeyShared)")
         sub = topic.subscriptions.get(req.subscription)
         if sub is not None:
+            await self._per_message(topic, sub)
             existing = sub.by_name(req.consumer_name)
             if existing is not None:  # takeover by name (CONTRACT C.7 step 2)
                 existing.key_filters = list(req.key_filters)
@@ -412,22 +414,70 @@ class Topics:
                              ) -> Subscription:
         sub = Subscription(topic.full, name, kind)
         if topic.wal is not None:
-            ns, short = topic.name.namespace, topic.name.topic
-            cursor_key = keys.subscription_cursor(ns, short, name)
-
-            async def save_cursor(offset: int) -> None:
-                await self._store.put(cursor_key, SubscriptionCursor(offset).to_json())
-
-            async def dead_letter(msg: pb.StreamMessage) -> None:
-                await self._dead_letter(topic, msg)
-
-            start = max(start, topic.wal.start_offset)
-            sub.dispatcher = ReliableDispatcher(sub, topic.wal, self._config.dispatch, start, save_cursor,
-                                                dead_letter, topic.policy.max_subscription_dispatch_rate)
+            sub.dispatcher = self._reliable(topic, sub, start)
         else:
             sub.dispatcher = LiveDispatcher(sub, self._config.dispatch.buffer)
         topic.subscriptions[name] = sub
         return sub
+
+    def _cursor_saver(self, topic: Topic, name: str) -> Callable[[int], Awaitable[None]]:
+        cursor_key = keys.subscription_cursor(topic.name.namespace, topic.name.topic, name)
+
+        async def save_cursor(offset: int) -> None:
+            await self._store.put(cursor_key, SubscriptionCursor(offset).to_json())
+
+        return save_cursor
+
+    def _reliable(self, topic: Topic, sub: Subscription, start: int) -> ReliableDispatcher:
+        assert topic.wal is not None
+
+        async def dead_letter(msg: pb.StreamMessage) -> None:
+            await self._dead_letter(topic, msg)
+
+        return ReliableDispatcher(sub, topic.wal, self._config.dispatch, max(start, topic.wal.start_offset),
+                                  self._cursor_saver(topic, sub.name), dead_letter,
+                                  topic.policy.max_subscription_dispatch_rate)
+
+    async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
+        """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
+        per-message subscription is taken over (same cursor) when none of its consumers is active."""
+        if topic.wal is None:
+            raise precondition(f"topic {topic.full} is NonReliable: the fast API consumes Reliable topics")
+        if not name or not consumer_name:
+            raise invalid("Subscribe.subscription and Subscribe.consumer_name must not be empty")
+        sub = topic.subscriptions.get(name)
+        if sub is None:
+            sub = await self._create_subscription(topic, name, SubscriptionType.EXCLUSIVE, consumer_name)
+        current = sub.dispatcher
+        if isinstance(current, BatchDispatcher):
+            if current.holder:
+                raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
+                             f"{name!r} is held by another fast consumer")
+            return current
+        if any(c.active for c in sub.consumers):
+            raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription {name!r} "
+                         "has active Danube API consumers")
+        assert isinstance(current, ReliableDispatcher)  # a topic with a WAL has no live dispatchers
+        for c in list(sub.consumers):
+            self._remove_consumer(c)
+        await current.close()
+        start = max(current.cursor + 1, topic.wal.start_offset)
+        batches = BatchDispatcher(sub, topic.wal, self._config.dispatch, start,
+                                  self._cursor_saver(topic, name))
+        sub.dispatcher = batches
+        return batches
+
+    async def _per_message(self, topic: Topic, sub: Subscription) -> None:
+        """A Danube API consumer joins a subscription last served by batches: back to per-message
+        dispatch from the same cursor, unless a fast consumer still streams from it."""
+        current = sub.dispatcher
+        if not isinstance(current, BatchDispatcher):
+            return
+        if current.holder:
+            raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
+                         f"{sub.name!r} is held by a fast-API consumer")
+        await current.close()
+        sub.dispatcher = self._reliable(topic, sub, current.cursor + 1)
 
     async def _dead_letter(self, topic: Topic, msg: pb.StreamMessage) -> None:
         dlq = await self.topic_for_producer(names.dead_letter_topic(topic.name), DeliveryMode.RELIABLE)

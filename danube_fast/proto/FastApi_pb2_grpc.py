@@ -99,3 +99,79 @@ class FastProducer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class FastConsumerStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Consume = channel.stream_stream(
+                '/danube_fast.v1.FastConsumer/Consume',
+                request_serializer=FastApi__pb2.ConsumeRequest.SerializeToString,
+                response_deserializer=FastApi__pb2.ConsumeResponse.FromString,
+                _registered_method=True)
+
+
+class FastConsumerServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Consume(self, request_iterator, context):
+        """The first request subscribes (Subscribe, answered by Subscribed); later requests acknowledge. The
+        broker streams Records (whole record batches from the WAL, docs/FORMAT.md) while the bytes it sent and
+        the consumer has not acknowledged stay under the window. Reliable topics only; the subscription is
+        exclusive to this consumer (the Danube API's Exclusive subscription, the same cursor).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FastConsumerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Consume': grpc.stream_stream_rpc_method_handler(
+                    servicer.Consume,
+                    request_deserializer=FastApi__pb2.ConsumeRequest.FromString,
+                    response_serializer=FastApi__pb2.ConsumeResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'danube_fast.v1.FastConsumer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('danube_fast.v1.FastConsumer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FastConsumer:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Consume(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/danube_fast.v1.FastConsumer/Consume',
+            FastApi__pb2.ConsumeRequest.SerializeToString,
+            FastApi__pb2.ConsumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,4 +1,5 @@
-"""danube_fast.v1.FastProducer: streams of record batches (proto/FastApi.proto, docs/FORMAT.md).
+"""danube_fast.v1.FastProducer and FastConsumer: streams of record batches (proto/FastApi.proto,
+docs/FORMAT.md).
 
 Per stream: the first request opens a producer (the Danube API's topic and producer rules, C.4 and C.5);
 then batches flow in and acks flow out in the same order. A reader task checks each batch and starts its
@@ -20,11 +21,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from danube_fast import frames
+from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.errors import ApiError, invalid
 from danube_fast.broker.names import parse_topic
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.topics import Topics, new_id
 from danube_fast.errors import DanubeError, FrameCorrupt
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import FastApi_pb2 as fast
@@ -134,3 +136,73 @@ def _check(data: bytes, topic: Topic, producer_id: int) -> int:
                     raise invalid(f"a record of {len(r.payload)} bytes exceeds the max_message_size policy "
                                   f"of {topic.full} ({limit} bytes)")
     return records
+
+
+DEFAULT_WINDOW = 8 * 1024 * 1024  # unacknowledged bytes per consumer stream when Subscribe names none
+
+
+class FastConsumerService(fast_grpc.FastConsumerServicer):
+    """Consume: the holder of a BatchDispatcher (dispatch/batches.py). A reader task applies acks as they
+    come; this handler sends Records while the window allows. The stream ends when the client stops
+    writing or goes, when a Danube API consumer takes the subscription over, or at broker shutdown."""
+
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    async def Consume(self, request_iterator: AsyncIterator[fast.ConsumeRequest], context: Context
+                      ) -> AsyncIterator[fast.ConsumeResponse]:
+        requests = aiter(request_iterator)
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            return
+        try:
+            if first.WhichOneof("kind") != "subscribe":
+                raise invalid("the first request of a Consume stream must be Subscribe")
+            req = first.subscribe
+            topic = self._topics.topic_for_consumer(parse_topic(req.topic))
+            batches = await self._topics.subscribe_batches(topic, req.subscription, req.consumer_name)
+        except DanubeError as e:
+            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+            return
+        holder = new_id()
+        batches.holder = holder
+        window = req.window_bytes or DEFAULT_WINDOW
+        reader = asyncio.create_task(_apply_acks(requests, batches))
+        try:
+            yield fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=holder,
+                                                                  start_offset=batches.cursor + 1))
+            while True:
+                records = asyncio.ensure_future(batches.next_records(window))
+                await asyncio.wait([records, reader], return_when=asyncio.FIRST_COMPLETED)
+                if not records.done() or topic.subscriptions.get(req.subscription) is None or \
+                        topic.subscriptions[req.subscription].dispatcher is not batches:
+                    records.cancel()  # and consumer_lost() below voids it, should the cancel come too late
+                    break
+                got = records.result()
+                if got is None:
+                    break
+                data, first_offset, last_offset = got
+                yield fast.ConsumeResponse(records=fast.Records(data=data, first_offset=first_offset,
+                                                                last_offset=last_offset))
+            if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DanubeError):
+                error = reader.exception()
+                assert isinstance(error, DanubeError)
+                await context.abort(grpc.StatusCode[error.grpc_code], str(error))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, DanubeError, grpc.aio.AioRpcError):
+                await reader
+            if batches.holder == holder:
+                batches.holder = 0
+                batches.consumer_lost()
+                with contextlib.suppress(DanubeError):
+                    await batches.save_cursor()
+
+
+async def _apply_acks(requests: AsyncIterator[fast.ConsumeRequest], batches: BatchDispatcher) -> None:
+    async for request in requests:
+        if request.WhichOneof("kind") != "ack":
+            raise invalid("after Subscribe, every request of a Consume stream must be Acknowledge")
+        ack = request.ack
+        batches.acknowledge(ack.up_to if ack.HasField("up_to") else None, list(ack.offsets))
