@@ -65,11 +65,13 @@ def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run
         _, first, last = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
         assert first == 20 and d.cursor == 19
         d.acknowledge(last + 100, [])  # beyond what was sent: capped at the last record sent
-        nxt = asyncio.ensure_future(d.next_records(window=1 << 20))
-        await asyncio.sleep(0.05)  # nothing more to send; the due save runs meanwhile
-        assert saved == [last] and d.cursor == last
+        _, more, _ = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
+        assert more == last + 1 and saved == [last]  # 10 acks reached cursor_flush_acks: saved first
+        waiting = asyncio.ensure_future(d.next_records(window=1 << 20))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # everything committed was sent
         d.stop_streams()
-        assert await asyncio.wait_for(nxt, 2) is None
+        assert await asyncio.wait_for(waiting, 2) is None
         await wal.close()
 
     run(main())
