@@ -6,7 +6,8 @@ on stdout when it serves and stops cleanly on SIGTERM.
   costs on its own, the floor for a publish.
 - `danube.ConsumerService/ReceiveMessages` streams `consumer_id` prebuilt StreamMessages (256 B payloads, the
   fields the broker fills in on a delivery) and ends: the floor for delivering messages on a stream.
-- `danube_fast.v1.FastProducer/Produce` acknowledges every batch at once: the floor for the fast API.
+- `danube_fast.v1.FastProducer/Produce` acknowledges every batch at once, and `FastConsumer/Consume` streams
+  prebuilt batches: the floors of the fast API.
 
 Same server options and event loop (uvloop) as the broker's client API server (danube_fast.broker.server).
 """
@@ -22,6 +23,7 @@ from typing import Any, TypeAlias
 import grpc
 import uvloop
 
+from danube_fast import frames as fast_frames
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2 as fast
@@ -73,6 +75,22 @@ class BareFast(fast_grpc.FastProducerServicer):
                 yield fast.ProduceResponse(ack=fast.Ack(seq=request.batch.seq))
 
 
+class BareFastConsumer(fast_grpc.FastConsumerServicer):
+    """The fast API's Consume with nothing behind it: after Subscribe, streams `window_bytes` (used as a
+    count here) prebuilt Records of 1,000 256-byte records each, ignoring acks."""
+
+    def __init__(self) -> None:
+        one = fast_frames.encode_payloads([b"r" * PAYLOAD_BYTES] * 1000, producer_id=1, producer_name="bare")
+        self._records = fast.ConsumeResponse(records=fast.Records(data=one, first_offset=0, last_offset=999))
+
+    async def Consume(self, request_iterator: AsyncIterator[fast.ConsumeRequest], context: Any
+                      ) -> AsyncIterator[fast.ConsumeResponse]:
+        first = await anext(aiter(request_iterator))
+        yield fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=1))
+        for _ in range(first.subscribe.window_bytes):
+            yield self._records
+
+
 async def serve(port: int) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -86,6 +104,7 @@ async def serve(port: int) -> None:
     pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
         BareConsumer(stream_pool(f"http://127.0.0.1:{port}")), server)
     fast_grpc.add_FastProducerServicer_to_server(BareFast(), server)  # type: ignore[no-untyped-call]
+    fast_grpc.add_FastConsumerServicer_to_server(BareFastConsumer(), server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     if bound == 0:
         raise SystemExit(f"bare server: cannot listen on 127.0.0.1:{port}")

@@ -8,7 +8,11 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
 - `fast_produce_reliable`: danube_fast.client.FastProducer.send_batch through the broker to a Reliable topic
   (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
-The issue's target (>= 2,000,000 records/s reliable) is put on `fast_produce_reliable`.
+- `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
+  danube_fast.client.FastConsumer reading back (from the WAL, cumulative acks) what was produced after
+  its subscription was made.
+The issue's targets (>= 2,000,000 records/s reliable publish, >= 3,000,000 catch-up consume) are put on
+`fast_produce_reliable` and `fast_consume_catchup`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import uvloop
 from bench.broker import Server, metered, percentile, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, progress
 from danube_fast import frames
-from danube_fast.client import FastProducer
+from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -35,6 +39,7 @@ RECORD_BYTES = 256
 BATCH_RECORDS = 1000
 IN_FLIGHT = 64
 TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
+CONSUME_TARGET = Target(">= 3,000,000 records/s", ">=", 3_000_000)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
 
@@ -70,6 +75,47 @@ async def bare(server: Server, count: int) -> tuple[float, None, None]:
         return count * BATCH_RECORDS / usage.wall, None, None
     finally:
         await channel.close()
+
+
+async def bare_consume(server: Server, count: int) -> tuple[float, None, None]:
+    channel = grpc.aio.insecure_channel(server.target,
+                                        options=[("grpc.max_receive_message_length", 64 << 20)])
+    try:
+        stub: Any = fast_grpc.FastConsumerStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.Consume()
+        await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(topic="/default/bare",
+                                                                      window_bytes=count)))
+        await call.read()
+        with metered(server.pid) as usage:
+            for _ in range(count):
+                await call.read()
+        call.cancel()
+        return count * BATCH_RECORDS / usage.wall, None, None
+    finally:
+        await channel.close()
+
+
+async def consume_through_broker(server: Server, topic: str, count: int) -> tuple[float, None, None]:
+    """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks."""
+    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True)  # creates the topic
+    consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench")
+    try:
+        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        for _ in range(count):
+            await producer.send_batch(payloads)
+        await producer.flush()
+        total = count * BATCH_RECORDS
+        got = 0
+        with metered(server.pid) as usage:
+            async for delivery in consumer.batches():
+                got += delivery.last_offset - max(delivery.first_offset, consumer.start_offset) + 1
+                await consumer.ack_cumulative(delivery.last_offset)
+                if got >= total:
+                    break
+        return got / usage.wall, None, None
+    finally:
+        await consumer.close()
+        await producer.close()
 
 
 async def through_broker(server: Server, topic: str, reliable: bool, count: int
@@ -114,6 +160,9 @@ def run_fast(options: Options) -> list[Result]:
                         topic = f"/default/{name}-{run}"
                         runner.run(through_broker(broker, topic + "-warm", reliable, count // 10))
                         figures[name] = runner.run(through_broker(broker, topic, reliable, count))
+                    figures["bare_batch_consume"] = runner.run(bare_consume(bare_server, count))
+                    figures["fast_consume_catchup"] = runner.run(
+                        consume_through_broker(broker, f"/default/fast_consume-{run}", count))
             finally:
                 broker.stop()
             runs.append(figures)
@@ -138,6 +187,11 @@ def summarise(runs: list[Figures]) -> list[Result]:
         for i, q in ((1, "p50"), (2, "p99")):
             values = [v for r in runs if (v := r[name][i]) is not None]
             results.append(Result(f"{name}_ack_{q}", "ms", median(values), n))
+    consume_bare = [r["bare_batch_consume"][0] for r in runs]
+    consume = [r["fast_consume_catchup"][0] for r in runs]
+    results.append(Result("bare_batch_consume", "records/s", median(consume_bare), n))
+    results.append(Result("fast_consume_catchup", "records/s", median(consume), n, median(consume_bare),
+                          paired_ratio(consume, consume_bare), CONSUME_TARGET))
     return results
 
 
