@@ -1,0 +1,232 @@
+"""The workload against Redis Streams (one server, append-only file) through redis-py with hiredis, the
+official client, on its asyncio API.
+
+- Produce: XADD (one field, the record) in pipelines of `batch` commands (no MULTI), up to `window //
+  batch` pipelines in flight per producer, each on its own connection of the producer's pool. A pipeline's
+  replies come after the AOF write (`everysec`) or write and fdatasync (`always`) of the event loop
+  iteration that ran it; every reply is checked. Ack latency is per pipeline, from `execute()` (which packs
+  and sends it) to its last reply, and counts once per record in it.
+- Consume: a consumer group read from the start; each consumer (one connection each, its own name in the
+  group) sends XREADGROUP COUNT `batch` pipelined with the XACK of the previous batch, so a round trip
+  reads a batch and acks the last. Redis keeps the group's position and pending entries in the stream, and
+  XREADGROUP and XACK are written to the AOF like any write (with `always`, fsynced before the reply).
+- Consume, no acks (`consume_noack`): one reader, XREAD COUNT `batch` from the last ID it saw: the position
+  is the client's, nothing is written.
+- End to end: the consumers block in XREADGROUP (BLOCK 100 ms) while the producers send paced pipelines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Awaitable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+import redis.asyncio as aredis
+import uvloop
+
+from bench.peers.servers import AppendFsync, Server
+from bench.peers.workload import (
+    Latencies,
+    Measurement,
+    Pacer,
+    Tally,
+    Workload,
+    e2e_filler,
+    measurement,
+    metered,
+    stamped,
+)
+
+PEER = "redis"
+FIELD = b"r"
+GROUP = "bench"
+BLOCK_MS = 100  # XREADGROUP BLOCK in the e2e phase
+
+
+def durability(appendfsync: AppendFsync) -> str:
+    return f"aof_{appendfsync}"
+
+
+def durability_text(appendfsync: AppendFsync) -> str:
+    if appendfsync == "always":
+        return "appendonly yes, appendfsync always: AOF written and fdatasync'd before the replies"
+    return "appendonly yes, appendfsync everysec: AOF written before the replies, fsync once a second"
+
+
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of an XREAD / XREADGROUP reply on one stream ([] when nothing was read)."""
+    if not reply:
+        return []
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1]
+    return entries
+
+
+class Peer:
+    """The clients of one run: one per producer (a pool of `window // batch` connections), one per
+    consumer, one for stream management."""
+
+    def __init__(self, server: Server, workload: Workload) -> None:
+        self.server = server
+        self.workload = workload
+        self.in_flight = max(1, workload.window // workload.batch)  # pipelines per producer
+        self.admin = self._client(1)
+        self.producers = [self._client(self.in_flight) for _ in range(workload.producers)]
+        self.consumers = [self._client(1) for _ in range(workload.consumers)]
+
+    def _client(self, connections: int) -> aredis.Redis:
+        return aredis.Redis(host=self.server.host, port=self.server.port, max_connections=connections + 1)
+
+    async def close(self) -> None:
+        for client in [self.admin, *self.producers, *self.consumers]:
+            await client.aclose()
+
+    # -- produce ----------------------------------------------------------------------------------------
+
+    async def _send(self, client: aredis.Redis, key: str, records: list[bytes], ack: Latencies,
+                    slots: asyncio.Semaphore) -> None:
+        try:
+            pipe = client.pipeline(transaction=False)
+            for record in records:
+                pipe.xadd(key, {FIELD: record})
+            start = time.perf_counter()
+            replies = await pipe.execute()
+            ack.add(time.perf_counter() - start, len(records))
+        finally:
+            slots.release()
+        if len(replies) != len(records):
+            raise RuntimeError(f"{len(replies)} replies to a pipeline of {len(records)} XADDs")
+
+    async def _produce_one(self, client: aredis.Redis, key: str, count: int, seq0: int, ack: Latencies,
+                           pacer: Pacer | None) -> None:
+        batch = self.workload.batch
+        payload, filler = self.workload.payload(), e2e_filler(self.workload)
+        slots = asyncio.Semaphore(self.in_flight)
+        sending: list[asyncio.Task[None]] = []
+        sent = 0
+        while sent < count:
+            due = count if pacer is None else min(count, await pacer.due(sent))
+            while sent < due:
+                n = min(batch, due - sent)
+                await slots.acquire()
+                records = [payload] * n if pacer is None else [stamped(filler, seq0 + sent + i)
+                                                               for i in range(n)]
+                sending.append(asyncio.create_task(self._send(client, key, records, ack, slots)))
+                sent += n
+            if len(sending) > 4 * self.in_flight:  # drop finished tasks, surfacing their errors
+                for task in [t for t in sending if t.done()]:
+                    task.result()
+                sending = [t for t in sending if not t.done()]
+        await asyncio.gather(*sending)
+
+    def _producers(self, key: str, ack: Latencies, rate: float | None) -> list[Awaitable[None]]:
+        shares = self.workload.shares()
+        seq0s = [sum(shares[:i]) for i in range(len(shares))]
+        return [self._produce_one(client, key, n, seq0, ack,
+                                  None if rate is None else Pacer(rate / len(shares)))
+                for client, n, seq0 in zip(self.producers, shares, seq0s, strict=True)]
+
+    async def produce(self, key: str) -> Measurement:
+        await self.admin.delete(key)
+        ack = Latencies()
+        with metered(self.server.pid) as usage:
+            await asyncio.gather(*self._producers(key, ack, None))
+        stored = await self.admin.xlen(key)
+        if stored != self.workload.records:
+            raise RuntimeError(f"{stored} records in stream {key}, {self.workload.records} acknowledged")
+        return measurement("produce", self.workload, self.workload.records, usage, ack=ack)
+
+    # -- consume ----------------------------------------------------------------------------------------
+
+    async def _consume_one(self, client: aredis.Redis, name: str, key: str, tally: Tally, block: int | None
+                           ) -> None:
+        """XREADGROUP batches (each pipelined with the XACK of the one before) until the tally is full or,
+        without `block` (a catch-up read), until the group has nothing new for this consumer."""
+        batch = self.workload.batch
+        previous: list[bytes] = []
+        while not tally.done.is_set():
+            pipe = client.pipeline(transaction=False)
+            if previous:
+                pipe.xack(key, GROUP, *previous)
+            pipe.xreadgroup(GROUP, name, {key: ">"}, count=batch, block=block)
+            entries = _entries((await pipe.execute())[-1])
+            if not entries:
+                if block is None:
+                    break
+                continue
+            tally.received([fields[FIELD] for _, fields in entries])
+            previous = [entry_id for entry_id, _ in entries]
+        if previous:
+            await client.xack(key, GROUP, *previous)
+
+    async def _consumers(self, key: str, tally: Tally, block: int | None) -> list[Coroutine[Any, Any, None]]:
+        await self.admin.xgroup_create(key, GROUP, id="0", mkstream=True)
+        return [self._consume_one(client, f"c{i}", key, tally, block)
+                for i, client in enumerate(self.consumers)]
+
+    async def consume(self, key: str) -> Measurement:
+        tally = Tally(self.workload.records, e2e=False)
+        with metered(self.server.pid) as usage:
+            await asyncio.gather(*await self._consumers(key, tally, None))
+        if tally.count != tally.total:
+            raise RuntimeError(f"{PEER} consume: {tally.count} records read, {tally.total} in the stream")
+        return measurement("consume", self.workload, tally.count, usage, finished_at=tally.finished_at)
+
+    async def consume_noack(self, key: str) -> Measurement:
+        client, batch = self.consumers[0], self.workload.batch
+        tally = Tally(self.workload.records, e2e=False)
+        last = b"0"
+        with metered(self.server.pid) as usage:
+            while entries := _entries(await client.xread({key: last}, count=batch)):
+                tally.received([fields[FIELD] for _, fields in entries])
+                last = entries[-1][0]
+        if tally.count != tally.total:
+            raise RuntimeError(f"{PEER} consume_noack: {tally.count} records read, "
+                               f"{tally.total} in the stream")
+        return measurement("consume_noack", self.workload, tally.count, usage, finished_at=tally.finished_at)
+
+    # -- end to end -------------------------------------------------------------------------------------
+
+    async def e2e(self, key: str, rate: float) -> Measurement:
+        await self.admin.delete(key)
+        tally = Tally(self.workload.records, e2e=True)
+        consumers = [asyncio.create_task(c) for c in await self._consumers(key, tally, BLOCK_MS)]
+        ack = Latencies()
+        try:
+            with metered(self.server.pid) as usage:
+                await asyncio.gather(*self._producers(key, ack, rate))
+                await tally.wait(f"{PEER} e2e")
+        except BaseException:
+            for task in consumers:
+                task.cancel()
+            await asyncio.gather(*consumers, return_exceptions=True)
+            raise
+        await asyncio.gather(*consumers)  # each ends within BLOCK_MS of the tally filling up
+        return measurement("e2e", self.workload, tally.count, usage, ack=ack, e2e=tally.e2e,
+                           offered_rate=rate, finished_at=tally.finished_at)
+
+
+async def _run(server: Server, workload: Workload) -> list[Measurement]:
+    peer = Peer(server, workload)
+    try:
+        if workload.warmup:
+            warm = copy.copy(peer)  # the same clients
+            warm.workload = replace(workload, records=workload.warmup)
+            await warm.produce("warmup")
+            await warm.consume("warmup")
+        produce = await peer.produce("bench")
+        consume = await peer.consume("bench")
+        consume_noack = await peer.consume_noack("bench")
+        rate = workload.e2e_rate or produce.records_per_s / 2
+        e2e = await peer.e2e("bench_e2e", rate)
+        return [produce, consume, consume_noack, e2e]
+    finally:
+        await peer.close()
+
+
+def run(server: Server, workload: Workload) -> list[Measurement]:
+    """One run of the workload's phases against a running redis-server, on uvloop."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_run(server, workload))

@@ -1,0 +1,169 @@
+"""The peer servers as subprocesses: NATS with JetStream (file storage) and Redis (append-only file), each on
+a free loopback port with its data in a scratch directory, stopped when the `with` block ends, error or not.
+
+The servers are children of this process and get SIGKILL from the kernel if it dies without cleaning up
+(PR_SET_PDEATHSIG), so an interrupted benchmark leaves no server behind.
+
+Durability, as each is configured here (the labels name it in every figure):
+
+- NATS 2.9 (Debian's nats-server), one server, file storage: a published message is written to the stream's
+  block file (the page cache) before the ack, and the file store fsyncs in the background every 2 minutes
+  (the file store's default sync interval). 2.9 has no setting to fsync before the ack (`sync_interval:
+  always` arrived in 2.10). Label `file_sync2m`.
+- Redis 7.0, `appendonly yes`: with `appendfsync always` the AOF is written and fdatasync'd once per event
+  loop iteration, before the replies of the commands handled in it are sent (a group commit: a pipeline of
+  1,000 XADDs costs one fsync). With `everysec` a background thread fsyncs once a second; the ack follows
+  the write to the page cache. RDB snapshots are off (`save ""`), and so is the automatic AOF rewrite: a
+  fork and a rewrite of the whole AOF in the middle of a timed section would measure the rewrite.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from bench.common import progress
+from bench.peers.install import find_binary
+
+READY_TIMEOUT = 20.0  # seconds a server gets to log its ready line
+STOP_TIMEOUT = 10.0
+PR_SET_PDEATHSIG = 1
+
+AppendFsync = Literal["always", "everysec"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGKILL when the benchmark process exits, however it exits."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def binary(name: str) -> str:
+    path = find_binary(name)
+    if path is None:
+        raise RuntimeError(f"{name} is not installed: run `python -m bench.peers.install`")
+    return path
+
+
+def version(name: str) -> str:
+    """`nats-server: v2.9.10` / `Redis server v=7.0.15 ...`, first line, for the report."""
+    done = subprocess.run([binary(name), "--version"], capture_output=True, text=True, timeout=10,
+                          check=False)
+    return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else f"{name} ?"
+
+
+@dataclass
+class Server:
+    """A running server: its process, address and log."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    log_path: Path
+    clean_exits: tuple[int, ...] = (0,)  # exit codes after SIGTERM that are not worth a warning
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, ready_text: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while ready_text not in self.log_tail():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready; "
+                                   f"the end of its log:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not log {ready_text!r} within {READY_TIMEOUT:.0f} s; "
+                                   f"the end of its log:\n{self.log_tail()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited in time. A non-zero exit is reported, not raised."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.returncode not in self.clean_exits:
+            progress(f"WARNING: {self.name} exited with {self.proc.returncode}; the end of its log:\n"
+                     f"{self.log_tail()}")
+
+
+@contextmanager
+def _running(name: str, argv: list[str], port: int, data_dir: Path, ready_text: str,
+             clean_exits: tuple[int, ...] = (0,)) -> Iterator[Server]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=data_dir, preexec_fn=_die_with_parent)
+    server = Server(name, proc, "127.0.0.1", port, log_path, clean_exits)
+    try:
+        server.wait_ready(ready_text)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def nats_server(data_dir: Path) -> Iterator[Server]:
+    """nats-server with JetStream, its file store in `data_dir` (which is emptied first)."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    port = free_port()
+    argv = [binary("nats-server"), "-js", "-sd", str(data_dir / "jetstream"), "-p", str(port),
+            "-a", "127.0.0.1"]
+    # nats-server 2.9 exits with 1 after a clean shutdown on SIGTERM (its log ends "Server Exiting..").
+    with _running("nats-server", argv, port, data_dir, "Server is ready", (0, 1)) as server:
+        yield server
+
+
+@contextmanager
+def redis_server(data_dir: Path, appendfsync: AppendFsync) -> Iterator[Server]:
+    """redis-server with `appendonly yes` and the given `appendfsync`, no RDB snapshots, no automatic AOF
+    rewrite, its files in `data_dir` (which is emptied first)."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    port = free_port()
+    argv = [binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+            "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "",
+            "--auto-aof-rewrite-percentage", "0", "--daemonize", "no", "--logfile", "",
+            "--protected-mode", "yes"]
+    with _running(f"redis-server (appendfsync {appendfsync})", argv, port, data_dir,
+                  "Ready to accept connections") as server:
+        yield server
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, every thread (/proc; clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

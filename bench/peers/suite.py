@@ -1,0 +1,108 @@
+"""The peers suite: every peer configuration, a fresh server per run, medians over the runs.
+
+Configurations (the durability label is in every figure's name, e.g. `redis_aof_always_256b_produce`):
+
+| config | server | durability label |
+|---|---|---|
+| nats | nats-server -js, file storage | `file_sync2m` |
+| redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` |
+| redis_everysec | redis-server, appendonly yes, appendfsync everysec | `aof_everysec` |
+
+Runs take turns: run 1 of every configuration, then run 2 of every configuration, and so on, so that a slow
+spell of the disk or a busy neighbour spreads over all of them rather than hitting one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+from bench.common import Options, Result, fmt, progress
+from bench.peers import nats_peer, redis_peer, servers
+from bench.peers.workload import Measurement, Workload, figure_prefix, figures
+
+QUICK_RECORDS = 30_000
+RECORDS = 100_000
+QUICK_RUNS = 1
+RUNS = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    """One peer at one durability setting."""
+
+    name: str  # what --peers selects
+    peer: str  # figure names start with this and the durability label
+    durability: str
+    durability_text: str
+    server: Callable[[Path], AbstractContextManager[servers.Server]]
+    run: Callable[[servers.Server, Workload], list[Measurement]]
+
+
+def _redis(appendfsync: servers.AppendFsync) -> Config:
+    def server(data_dir: Path) -> AbstractContextManager[servers.Server]:
+        return servers.redis_server(data_dir, appendfsync)
+
+    return Config(f"redis_{appendfsync}", redis_peer.PEER, redis_peer.durability(appendfsync),
+                  redis_peer.durability_text(appendfsync), server, redis_peer.run)
+
+
+CONFIGS = (
+    Config("nats", nats_peer.PEER, nats_peer.DURABILITY, nats_peer.DURABILITY_TEXT, servers.nats_server,
+           nats_peer.run),
+    _redis("always"),
+    _redis("everysec"),
+)
+CONFIG_NAMES = tuple(c.name for c in CONFIGS)
+
+
+def versions() -> str:
+    """Servers and clients, for the report."""
+    return (f"{servers.version('nats-server')}, nats-py {dist_version('nats-py')}; "
+            f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {dist_version('redis')}, "
+            f"hiredis {dist_version('hiredis')}")
+
+
+def durability_lines(configs: tuple[Config, ...] = CONFIGS) -> Iterator[str]:
+    for c in configs:
+        yield f"{c.peer}_{c.durability}: {c.durability_text}"
+
+
+def _summary(config: Config, run: int, runs: int, phases: list[Measurement]) -> str:
+    parts = []
+    for m in phases:
+        text = f"{m.phase} {fmt(m.records_per_s)} rec/s"
+        latency = m.e2e_ms or m.ack_ms
+        if latency is not None:
+            text += f" (p99 {fmt(latency.p99)} ms)"
+        parts.append(text)
+    return f"{config.peer}_{config.durability} run {run}/{runs}: " + ", ".join(parts)
+
+
+def run_peers(workloads: list[Workload], options: Options, configs: tuple[Config, ...] = CONFIGS
+              ) -> list[Result]:
+    """Every workload against every configuration, `options.runs` times, each run on a fresh server in a
+    scratch directory under `options.parent_dir` (removed at the end); figures are medians over the runs.
+    A workload's durability label is replaced by each configuration's."""
+    scratch = Path(tempfile.mkdtemp(prefix="danube-peers-", dir=options.parent_dir))
+    measured: dict[tuple[int, int], list[list[Measurement]]] = {}
+    try:
+        for run in range(1, options.runs + 1):
+            for w, workload in enumerate(workloads):
+                for c, config in enumerate(configs):
+                    with config.server(scratch / config.name) as server:
+                        phases = config.run(server, replace(workload, durability=config.durability))
+                    progress(_summary(config, run, options.runs, phases))
+                    measured.setdefault((w, c), []).append(phases)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    found: list[Result] = []
+    for (w, c), runs in measured.items():
+        workload = replace(workloads[w], durability=configs[c].durability)
+        found += figures(figure_prefix(configs[c].peer, workload), runs)
+    return found
