@@ -65,6 +65,12 @@ class Subscription:
         self.idle_since = None
         self.dispatcher.consumer_changed()
 
+    def stream_replaced(self, consumer: Consumer) -> None:
+        """A new stream of `consumer` took over (C.8): Reliable messages the old stream had taken may never
+        have reached the client, so what the consumer holds is delivered again (at least once)."""
+        if isinstance(self.dispatcher, ReliableDispatcher):
+            self.dispatcher.consumer_lost(consumer)
+
     def stream_ended(self, consumer: Consumer) -> None:
         self.dispatcher.consumer_lost(consumer)
         if not any(c.active for c in self.consumers):

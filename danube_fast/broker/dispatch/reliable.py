@@ -185,6 +185,11 @@ class ReliableDispatcher:
                 log.warning("subscription %s on %s: %s", self._sub.name, self._sub.topic_name, e)
                 moved = False
                 await asyncio.sleep(0.5)
+            except Exception:  # a bug: say so loudly, but do not let the subscription stop for good
+                log.exception("dispatching subscription %s on %s failed", self._sub.name,
+                              self._sub.topic_name)
+                moved = False
+                await asyncio.sleep(0.5)
             if moved:
                 # let acks and publishes in; under max_subscription_dispatch_rate, wait out the excess
                 await asyncio.sleep(self._throttle)
@@ -355,7 +360,7 @@ class ReliableDispatcher:
                 continue
             await self._dead_letter(entry.msg)
             self._dead.popleft()
-            del self._waiting[off]
+            self._waiting.pop(off, None)  # an ack may have come while the dead-letter publish ran
             self.dead_lettered += 1
             self._acks_since_save += 1
             self._advance_low()

@@ -56,7 +56,10 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
             await context.abort(grpc.StatusCode[error.grpc_code], str(error))
             return
         sub = consumer.subscription
+        replacing = consumer.streaming
         token = consumer.attach()
+        if replacing:
+            sub.stream_replaced(consumer)
         sub.stream_started(consumer)
         try:
             while True:
