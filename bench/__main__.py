@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-FAST_SECTION = "Fast API (produce)"
+FAST_SECTION = "Fast API"
 BROKER_SECTION = "Broker (Danube API)"
 BROKER_RUNS = 3  # the broker suite's default --runs (1 with --quick)
 
