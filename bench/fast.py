@@ -1,5 +1,5 @@
-"""`python -m bench fast`: our fast API's produce and consume streams through the broker, next to a bare grpc.aio server
-answering the same stream shape, in the same run with the same batches.
+"""`python -m bench fast`: our fast API's produce and consume streams through the broker, next to a bare
+grpc.aio server answering the same stream shapes, in the same run with the same batches.
 
 Figures (records of RECORD_BYTES bytes in batches of BATCH_RECORDS, encoded once by the codec and sent as
 they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
