@@ -32,6 +32,7 @@ from bench.broker import Server, metered, percentile, start_bare_server, start_b
 from bench.common import Options, Result, Target, median, paired_ratio, progress
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.client.producer import batch_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -69,7 +70,7 @@ async def bare(server: Server, count: int) -> tuple[float, None, None]:
             reader = asyncio.create_task(read())
             for seq in range(count):
                 await window.acquire()
-                await call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+                await call.write(batch_request(seq, data))
             await reader
         await call.done_writing()
         return count * BATCH_RECORDS / usage.wall, None, None

@@ -188,7 +188,7 @@ class FastProducer:
         async with self._write_lock:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 # A broken stream is noticed by the reader, which resends everything unacknowledged.
-                await self._call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+                await self._call.write(batch_request(seq, data))
 
     # -- the stream ---------------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class FastProducer:
                     for seq, shipped in list(self._unacked.items()):
                         data = _with_producer_id(shipped.data, self.producer_id)
                         shipped.data = data
-                        await self._call.write(fast.ProduceRequest(batch=fast.Batch(seq=seq, data=data)))
+                        await self._call.write(batch_request(seq, data))
                 return
             except (grpc.aio.AioRpcError, ProduceRejected):
                 continue
@@ -270,6 +270,15 @@ class FastProducer:
         self._unacked.clear()
         self._inflight = 0
         self._room.set()
+
+
+def batch_request(seq: int, data: bytes) -> fast.ProduceRequest:
+    """A Batch request built field by field: passing a message to a protobuf constructor takes a slow merge
+    path (measured: 431 µs for a 256 KiB batch against 10 µs this way)."""
+    request = fast.ProduceRequest()
+    request.batch.seq = seq
+    request.batch.data = data
+    return request
 
 
 def _with_producer_id(data: bytes, producer_id: int) -> bytes:

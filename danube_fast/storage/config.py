@@ -49,7 +49,8 @@ class WalConfig:
     index_max_bytes: int = 1024 * 1024
     cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
     max_group_bytes: int = 16 * 1024 * 1024  # one write + fsync covers at most this much
-    # While other appends are still waiting for their acknowledgement (concurrent producers), the writer
-    # waits this long (microseconds) for more before writing a group, so that one write, one fsync and one
-    # handoff back to the event loop serve several appends. A lone sequential producer never waits. 0 = off.
+    # While other appends are still waiting for their acknowledgement (concurrent producers) and what is
+    # queued is small, the writer waits this long (microseconds) for more before writing a group, so that
+    # one write, one fsync and one handoff back to the event loop serve several appends. A lone sequential
+    # producer never waits, nor does a big group. 0 = off.
     linger_us: int = 1000

@@ -216,7 +216,7 @@ class Wal:
                             break
                     self._cv.wait(timeout)
                 if linger and self._appends and not self._commands and not self._stopping \
-                        and self._unacked > len(self._appends):
+                        and self._unacked > len(self._appends) and self._queued_bytes() < INLINE_SYNC_BYTES:
                     self._gather(linger)
                 group = self._take_group()
                 commands = list(self._commands)
@@ -234,6 +234,11 @@ class Wal:
             if stopping:
                 self._shutdown()
                 return
+
+    def _queued_bytes(self) -> int:
+        """Under _cv: the size of what waits for the writer (small appends are worth gathering; a big group
+        is written at once)."""
+        return sum(item.size for item in self._appends)
 
     def _gather(self, linger: float) -> None:
         """Under _cv: let appends from concurrent producers join the group for up to `linger` seconds.

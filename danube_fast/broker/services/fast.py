@@ -183,8 +183,11 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 if got is None:
                     break
                 data, first_offset, last_offset = got
-                yield fast.ConsumeResponse(records=fast.Records(data=data, first_offset=first_offset,
-                                                                last_offset=last_offset))
+                response = fast.ConsumeResponse()  # field by field: see client.producer.batch_request
+                response.records.data = data
+                response.records.first_offset = first_offset
+                response.records.last_offset = last_offset
+                yield response
             if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DanubeError):
                 error = reader.exception()
                 assert isinstance(error, DanubeError)
