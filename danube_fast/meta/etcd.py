@@ -43,6 +43,8 @@ CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,  # gRPC's defaults (1 s, growing to 120 s) would keep a
     "grpc.min_reconnect_backoff_ms": 100,      # restarted etcd unused for minutes
     "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.use_local_subchannel_pool": 1,  # a store's connections are its own: another store's backoff
+                                          # after a refused connect must not fail this one's first call
     "grpc.keepalive_time_ms": 10_000,  # detects a silent partition; etcd allows pings every 5 s or more
     "grpc.keepalive_timeout_ms": 5_000,
     "grpc.max_receive_message_length": -1,  # a large get_prefix
@@ -136,10 +138,20 @@ class EtcdStore:
                       watch_retry_seconds: float = 30.0) -> EtcdStore:
         """Raises MetadataUnavailable if no call reaches etcd within `timeout`."""
         store = cls(endpoints, timeout=timeout, watch_retry_seconds=watch_retry_seconds)
+        deadline = time.monotonic() + timeout
         try:
             for client in store._clients:
                 await client.connect()  # creates the channel; gRPC connects on the first call
-            await store.current_revision()
+            while True:
+                # A channel still in reconnect backoff (etcd just restarted) fails at once: try until the
+                # deadline, as the docstring promises, instead of giving up on the first refusal.
+                try:
+                    await store.current_revision()
+                    break
+                except MetadataUnavailable:
+                    if time.monotonic() + 0.1 > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
         except BaseException:
             await store.close()
             raise
