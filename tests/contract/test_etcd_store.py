@@ -31,7 +31,7 @@ def test_calls_fail_fast_while_etcd_is_down_then_work(run: Callable[..., Any], e
                 lambda: s.delete("/down/k"), lambda: s.delete_prefix("/down/"), lambda: s.current_revision(),
                 lambda: s.transaction([Compare("/down/k", "version", ">", 0)], [Put("/down/k", b"during")]),
                 lambda: s.grant_lease(10), lambda: s.keep_alive(lease), lambda: s.revoke_lease(lease),
-                lambda: s.compact(1), lambda: EtcdStore.connect([etcd.endpoint])]
+                lambda: s.compact(1), lambda: EtcdStore.connect([etcd.endpoint], timeout=1)]
             for call in calls:
                 started = time.monotonic()
                 with pytest.raises(MetadataUnavailable) as caught:
