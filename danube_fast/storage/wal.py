@@ -406,6 +406,14 @@ class Wal:
             return None
         return data, frames.span(data)[1]
 
+    def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None:
+        """What `read` would answer from memory alone, without waiting: None when `offset` is not both
+        committed and still in the cache."""
+        if self._closed is not None or offset >= self._committed:
+            return None
+        group = self._cache.find(offset)
+        return group.from_offset(offset, max_bytes) if group is not None else None
+
     async def wait_committed(self, offset: int) -> None:
         """Return once `offset` is committed (readable); raises WalClosed if the log closes first."""
         while self._committed <= offset:

@@ -62,8 +62,8 @@ def test_window_acks_floor_and_redelivery(tmp_path: Path, run: Run) -> None:
 def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         wal, d, saved = await setup(tmp_path, 4, start=20, cursor_flush_acks=10)
-        _, first, last = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
-        assert first == 20 and d.cursor == 19
+        _, first, last = await asyncio.wait_for(d.next_records(window=1), 2)  # type: ignore[misc]
+        assert (first, last) == (20, 29) and d.cursor == 19  # a full window: one batch, nothing joined
         d.acknowledge(last + 100, [])  # beyond what was sent: capped at the last record sent
         _, more, _ = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
         assert more == last + 1 and saved == [last]  # 10 acks reached cursor_flush_acks: saved first
@@ -72,6 +72,17 @@ def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run
         assert not waiting.done()  # everything committed was sent
         d.stop_streams()
         assert await asyncio.wait_for(waiting, 2) is None
+        await wal.close()
+
+    run(main())
+
+
+def test_a_delivery_joins_cached_groups_up_to_the_window(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        wal, d, _ = await setup(tmp_path, 6)
+        data, first, last = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
+        assert (first, last) == (0, 59)  # six group commits, one delivery
+        assert [h.base_offset for h in frames.scan_batches(data)] == [0, 10, 20, 30, 40, 50]
         await wal.close()
 
     run(main())
