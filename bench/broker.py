@@ -36,10 +36,8 @@ import itertools
 import math
 import os
 import shutil
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,14 +53,13 @@ from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from bench import bare_server
 from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress
+from bench.process import ServerProcess
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 CONCURRENCY = 64
 PAYLOAD_BYTES = bare_server.PAYLOAD_BYTES
 TARGET = Target(">= 80% of baseline", ">=", 0.8, of="ratio")
-READY_TIMEOUT = 30.0  # seconds a server gets to log its ready line
-STOP_TIMEOUT = 15.0
 OTHERS_WARNING = 0.3  # cores used by other processes during a timed section that earn a warning
 DELIVERY_TIMEOUT = 30.0  # seconds after the last send for the last message to be received and acked
 REPO = Path(__file__).resolve().parent.parent
@@ -173,57 +170,21 @@ def free_port() -> int:
         return port
 
 
-class Server:
-    """A server subprocess listening on `target` (host:port), its output in a log file; ready once
-    `ready_text` shows up there."""
+class Server(ServerProcess):
+    """A gRPC server subprocess (broker or bare server) listening on `target` (host:port), started from the
+    repository; the constructor returns once it logged `ready_text`."""
 
     def __init__(self, name: str, argv: list[str], target: str, log_path: Path, ready_text: str) -> None:
-        self.name = name
-        self.target = target
-        self.url = f"http://{target}"
-        self.log_path = log_path
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=REPO, env=env)
-        self.pid = self.proc.pid
+        super().__init__(name, argv, log_path, cwd=REPO, env=env)
+        self.target = target
+        self.url = f"http://{target}"
         try:
-            self._wait_ready(ready_text)
+            self.wait_ready(ready_text)
         except BaseException:
             self.stop()
             raise
-
-    def _log_tail(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    def _wait_ready(self, ready_text: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while ready_text not in self._log_tail():
-            if self.proc.poll() is not None:
-                self._fail(f"exited with {self.proc.returncode} before it was ready")
-            if time.monotonic() > deadline:
-                self._fail(f"did not log {ready_text!r} within {READY_TIMEOUT:.0f} s")
-            time.sleep(0.02)
-
-    def _fail(self, what: str) -> None:
-        raise RuntimeError(f"the {self.name} {what}; the end of its log:\n{self._log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not exit in time; a non-zero exit is reported, not raised."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.returncode != 0:
-            progress(f"WARNING: the {self.name} exited with {self.proc.returncode}; the end of its log:\n"
-                     f"{self._log_tail()}")
 
 
 def start_broker(data_dir: Path, log_path: Path) -> Server:

@@ -18,10 +18,8 @@ official client, on its asyncio API.
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from collections.abc import Awaitable, Coroutine
-from dataclasses import replace
 from typing import Any
 
 import redis.asyncio as aredis
@@ -37,6 +35,7 @@ from bench.peers.workload import (
     e2e_filler,
     measurement,
     metered,
+    run_phases,
     stamped,
 )
 
@@ -210,20 +209,7 @@ class Peer:
 
 async def _run(server: Server, workload: Workload) -> list[Measurement]:
     peer = Peer(server, workload)
-    try:
-        if workload.warmup:
-            warm = copy.copy(peer)  # the same clients
-            warm.workload = replace(workload, records=workload.warmup)
-            await warm.produce("warmup")
-            await warm.consume("warmup")
-        produce = await peer.produce("bench")
-        consume = await peer.consume("bench")
-        consume_noack = await peer.consume_noack("bench")
-        rate = workload.e2e_rate or produce.records_per_s / 2
-        e2e = await peer.e2e("bench_e2e", rate)
-        return [produce, consume, consume_noack, e2e]
-    finally:
-        await peer.close()
+    return await run_phases(peer, workload)
 
 
 def run(server: Server, workload: Workload) -> list[Measurement]:

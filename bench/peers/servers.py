@@ -26,18 +26,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bench.common import progress
 from bench.peers.install import find_binary
+from bench.process import ServerProcess
 
 READY_TIMEOUT = 20.0  # seconds a server gets to log its ready line
-STOP_TIMEOUT = 10.0
 PR_SET_PDEATHSIG = 1
 
 AppendFsync = Literal["always", "everysec"]
@@ -70,63 +67,24 @@ def version(name: str) -> str:
     return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else f"{name} ?"
 
 
-@dataclass
-class Server:
-    """A running server: its process, address and log."""
+class Server(ServerProcess):
+    """A running peer server: its process, address and log."""
 
-    name: str
-    proc: subprocess.Popen[bytes]
-    host: str
-    port: int
-    log_path: Path
-    clean_exits: tuple[int, ...] = (0,)  # exit codes after SIGTERM that are not worth a warning
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        except OSError:
-            return ""
-
-    def wait_ready(self, ready_text: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while ready_text not in self.log_tail():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready; "
-                                   f"the end of its log:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not log {ready_text!r} within {READY_TIMEOUT:.0f} s; "
-                                   f"the end of its log:\n{self.log_tail()}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it has not exited in time. A non-zero exit is reported, not raised."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.returncode not in self.clean_exits:
-            progress(f"WARNING: {self.name} exited with {self.proc.returncode}; the end of its log:\n"
-                     f"{self.log_tail()}")
+    def __init__(self, name: str, argv: list[str], port: int, data_dir: Path,
+                 clean_exits: tuple[int, ...] = (0,)) -> None:
+        super().__init__(name, argv, data_dir / "server.log", cwd=data_dir, clean_exits=clean_exits,
+                         preexec_fn=_die_with_parent)
+        self.host = "127.0.0.1"
+        self.port = port
 
 
 @contextmanager
 def _running(name: str, argv: list[str], port: int, data_dir: Path, ready_text: str,
              clean_exits: tuple[int, ...] = (0,)) -> Iterator[Server]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=data_dir, preexec_fn=_die_with_parent)
-    server = Server(name, proc, "127.0.0.1", port, log_path, clean_exits)
+    server = Server(name, argv, port, data_dir, clean_exits)
     try:
-        server.wait_ready(ready_text)
+        server.wait_ready(ready_text, READY_TIMEOUT)
         yield server
     finally:
         server.stop()

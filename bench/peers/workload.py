@@ -24,6 +24,7 @@ figure of what each side costs.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import resource
 import struct
@@ -31,7 +32,8 @@ import time
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from bench.common import MB, Result, median, no_gc
 from bench.peers.servers import process_cpu
@@ -293,3 +295,34 @@ def figures(prefix: str, runs: Sequence[Sequence[Measurement]]) -> list[Result]:
             for suffix, unit, value in _phase_series(m):
                 series.setdefault(f"{prefix}_{m.phase}{suffix}", _Series(unit)).values.append(value)
     return [Result(name, s.unit, median(s.values), len(s.values)) for name, s in series.items()]
+
+
+class Peer(Protocol):
+    """What nats_peer.Peer and redis_peer.Peer offer the run loop: one phase per method."""
+
+    workload: Workload
+
+    async def produce(self, label: str) -> Measurement: ...
+    async def consume(self, label: str) -> Measurement: ...
+    async def consume_noack(self, label: str) -> Measurement: ...
+    async def e2e(self, label: str, rate: float) -> Measurement: ...
+    async def close(self) -> None: ...
+
+
+async def run_phases(peer: Peer, workload: Workload) -> list[Measurement]:
+    """Warm-up (produce and consume on the same connections), then produce, consume with and without acks,
+    and end to end at `workload.e2e_rate` (default: half the measured produce rate). Closes the peer."""
+    try:
+        if workload.warmup:
+            warm = copy.copy(peer)  # the same connections
+            warm.workload = replace(workload, records=workload.warmup)
+            await warm.produce("warmup")
+            await warm.consume("warmup")
+        produce = await peer.produce("bench")
+        consume = await peer.consume("bench")
+        consume_noack = await peer.consume_noack("bench")
+        rate = workload.e2e_rate or produce.records_per_s / 2
+        e2e = await peer.e2e("bench_e2e", rate)
+        return [produce, consume, consume_noack, e2e]
+    finally:
+        await peer.close()
