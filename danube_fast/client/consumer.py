@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
-from danube_fast.client.producer import CHANNEL_OPTIONS, RETRIABLE, ProduceRejected
+from danube_fast.client.producer import CHANNEL_OPTIONS, first_answer
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -48,13 +48,7 @@ class FastConsumer:
             call = stub.Consume()
             await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
                 topic=topic, subscription=subscription, consumer_name=name, window_bytes=window_bytes)))
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as e:
-                raise ProduceRejected(e.code().name, e.details() or "the broker refused the consumer",
-                                      e.code() in RETRIABLE) from e
-            if response is grpc.aio.EOF or response.WhichOneof("kind") != "subscribed":
-                raise ProduceRejected("UNKNOWN", "the broker ended the stream without subscribing")
+            response = await first_answer(call, "subscribed", "subscribe the consumer")
         except BaseException:
             await channel.close()
             raise

@@ -196,13 +196,7 @@ class FastProducer:
         call = self._stub.Produce()
         await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
                                                             reliable=self.reliable)))
-        try:
-            response = await call.read()
-        except grpc.aio.AioRpcError as e:
-            raise ProduceRejected(e.code().name, e.details() or "the broker refused the producer",
-                                  e.code() in RETRIABLE) from e
-        if response is grpc.aio.EOF or response.WhichOneof("kind") != "opened":
-            raise ProduceRejected("UNKNOWN", "the broker ended the stream without opening the producer")
+        response = await first_answer(call, "opened", "open the producer")
         self.producer_id = response.opened.producer_id
         self._call = call
         self._reader = self._loop.create_task(self._read_answers(call))
@@ -270,6 +264,19 @@ class FastProducer:
         self._unacked.clear()
         self._inflight = 0
         self._room.set()
+
+
+async def first_answer(call: Any, kind: str, what: str) -> Any:
+    """The stream's first response, which must be `kind`; ProduceRejected with the broker's status if the
+    broker refused (`what` it was asked to do goes in the message otherwise)."""
+    try:
+        response = await call.read()
+    except grpc.aio.AioRpcError as e:
+        raise ProduceRejected(e.code().name, e.details() or f"the broker did not {what}",
+                              e.code() in RETRIABLE) from e
+    if response is grpc.aio.EOF or response.WhichOneof("kind") != kind:
+        raise ProduceRejected("UNKNOWN", f"the broker ended the stream without answering: could not {what}")
+    return response
 
 
 def batch_request(seq: int, data: bytes) -> fast.ProduceRequest:

@@ -42,9 +42,8 @@ class FastProducerService(fast_grpc.FastProducerServicer):
     async def Produce(self, request_iterator: AsyncIterator[fast.ProduceRequest], context: Context
                       ) -> AsyncIterator[fast.ProduceResponse]:
         requests = aiter(request_iterator)
-        try:
-            first = await anext(requests)
-        except StopAsyncIteration:
+        first = await anext(requests, None)
+        if first is None:
             return
         try:
             topic, producer_id = await self._open(first)
@@ -96,14 +95,15 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                 if request.WhichOneof("kind") != "batch":
                     raise invalid("after Open, every request of a Produce stream must be a Batch")
                 batch = request.batch
+                data = batch.data  # each access to a bytes field copies it
                 fut: asyncio.Future[tuple[int, int, int]]
                 try:
-                    records = _check(batch.data, topic, producer_id)
+                    records = _check(data, topic, producer_id)
                 except DanubeError as e:
                     fut = loop.create_future()
                     fut.set_exception(e)
                 else:
-                    fut = asyncio.ensure_future(_publish(topic, batch.data, records))
+                    fut = asyncio.ensure_future(_publish(topic, data, records))
                 await pending.put((batch.seq, fut))
         finally:
             await pending.put(None)
@@ -152,9 +152,8 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
     async def Consume(self, request_iterator: AsyncIterator[fast.ConsumeRequest], context: Context
                       ) -> AsyncIterator[fast.ConsumeResponse]:
         requests = aiter(request_iterator)
-        try:
-            first = await anext(requests)
-        except StopAsyncIteration:
+        first = await anext(requests, None)
+        if first is None:
             return
         try:
             if first.WhichOneof("kind") != "subscribe":
