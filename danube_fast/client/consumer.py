@@ -80,10 +80,18 @@ class FastConsumer:
         async with self._write_lock:
             await self._call.write(fast.ConsumeRequest(ack=ack))
 
-    async def close(self) -> None:
-        """Stop: the broker keeps the cursor at what was acknowledged."""
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop, and return once the broker ended the stream: it has then applied every ack sent, saved the
+        cursor and released the subscription (another consumer may take it at once). Deliveries still on
+        their way are dropped; they come again to the next consumer."""
         async with self._write_lock:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await self._call.done_writing()
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            await asyncio.wait_for(self._drain(), timeout)
         self._call.cancel()
         await self._channel.close()
+
+    async def _drain(self) -> None:
+        while await self._call.read() is not grpc.aio.EOF:
+            pass
