@@ -24,6 +24,22 @@ cursor_flush_acks = 1000
 cursor_flush_ms = 5000
 buffer = 1000                     # non-reliable: messages buffered per consumer before drops
 
+[cluster]                         # cluster mode (--mode cluster); standalone uses only object_store
+name = "danube"
+metadata_store = ""               # etcd://host:port[,host:port]; required in cluster mode
+object_store = ""                 # s3://bucket/prefix or a folder all brokers share; "" = DATA_DIR/objects
+s3_endpoint = ""                  # e.g. http://127.0.0.1:9000 for MinIO or moto; "" = AWS
+s3_region = "us-east-1"
+s3_access_key = ""                # "" = the usual AWS environment / config chain
+s3_secret_key = ""
+lease_ttl_s = 10                  # a broker silent this long loses its registration and its topics
+load_report_ms = 5000
+rebalance_cooldown_ms = 60000     # at most one automatic rebalance per cooldown
+rebalance_threshold = 2           # rebalance at this difference in topics between the busiest and idlest
+upload_interval_ms = 30000        # committed records reach the object tier at least this often
+reserve_offsets = 10000000        # offsets an owner reserves per metadata write (see cluster/handoff.py)
+assign_wait_ms = 5000             # a producer creating a topic waits this long for its assignment
+
 [policy]                          # the policy a namespace gets when it is created (default and system: at the
 max_message_size = 10485760       # first start); 0 = unlimited
 max_producers_per_topic = 0
@@ -62,6 +78,24 @@ class DispatchConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    name: str = "danube"
+    metadata_store: str = ""
+    object_store: str = ""
+    s3_endpoint: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    lease_ttl_s: int = 10
+    load_report_ms: int = 5000
+    rebalance_cooldown_ms: int = 60_000
+    rebalance_threshold: int = 2
+    upload_interval_ms: int = 30_000
+    reserve_offsets: int = 10_000_000
+    assign_wait_ms: int = 5000
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     mode: str = "standalone"
     data_dir: str = "./danube-data"
@@ -73,6 +107,15 @@ class BrokerConfig:
     wal: WalConfig = field(default_factory=WalConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     policy: Policy = field(default_factory=Policy)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    @property
+    def clustered(self) -> bool:
+        return self.mode == "cluster"
+
+    @property
+    def object_store(self) -> str:
+        return self.cluster.object_store or os.path.join(self.data_dir, "objects")
 
     @property
     def advertised_url(self) -> str:
@@ -120,7 +163,7 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
-        unknown = set(data) - {"broker", "wal", "dispatch", "policy"}
+        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster"}
         if unknown:
             raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
         wal_data = dict(_table(data, "wal"))
@@ -134,17 +177,26 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
         config = replace(_typed("broker", _table(data, "broker"), BrokerConfig, config), wal=wal,
                          dispatch=_typed("dispatch", _table(data, "dispatch"), DispatchConfig,
                                          config.dispatch),
-                         policy=_typed("policy", _table(data, "policy"), Policy, config.policy))
+                         policy=_typed("policy", _table(data, "policy"), Policy, config.policy),
+                         cluster=_typed("cluster", _table(data, "cluster"), ClusterConfig, config.cluster))
     given = {k: v for k, v in overrides.items() if v is not None}
-    config = replace(config, **given)
+    cluster_given = {k.removeprefix("cluster."): given.pop(k) for k in list(given)
+                     if k.startswith("cluster.")}
+    config = replace(config, cluster=replace(config.cluster, **cluster_given), **given)
     check(config)
     return config
 
 
 def check(config: BrokerConfig) -> None:
-    if config.mode != "standalone":
-        raise ConfigError(f"mode {config.mode!r} is not available yet: only 'standalone' (cluster mode is "
-                          "issue 5's)")
+    if config.mode not in ("standalone", "cluster"):
+        raise ConfigError(f"mode must be 'standalone' or 'cluster', not {config.mode!r}")
+    if config.clustered and not config.cluster.metadata_store.startswith("etcd://"):
+        raise ConfigError("cluster mode needs [cluster] metadata_store = \"etcd://host:port\" (or "
+                          "--metadata-store): the brokers of a cluster share one etcd")
+    if config.cluster.lease_ttl_s < 2:
+        raise ConfigError("[cluster] lease_ttl_s must be at least 2")
+    if config.cluster.reserve_offsets < 1000:
+        raise ConfigError("[cluster] reserve_offsets must be at least 1000")
     for name in ("broker_addr", "admin_addr"):
         _host_port(getattr(config, name), name)
     if config.prom_exporter:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.metrics import MetricsServer
@@ -27,7 +28,9 @@ from danube_fast.broker.services.fast import FastConsumerService, FastProducerSe
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.topics import Topics, new_id
+from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.resources import BrokerRegistration
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
@@ -94,12 +97,17 @@ class Broker:
         self._admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         self._metrics = MetricsServer(topics) if config.prom_exporter else None
         self.listening: Listening | None = None
+        self.cluster: ClusterNode | None = None
 
     @classmethod
     async def start(cls, config: BrokerConfig) -> Broker:
         os.makedirs(config.data_dir, exist_ok=True)
         broker_id = _broker_id(config.data_dir)
-        store = await EmbeddedStore.open(config.metadata_path)
+        store: MetadataStore
+        if config.clustered:
+            store = await open_store(config.cluster.metadata_store, timeout=10.0)
+        else:
+            store = await EmbeddedStore.open(config.metadata_path)
         try:
             topics = await Topics.open(config, store, broker_id)
         except BaseException:
@@ -108,13 +116,30 @@ class Broker:
         broker = cls(config, store, topics)
         try:
             await broker._listen()
+            # Registered once the listeners are bound (their ports are what the registration says).
+            broker.cluster = ClusterNode(config, store, topics, broker.registration())
+            await broker.cluster.start()
         except BaseException:
             await broker.stop()
             raise
         return broker
 
-    async def _listen(self) -> None:
+    def url(self) -> str:
+        """The client API URL lookups return (a port 0 in the config is replaced by the bound one)."""
         url = self.config.advertised_url
+        if url.endswith(":0") and self.listening is not None:
+            url = url[:-1] + str(self.listening.client_port)
+        return url
+
+    def registration(self) -> BrokerRegistration:
+        assert self.listening is not None
+        admin = self.config.admin_addr.rpartition(":")[0] + f":{self.listening.admin_port}"
+        prom = "" if self.listening.metrics_port is None else \
+            self.config.prom_exporter.rpartition(":")[0] + f":{self.listening.metrics_port}"
+        return BrokerRegistration(admin_addr="http://" + admin, advertised_addr=self.url().removeprefix("http://"),
+                                  broker_addr=self.url(), prom_exporter=prom)
+
+    async def _listen(self) -> None:
         # Topics' schema configurations are in place before any producer can publish.
         await self.schemas.registry.load()
         await self.schemas.load(self.topics.topics.values())
@@ -124,7 +149,7 @@ class Broker:
         pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ConsumerService(self.topics), self._client)
         pb_grpc.add_DiscoveryServicer_to_server(  # type: ignore[no-untyped-call]
-            DiscoveryService(self.topics, url), self._client)
+            DiscoveryService(self.topics, self.url), self._client)
         pb_grpc.add_HealthCheckServicer_to_server(  # type: ignore[no-untyped-call]
             HealthService(self.topics), self._client)
         fast_grpc.add_FastProducerServicer_to_server(  # type: ignore[no-untyped-call]
@@ -164,6 +189,8 @@ class Broker:
         return port
 
     async def stop(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.drain()
         for c in self.topics.consumers.values():
             c.end_streams()  # streams end with OK, so clients notice and re-lookup (CONTRACT C.8)
         for topic in self.topics.topics.values():
@@ -174,6 +201,8 @@ class Broker:
         if self._metrics is not None:
             await self._metrics.close()
         try:
+            if self.cluster is not None:
+                await self.cluster.close()
             await self.topics.close()
         finally:
             await self.store.close()
@@ -193,7 +222,7 @@ async def serve(config: BrokerConfig) -> None:
     metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
                if listening.metrics_port is not None else "off")
     log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s, data in %s, "
-             "%d topics", host, listening.client_port, config.advertised_url, admin_host,
+             "%d topics", host, listening.client_port, broker.url(), admin_host,
              listening.admin_port, metrics, os.path.abspath(config.data_dir), len(broker.topics.topics))
     await stopping.wait()
     log.info("stopping: ending streams, flushing cursors and WALs")

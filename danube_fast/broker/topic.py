@@ -20,6 +20,7 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
 
 if TYPE_CHECKING:
+    from danube_fast.broker.cluster.guard import TopicGuard
     from danube_fast.schema.topic_schema import SchemaGate
 
 
@@ -46,6 +47,8 @@ class Topic:
         # defaults, nothing stored) and the publish check it implies (None: nothing can be refused).
         self.schema_config: TopicSchemaConfig | None = None
         self.schema_gate: SchemaGate | None = None
+        # Cluster mode: the fence every append and acknowledgement passes (None in standalone mode).
+        self.guard: TopicGuard | None = None
 
     @property
     def reliable(self) -> bool:
@@ -55,12 +58,19 @@ class Topic:
         if self.publish_rate.per_second:
             await self.publish_rate.acquire()
         if self.wal is not None:
+            guard = self.guard
+            if guard is not None:
+                await guard.admit(1)
             await self.wal.append(messages.encode(msg))
+            if guard is not None:
+                await guard.confirm()
             self.messages_in += 1
             self.bytes_in += len(msg.payload)
             for sub in self.subscriptions.values():
                 sub.dispatcher.notify()
             return
+        if self.guard is not None:
+            await self.guard.confirm()
         self.messages_in += 1
         self.bytes_in += len(msg.payload)
         for sub in self.subscriptions.values():
@@ -75,7 +85,12 @@ class Topic:
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)
         if self.wal is not None:
+            guard = self.guard
+            if guard is not None:
+                await guard.admit(records)
             first, last = await self.wal.submit(data)
+            if guard is not None:
+                await guard.confirm()
             self.messages_in += records
             self.bytes_in += len(data)
             for sub in self.subscriptions.values():

@@ -19,8 +19,10 @@ import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from danube_fast.broker import names
+from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
@@ -51,11 +53,15 @@ from danube_fast.meta.resources import (
     SubscriptionType,
     TopicDelivery,
     TopicRoot,
+    Unassigned,
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
+
+if TYPE_CHECKING:
+    from danube_fast.broker.cluster.placement import Placement
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -88,16 +94,24 @@ class Topics:
         self.gone: dict[int, tuple[float, asyncio.Event]] = {}
         self._creating: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # Cluster mode: topics this broker let go of and their producers, by when (their clients get
+        # UNAVAILABLE and look the topic up again); `placement` waits for a new topic's assignment.
+        self.moved_topics: dict[str, float] = {}
+        self.moved_producers: dict[int, float] = {}
+        self.placement: Placement | None = None
 
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Topics:
+        """Standalone mode loads every topic of the store here; in cluster mode the placement loads the
+        topics assigned to this broker once it is a member."""
         for ns in BOOTSTRAP_NAMESPACES:
             await store.transaction([Compare(keys.namespace_policy(ns), "version", "==", 0)],
                                     [Put(keys.namespace_policy(ns), config.policy.to_json())], [])
         cache = await LocalCache.start(store, [keys.namespaces_prefix()])
         self = cls(config, store, cache, broker_id)
         try:
-            await self._load()
+            if not config.clustered:
+                await self._load()
         except BaseException:
             await self.close()
             raise
@@ -124,49 +138,101 @@ class Topics:
     # -- loading -------------------------------------------------------------------------------------
 
     async def _load(self) -> None:
-        by_topic: dict[tuple[str, str], dict[str, bytes]] = {}
+        """Standalone: every topic in the store is this broker's."""
+        found: set[tuple[str, str]] = set()
         for kv in await self._store.get_prefix(keys.topics_prefix()):
             with contextlib.suppress(ValueError):
-                by_topic.setdefault(keys.parse_topic_root(kv.key), {})["root"] = kv.value
-        for (ns, short) in sorted(by_topic):
-            name = TopicName(ns, short)
-            delivery_kv = await self._store.get(keys.topic_delivery(ns, short))
-            if delivery_kv is None:
-                log.warning("topic %s has no delivery key; skipped", name)
-                continue
-            delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
-            topic = await self._open_topic(name, delivery)
-            for kv in await self._store.get_prefix(keys.topic_producers_prefix(ns, short)):
-                p = Producer.from_json(kv.value, key=kv.key)
-                entry = ProducerEntry(p.producer_id, p.producer_name, topic)
-                topic.producers[p.producer_name] = entry
-                self.producers[p.producer_id] = entry
-            cursors: dict[str, int] = {}
-            records: list[SubscriptionRecord] = []
-            for kv in await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short)):
-                try:
-                    _, _, sub_name = keys.parse_subscription_cursor(kv.key)
-                    cursors[sub_name] = SubscriptionCursor.from_json(kv.value, key=kv.key).offset
-                except ValueError:
-                    records.append(SubscriptionRecord.from_json(kv.value, key=kv.key))
-            for rec in records:
-                start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
-                self._attach_subscription(topic, rec.subscription_name, rec.subscription_type, start)
-            log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
-                     len(topic.producers), len(topic.subscriptions),
-                     f", WAL at offset {topic.wal.committed_offset}" if topic.wal else "")
+                found.add(keys.parse_topic_root(kv.key))
+        for (ns, short) in sorted(found):
+            await self.load_topic(TopicName(ns, short))
 
-    async def _open_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+    async def load_topic(self, name: TopicName, guard: TopicGuard | None = None,
+                         initial_offset: int = 0) -> Topic | None:
+        """Serve `name` from its metadata: the WAL (recovered, or new at `initial_offset`), its producers,
+        subscriptions and cursors. None when the topic has no delivery key (a half-made topic)."""
+        ns, short = name.namespace, name.topic
+        delivery_kv = await self._store.get(keys.topic_delivery(ns, short))
+        if delivery_kv is None:
+            log.warning("topic %s has no delivery key; not loaded", name)
+            return None
+        delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
+        producers = await self._store.get_prefix(keys.topic_producers_prefix(ns, short))
+        subscriptions = await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short))
+        topic = await self._open_topic(name, delivery, guard, initial_offset)
+        for kv in producers:
+            p = Producer.from_json(kv.value, key=kv.key)
+            entry = ProducerEntry(p.producer_id, p.producer_name, topic)
+            topic.producers[p.producer_name] = entry
+            self.producers[p.producer_id] = entry
+            self.moved_producers.pop(p.producer_id, None)
+        cursors: dict[str, int] = {}
+        records: list[SubscriptionRecord] = []
+        for kv in subscriptions:
+            try:
+                _, _, sub_name = keys.parse_subscription_cursor(kv.key)
+                cursors[sub_name] = SubscriptionCursor.from_json(kv.value, key=kv.key).offset
+            except ValueError:
+                records.append(SubscriptionRecord.from_json(kv.value, key=kv.key))
+        for rec in records:
+            start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
+            self._attach_subscription(topic, rec.subscription_name, rec.subscription_type, start)
+        self.moved_topics.pop(topic.full, None)
+        log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
+                 len(topic.producers), len(topic.subscriptions),
+                 f", WAL at offset {topic.wal.committed_offset}" if topic.wal else "")
+        return topic
+
+    def wal_dir(self, name: TopicName) -> str:
+        return os.path.join(self._config.wal_root, name.namespace, name.topic)
+
+    async def _open_topic(self, name: TopicName, delivery: DeliveryMode, guard: TopicGuard | None = None,
+                          initial_offset: int = 0) -> Topic:
         wal = None
         if delivery == DeliveryMode.RELIABLE:
-            wal = await Wal.open(os.path.join(self._config.wal_root, name.namespace, name.topic),
-                                 self._config.wal)
+            wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset)
             report = wal.recovery
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
         topic = Topic(name, delivery, self._policy(name), wal)
+        topic.guard = guard
+        if guard is not None and wal is not None:
+            guard.next = wal.committed_offset
         self.topics[name.full] = topic
         return topic
+
+    async def unload_topic(self, topic: Topic, seal: Callable[[Topic], Awaitable[None]] | None) -> None:
+        """Stop serving `topic` here. Clients are told to look it up again: producers' sends get UNAVAILABLE,
+        consumers' health checks CLOSE and their streams end. With `seal` (a graceful move), cursors are
+        flushed through the topic's guard and `seal` runs before the WAL is deleted; without it (the
+        ownership was lost) nothing is written and the WAL stays on disk for orphan recovery."""
+        if topic.guard is not None:
+            topic.guard.closing = True
+            await topic.guard.settle()
+        self.topics.pop(topic.full, None)
+        now = time.monotonic()
+        self.moved_topics[topic.full] = now
+        for entry in topic.producers.values():
+            self.producers.pop(entry.producer_id, None)
+            self.moved_producers[entry.producer_id] = now
+        for sub in list(topic.subscriptions.values()):
+            for c in list(sub.consumers):
+                self._remove_consumer(c)
+            try:
+                await sub.dispatcher.close(save=seal is not None)
+            except Exception as e:  # the cursor stays where it was last saved: at least once
+                log.warning("closing subscription %s of %s: %s", sub.name, topic.full, e)
+        topic.subscriptions.clear()
+        if topic.wal is not None:
+            await topic.wal.sync()
+        try:
+            if seal is not None:
+                await seal(topic)
+        finally:
+            if topic.wal is not None:
+                await topic.wal.close()
+        if seal is not None and topic.wal is not None:
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
+        log.info("unloaded %s (%s)", topic.full, "sealed" if seal is not None else "ownership lost")
 
     def _policy(self, name: TopicName) -> Policy:
         kv = self._cache.get(keys.namespace_policy(name.namespace))
@@ -180,18 +246,30 @@ class Topics:
     def find(self, name: str) -> Topic | None:
         return self.topics.get(name)
 
+    def exists(self, name: TopicName) -> bool:
+        """The topic exists in the metadata (hosted here, elsewhere, or not yet assigned)."""
+        return name.full in self.topics or self._cache.get(
+            keys.namespace_topic(name.namespace, name.topic)) is not None
+
     def partitions(self, name: TopicName) -> list[str]:
-        """TopicPartitions (CONTRACT C.3): [name] for a topic, else its `-part-N` topics in index order."""
-        if name.full in self.topics:
+        """TopicPartitions (CONTRACT C.3): [name] for a topic, else its `-part-N` topics in index order,
+        wherever in the cluster they are hosted."""
+        if self.exists(name):
             return [name.full]
-        found = [t for t in self.topics.values()
-                 if t.name.namespace == name.namespace and names.is_partition_of(t.name.topic, name.topic)]
-        found.sort(key=lambda t: names.partition_index(t.name.topic))
-        return [t.full for t in found]
+        found = []
+        for kv in self._cache.get_prefix(keys.namespace_topics_prefix(name.namespace)):
+            with contextlib.suppress(ValueError):
+                ns, short = keys.parse_namespace_topic(kv.key)
+                if ns == name.namespace and names.is_partition_of(short, name.topic):
+                    found.append(short)
+        found.sort(key=names.partition_index)
+        return [TopicName(name.namespace, short).full for short in found]
 
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, CONTRACT C.4)."""
         topic = self.topics.get(name.full)
+        if topic is None and self.placement is not None and self.exists(name):
+            raise self._elsewhere(name)
         if topic is None:
             lock = self._creating.setdefault(name.full, asyncio.Lock())
             async with lock:
@@ -204,6 +282,8 @@ class Topics:
 
     def topic_for_consumer(self, name: TopicName) -> Topic:
         topic = self.topics.get(name.full)
+        if topic is None and self._config.clustered and self.exists(name):
+            raise self._elsewhere(name)
         if topic is None:
             raise invalid(f"topic {name} does not exist: consumers never create topics (create it with a "
                           "producer or the admin API first)")
@@ -222,16 +302,31 @@ class Topics:
             raise ApiError("ALREADY_EXISTS", f"Cannot create topic {name}: partitioned topics with this base "
                                              "name already exist")
         root = keys.topic_root(ns, short)
+        # Standalone assigns the topic to itself; in a cluster the leader's load manager places it (C.4).
+        place = Put(keys.unassigned(ns, short), Unassigned().to_json()) if self.placement is not None \
+            else Put(keys.broker_topic(self.broker_id, ns, short), Marker().to_json())
         txn = await self._store.transaction(
             [Compare(root, "version", "==", 0)],
             [Put(root, TopicRoot(0).to_json()), Put(keys.namespace_topic(ns, short), NULL),
-             Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()),
-             Put(keys.broker_topic(self.broker_id, ns, short), Marker().to_json())], [])
+             Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()), place], [])
         if not txn.succeeded:
+            if self.placement is not None:
+                raise self._elsewhere(name)
             raise ApiError("ALREADY_EXISTS", f"topic {name} exists in the metadata store but is not loaded")
+        if self.placement is not None:
+            log.info("created topic %s (%s); waiting for its assignment", name, delivery.value)
+            topic = await self.placement.wait_loaded(name)
+            if topic is None:
+                raise unavailable("The topic metadata was created, need to redo the lookup to find the "
+                                  "correct broker")
+            return topic
         topic = await self._open_topic(name, delivery)
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
+
+    def _elsewhere(self, name: TopicName) -> ApiError:
+        return unavailable(f"The topic {name} exists but is served by another broker (or is being placed), "
+                           "redo the Lookup request")
 
     async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""
@@ -245,7 +340,8 @@ class Topics:
         ns, short = topic.name.namespace, topic.name.topic
         await self._store.transaction([], [
             Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
-            Delete(keys.namespace_topic(ns, short)),
+            Delete(keys.namespace_topic(ns, short)), Delete(keys.unassigned(ns, short)),
+            Delete(keys.storage_topic_prefix(ns, short), prefix=True),
             Delete(keys.broker_topic(self.broker_id, ns, short))], [])
         self.topics.pop(topic.full, None)
         for entry in topic.producers.values():
@@ -319,6 +415,8 @@ class Topics:
 
     def producer(self, producer_id: int) -> ProducerEntry:
         entry = self.producers.get(producer_id)
+        if entry is None and producer_id in self.moved_producers:
+            raise unavailable(f"the topic of producer {producer_id} moved to another broker: redo the lookup")
         if entry is None:
             raise not_found(f"The producer with id {producer_id} does not exist")
         return entry
@@ -424,7 +522,11 @@ class Topics:
         cursor_key = keys.subscription_cursor(topic.name.namespace, topic.name.topic, name)
 
         async def save_cursor(offset: int) -> None:
-            await self._store.put(cursor_key, SubscriptionCursor(offset).to_json())
+            value = SubscriptionCursor(offset).to_json()
+            if topic.guard is not None:  # fenced: a deposed owner cannot move the cursor
+                await topic.guard.write([Put(cursor_key, value)])
+            else:
+                await self._store.put(cursor_key, value)
 
         return save_cursor
 

@@ -21,8 +21,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run the broker in the foreground. Flags override the config file, which overrides the "
                     "defaults. It logs one 'broker ready' line when it serves; SIGTERM stops it cleanly.")
     p.set_defaults(run=None, what="broker")
-    p.add_argument("--mode", choices=("standalone",), default=None,
-                   help="standalone: embedded metadata store and WAL under the data dir (the default)")
+    p.add_argument("--mode", choices=("standalone", "cluster"), default=None,
+                   help="standalone: embedded metadata store and WAL under the data dir (the default); "
+                        "cluster: brokers sharing etcd (--metadata-store) and an object store")
+    p.add_argument("--metadata-store", metavar="URL", help="cluster mode: etcd://host:port[,host:port]")
+    p.add_argument("--object-store", metavar="URL",
+                   help="s3://bucket/prefix or a folder (default DATA_DIR/objects)")
+    p.add_argument("--cluster-name", metavar="NAME", help="default danube")
     p.add_argument("--config-file", metavar="FILE", help="TOML settings (see danube_fast/broker/config.py)")
     p.add_argument("--data-dir", metavar="DIR", help=f"default {DEFAULTS.data_dir}")
     p.add_argument("--broker-addr", metavar="HOST:PORT", help=f"client API, default {DEFAULTS.broker_addr}")
@@ -41,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         config = broker_config.load(args.config_file, {
             "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
             "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter,
-            "advertised_addr": args.advertised_addr})
+            "advertised_addr": args.advertised_addr, "cluster.metadata_store": args.metadata_store,
+            "cluster.object_store": args.object_store, "cluster.name": args.cluster_name})
     except broker_config.ConfigError as e:
         print(f"danube-fast broker: {e}", file=sys.stderr)
         return 2

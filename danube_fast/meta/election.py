@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,17 +106,22 @@ async def _close(watch: AsyncIterator[Any]) -> None:
 class LeaderElection:
     """`await start()`, then `is_leader`, `epoch`, `leader_id()`, `changes()`; `await close()` at the end.
 
-    `clock` is the monotonic clock the lease deadline is measured on (a test may pass its own).
+    `clock` is the monotonic clock the lease deadline is measured on (a test may pass its own). `on_lease`
+    is awaited with each new lease before the campaign that uses it: the broker's session keys (its
+    registration) live and die with the same lease as its leadership. If it raises MetadataError, the
+    session is abandoned and retried like any other store failure.
     """
 
     def __init__(self, store: MetadataStore, broker_id: int, ttl_seconds: int, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_lease: Callable[[int], Awaitable[None]] | None = None) -> None:
         if ttl_seconds < 1:
             raise ValueError(f"a lease lives at least 1 s, not {ttl_seconds}")
         self.broker_id = broker_id
         self.ttl = int(ttl_seconds)
         self._store = store
         self._clock = clock
+        self._on_lease = on_lease
         self._key = keys.leader()
         self._value = ClusterLeader(broker_id).to_json()
         self._lease: int | None = None
@@ -267,8 +272,8 @@ class LeaderElection:
         nothing behind, if the store cannot be reached."""
         if self._task is not None or self._closed:
             raise RuntimeError("a LeaderElection starts once")
-        await self._grant()
         try:
+            await self._grant()
             revision = await self._campaign()
         except BaseException:
             self._step_down("the first campaign failed")
@@ -334,6 +339,8 @@ class LeaderElection:
         sent = self._clock()
         self._lease = await self._store.grant_lease(self.ttl)
         self._deadline = sent + self.ttl
+        if self._on_lease is not None:
+            await self._on_lease(self._lease)
 
     async def _abandon_lease(self) -> None:
         """Revoke the lease if the store can be reached; otherwise it expires by itself within its TTL."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,8 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     ("[policy]\nmax_topics = 3\n", ["[policy]", "max_topics"]),
     ("[policy]\nextra = 3\n", ["[policy]", "extra"]),  # the resource's internal field is no setting
     ("[brokers]\nmode = \"standalone\"\n", ["brokers"]),
-    ("[cluster]\n", ["cluster"]),
+    ("[clusters]\n", ["clusters"]),
+    ("[cluster]\nleader = 1\n", ["[cluster]", "leader"]),
 ])
 def test_unknown_settings_and_sections_are_named(tmp_path: Path, text: str, names: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
@@ -131,7 +133,10 @@ def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "name"), [
-    ('[broker]\nmode = "cluster"\n', "mode"),
+    ('[broker]\nmode = "fleet"\n', "mode"),
+    ('[broker]\nmode = "cluster"\n', "metadata_store"),
+    ('[broker]\nmode = "cluster"\n[cluster]\nmetadata_store = "embedded:/x.db"\n', "etcd://"),
+    ('[cluster]\nlease_ttl_s = 1\n', "lease_ttl_s"),
     ('[broker]\nbroker_addr = "localhost"\n', "broker_addr"),
     ('[broker]\nadmin_addr = "host:99999"\n', "admin_addr"),
     ('[broker]\nprom_exporter = ":9040"\n', "prom_exporter"),
@@ -154,3 +159,15 @@ def test_unreadable_or_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file") as info:
         load(write(tmp_path, "[dispatch\nwindow = 3\n"), {})
     assert info.value.__cause__ is not None  # the TOML error is chained, not flattened
+
+
+def test_cluster_settings_from_file_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, '[broker]\nmode = "cluster"\n[cluster]\nmetadata_store = "etcd://10.0.0.1:2379"\n'
+                           'name = "east"\nlease_ttl_s = 4\nobject_store = "s3://bucket/prefix"\n')
+    config = load(path, {"cluster.metadata_store": "etcd://127.0.0.1:2379", "cluster.name": None})
+    assert config.clustered
+    assert config.cluster.metadata_store == "etcd://127.0.0.1:2379"  # the flag wins
+    assert config.cluster.name == "east"  # not given as a flag: the file's
+    assert config.cluster.lease_ttl_s == 4
+    assert config.object_store == "s3://bucket/prefix"
+    assert load(None, {}).object_store == os.path.join("./danube-data", "objects")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from danube_fast.broker.errors import invalid, not_found
 from danube_fast.broker.names import parse_topic
 from danube_fast.broker.services.status import Context, unary
@@ -11,18 +13,29 @@ from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):
-    def __init__(self, topics: Topics, url: str) -> None:
+    def __init__(self, topics: Topics, url: Callable[[], str]) -> None:
         self._topics = topics
         self._url = url  # dialable by the client: http://host:port (D.2)
 
     @unary
     async def TopicLookup(self, request: pb.TopicLookupRequest, context: Context) -> pb.TopicLookupResponse:
+        """Connect when the topic is served here, Redirect to its owner's registered URL when another broker
+        serves it, NOT_FOUND when it is unknown or not yet assigned (C.3)."""
         name = parse_topic(request.topic)
-        if self._topics.find(name.full) is None:
+        if self._topics.find(name.full) is not None:
+            url = self._url()
+            return pb.TopicLookupResponse(request_id=request.request_id,
+                                          response_type=pb.TopicLookupResponse.Connect,
+                                          connect_url=url, broker_url=url, proxy=False)
+        placement = self._topics.placement
+        owner = placement.owner(name) if placement is not None else None
+        registration = placement.registration(owner) if placement is not None and owner is not None else None
+        if registration is None or owner == self._topics.broker_id:
             raise not_found(f"Unable to find the requested topic: {name}")
+        url = registration.broker_addr
         return pb.TopicLookupResponse(request_id=request.request_id,
-                                      response_type=pb.TopicLookupResponse.Connect,
-                                      connect_url=self._url, broker_url=self._url, proxy=False)
+                                      response_type=pb.TopicLookupResponse.Redirect,
+                                      connect_url=url, broker_url=url, proxy=False)
 
     @unary
     async def TopicPartitions(self, request: pb.TopicLookupRequest, context: Context

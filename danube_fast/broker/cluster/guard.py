@@ -1,0 +1,106 @@
+"""What stands between a clustered topic and an acknowledgement it has no right to give.
+
+Per topic, `TopicGuard` holds the broker's Ownership of the assignment (danube_fast.meta.fencing) and the
+topic's offset Reservation (handoff.py):
+- `admit(n)` before n records are appended: refuses once the topic is closing or ownership is lost or may
+  be (the lease deadline passed), revalidates the assignment against the store after the broker's lease
+  changed (a broker paused past its lease, then resumed), and keeps the reservation ahead of the offsets;
+- `confirm()` before the append is acknowledged: the same checks again, since the fsync may have outlasted
+  the lease;
+- `write(ops)`: every metadata write the owner makes (cursors, descriptors, reservations, the sealed state)
+  is a transaction fenced on the assignment, or, while sealing after an unload, on the unload marker that
+  names this broker.
+
+Refusals are UNAVAILABLE: the official client backs off, looks the topic up again and goes to the new owner.
+Owner: the topic (on the event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from danube_fast.broker.cluster.handoff import Reservation
+from danube_fast.broker.errors import ApiError, unavailable
+from danube_fast.meta.fencing import Ownership, OwnershipLost
+from danube_fast.meta.store import MetadataError, Op, TxnResult
+
+log = logging.getLogger("danube_fast.cluster")
+
+
+class TopicGuard:
+    def __init__(self, full_name: str, ownership: Ownership, session: Callable[[], int]) -> None:
+        self.full = full_name
+        self.ownership = ownership
+        self._session = session
+        self._validated = session()
+        self.reservation: Reservation | None = None
+        self.next = 0  # the offset the next admitted record gets (Reliable)
+        self.closing = False
+        self._extending: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def _refuse(self, why: str) -> ApiError:
+        return unavailable(f"{self.full} is not served by this broker any more ({why}): redo the lookup")
+
+    async def _check(self) -> None:
+        if self.closing:
+            raise self._refuse("it is moving")
+        try:
+            if self._session() != self._validated:
+                async with self._lock:
+                    if self._session() != self._validated:
+                        session = self._session()
+                        await self.ownership.revalidate()
+                        self._validated = session
+                        log.info("%s: ownership revalidated after a new lease", self.full)
+            self.ownership.check()
+        except OwnershipLost as e:
+            raise self._refuse(str(e)) from e
+        except MetadataError as e:
+            raise unavailable(f"{self.full}: cannot confirm ownership: {e}") from e
+
+    async def admit(self, records: int) -> None:
+        await self._check()
+        reservation = self.reservation
+        if reservation is None:
+            return
+        last = self.next + records - 1
+        if reservation.needs(last):
+            async with self._lock:
+                if reservation.needs(last):
+                    await self._extend(last)
+        elif reservation.low(last) and self._extending is None:
+            self._extending = asyncio.create_task(self._extend_quietly(last))
+        self.next += records
+
+    async def confirm(self) -> None:
+        await self._check()
+
+    async def _extend(self, last: int) -> None:
+        assert self.reservation is not None
+        try:
+            await self.reservation.extend(last)
+        except OwnershipLost as e:
+            raise self._refuse(str(e)) from e
+        except MetadataError as e:
+            raise unavailable(f"{self.full}: cannot reserve offsets: {e}") from e
+
+    async def _extend_quietly(self, last: int) -> None:
+        try:
+            async with self._lock:
+                await self._extend(last)
+        except ApiError as e:
+            log.warning("%s: %s", self.full, e)
+        finally:
+            self._extending = None
+
+    async def write(self, ops: Sequence[Op]) -> TxnResult:
+        return await self.ownership.write(ops)
+
+    async def settle(self) -> None:
+        """Wait for a background reservation write, so that nothing is written after the seal."""
+        task = self._extending
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)

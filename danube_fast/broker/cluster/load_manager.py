@@ -1,0 +1,241 @@
+"""The load manager: the leader's reconcile loop over `/cluster/` (DESIGN.md section 5, seed 004).
+
+Each pass reads the LocalCache mirror of `/cluster/` and, while this broker leads:
+1. moves the topics of brokers whose registration is gone (lease expired) to live brokers;
+2. assigns `/cluster/unassigned/` topics to the least-loaded active broker. An unload marker
+   (`{reason: "unload", from_broker: A}`) waits until A has sealed the topic (its reservation under `state`
+   is gone, see handoff.py) or A is dead, so the next owner never starts before the old one stopped;
+   then it goes to a broker other than A when there is one;
+3. when the busiest active broker has `rebalance_threshold` more topics than the idlest, unloads topics from
+   it (at most one automatic round per cooldown); `rebalance()` does the same on demand (admin API).
+
+Load is the number of assigned topics: it is exact and current, where load reports lag by seconds. Every
+write is a transaction under the controller epoch (`LeaderElection.write_as_leader`) with compares on the keys
+it read, so a deposed leader, or a pass racing an admin unload, changes nothing.
+
+Owner: one task per broker (`run`); it acts only while `election.is_leader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from danube_fast.broker.cluster.moves import Move
+from danube_fast.broker.config import ClusterConfig
+from danube_fast.meta import keys
+from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.election import LeaderElection, NotLeader
+from danube_fast.meta.resources import (
+    NULL,
+    BrokerMode,
+    BrokerState,
+    LoadBalanceDecision,
+    SealedState,
+    Unassigned,
+)
+from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
+
+log = logging.getLogger("danube_fast.cluster")
+
+TICK = 0.25  # seconds between passes while something waits (an unload not yet sealed)
+SEAL_TIMEOUT = 30.0  # an old owner that has not sealed by then is treated as failed
+
+
+@dataclass
+class Snapshot:
+    live: set[int]
+    active: list[int]
+    owners: dict[tuple[str, str], int]
+    unassigned: dict[tuple[str, str], tuple[Unassigned, int]]  # marker, its create revision
+
+    def counts(self) -> Counter[int]:
+        c: Counter[int] = Counter({b: 0 for b in self.active})
+        for owner in self.owners.values():
+            if owner in self.live:
+                c[owner] += 1
+        return c
+
+
+def snapshot(cache: LocalCache) -> Snapshot:
+    live: set[int] = set()
+    for kv in cache.get_prefix(keys.register_prefix()):
+        with contextlib.suppress(ValueError):
+            live.add(keys.parse_broker_register(kv.key))
+    active = []
+    for b in sorted(live):
+        kv = cache.get(keys.broker_state(b))
+        mode = BrokerMode.ACTIVE
+        if kv is not None:
+            with contextlib.suppress(ValueError):
+                mode = BrokerState.from_json(kv.value, key=kv.key).mode
+        if mode == BrokerMode.ACTIVE:
+            active.append(b)
+    owners: dict[tuple[str, str], int] = {}
+    for kv in cache.get_prefix(keys.brokers_prefix()):
+        with contextlib.suppress(ValueError):
+            b, ns, t = keys.parse_broker_topic(kv.key)
+            owners[(ns, t)] = b
+    unassigned: dict[tuple[str, str], tuple[Unassigned, int]] = {}
+    for kv in cache.get_prefix(keys.unassigned_prefix()):
+        with contextlib.suppress(ValueError):
+            unassigned[keys.parse_unassigned(kv.key)] = (Unassigned.from_json(kv.value, key=kv.key),
+                                                       kv.create_revision)
+    return Snapshot(live, active, owners, unassigned)
+
+
+def least_loaded(counts: Counter[int], candidates: list[int]) -> int | None:
+    if not candidates:
+        return None
+    low = min(counts[b] for b in candidates)
+    return random.choice([b for b in candidates if counts[b] == low])
+
+
+class LoadManager:
+    def __init__(self, store: MetadataStore, cache: LocalCache, election: LeaderElection,
+                 config: ClusterConfig) -> None:
+        self._store = store
+        self._cache = cache
+        self._election = election
+        self._config = config
+        self._waiting_since: dict[tuple[str, str], float] = {}
+        self._last_rebalance = time.monotonic()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        sub = self._cache.subscribe(keys.cluster_prefix())
+
+        async def pump() -> None:
+            async for _ in sub:
+                self._wake.set()
+
+        self._pump = asyncio.create_task(pump(), name="load-manager-events")
+        self._election.on_change(lambda _: self._wake.set())
+        self._task = asyncio.create_task(self._run(), name="load-manager")
+
+    async def close(self) -> None:
+        for task in (self._task, self._pump):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._task, self._pump) if t is not None), return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            waiting = False
+            if self._election.is_leader:
+                try:
+                    waiting = await self.reconcile()
+                except NotLeader:
+                    pass
+                except MetadataError as e:
+                    log.warning("load manager pass failed: %s", e)
+                    waiting = True
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK if waiting else 2.0)
+
+    async def reconcile(self) -> bool:
+        """One pass; True while something waits for another pass (an unload not yet sealed)."""
+        snap = snapshot(self._cache)
+        counts = snap.counts()
+        changed: dict[int, list[str]] = {}
+        for (ns, t), owner in sorted(snap.owners.items()):
+            if owner in snap.live:
+                continue
+            target = least_loaded(counts, snap.active)
+            if target is None:
+                break
+            old = keys.broker_topic(owner, ns, t)
+            done = await self._election.write_as_leader(
+                [Delete(old), Put(keys.broker_topic(target, ns, t), NULL)],
+                [Compare(old, "version", ">", 0), Compare(keys.broker_register(owner), "version", "==", 0)])
+            if done.succeeded:
+                counts[target] += 1
+                changed.setdefault(target, []).append(keys.topic_name(ns, t))
+                log.info("moved %s from dead broker %d to broker %d", keys.topic_name(ns, t), owner, target)
+        waiting = False
+        for (ns, t), (marker, _) in sorted(snap.unassigned.items()):
+            if (ns, t) in snap.owners:
+                continue  # an admin or a racing pass assigned it; the marker is stale, left alone
+            source = marker.from_broker
+            if source is not None and source in snap.live and not await self._sealed_by(ns, t, source):
+                waiting = True
+                continue
+            self._waiting_since.pop((ns, t), None)
+            others = [b for b in snap.active if b != source] or snap.active
+            target = least_loaded(counts, others)
+            if target is None:
+                break
+            marker_key = keys.unassigned(ns, t)
+            done = await self._election.write_as_leader(
+                [Delete(marker_key), Put(keys.broker_topic(target, ns, t), NULL)],
+                [Compare(marker_key, "version", ">", 0)])
+            if done.succeeded:
+                counts[target] += 1
+                changed.setdefault(target, []).append(keys.topic_name(ns, t))
+                log.info("assigned %s to broker %d", keys.topic_name(ns, t), target)
+        if changed:
+            await self._store.put(keys.load_balance(),
+                                  LoadBalanceDecision({b: tuple(ts) for b, ts in changed.items()}).to_json())
+        cooldown = self._config.rebalance_cooldown_ms / 1000
+        if not waiting and time.monotonic() - self._last_rebalance >= cooldown:
+            self._last_rebalance = time.monotonic()
+            await self.rebalance(dry_run=False, max_moves=None)
+        return waiting
+
+    async def _sealed_by(self, ns: str, t: str, source: int) -> bool:
+        """The old owner has let go: its reservation under `state` is gone (sealed, or deleted when nothing
+        was committed), or it has not sealed within SEAL_TIMEOUT."""
+        since = self._waiting_since.setdefault((ns, t), time.monotonic())
+        kv = await self._store.get(keys.sealed_state(ns, t))
+        if kv is None:
+            return True
+        state = SealedState.from_json(kv.value, key=kv.key)
+        if state.sealed or state.broker_id != source:
+            return True
+        if time.monotonic() - since > SEAL_TIMEOUT:
+            log.warning("broker %d has not sealed %s in %.0f s; assigning it anyway", source,
+                        keys.topic_name(ns, t), SEAL_TIMEOUT)
+            return True
+        return False
+
+    async def rebalance(self, *, dry_run: bool, max_moves: int | None) -> list[Move]:
+        """Unload topics from the busiest active brokers until no two differ by `rebalance_threshold` or
+        more (the assign step then places each on the idlest broker)."""
+        if not self._election.is_leader:
+            raise NotLeader(f"broker {self._election.broker_id} is not the leader: rebalance there")
+        snap = snapshot(self._cache)
+        counts = snap.counts()
+        by_broker: dict[int, list[tuple[str, str]]] = {b: [] for b in snap.active}
+        for topic, owner in sorted(snap.owners.items()):
+            if owner in by_broker:
+                by_broker[owner].append(topic)
+        moves: list[Move] = []
+        threshold = max(2, self._config.rebalance_threshold)
+        while len(snap.active) > 1 and (max_moves is None or len(moves) < max_moves):
+            busy = max(snap.active, key=lambda b: counts[b])
+            idle = min(snap.active, key=lambda b: counts[b])
+            if counts[busy] - counts[idle] < threshold or not by_broker[busy]:
+                break
+            ns, t = by_broker[busy].pop()
+            moves.append(Move(keys.topic_name(ns, t), busy, idle, float(counts[busy]),
+                              "topic count imbalance"))
+            counts[busy] -= 1
+            counts[idle] += 1
+        if dry_run:
+            return moves
+        for move in moves:
+            ns, t = keys.split_topic_name(move.topic)
+            old = keys.broker_topic(move.from_broker, ns, t)
+            await self._election.write_as_leader(
+                [Put(keys.unassigned(ns, t), Unassigned.unload(move.from_broker).to_json()), Delete(old)],
+                [Compare(old, "version", ">", 0)])
+            log.info("rebalance: unloading %s from broker %d", move.topic, move.from_broker)
+        return moves

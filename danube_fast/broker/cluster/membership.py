@@ -1,0 +1,107 @@
+"""A broker's membership in the cluster: one session lease that carries its registration and its leadership.
+
+Seed 000 section 1: `/cluster/register/{id}` (BrokerRegistration) lives under the lease, so it disappears
+when the broker stops renewing it; `/cluster/brokers/{id}/state` ({mode, reason}) does not, so a drained
+broker stays drained across restarts. The leader election (danube_fast.meta.election) grants the lease and
+calls `_register` with each new one, before campaigning: registration and leadership share one lease and die
+together. Every few seconds the broker writes its load report to `/cluster/load/{id}`.
+
+`session` counts leases: an owned topic remembers the session it was last validated under and revalidates
+its assignment before acknowledging again once the lease changed (a broker paused past its lease, then
+resumed, must not acknowledge on a belief; DESIGN.md section 5).
+
+Owner: the broker's event loop; `start()` then `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from danube_fast.meta import keys
+from danube_fast.meta.election import LeaderElection
+from danube_fast.meta.resources import (
+    NULL,
+    BrokerMode,
+    BrokerRegistration,
+    BrokerState,
+    LoadReport,
+    ResourceKind,
+    SystemLoad,
+)
+from danube_fast.meta.store import Compare, MetadataError, MetadataStore, Put
+
+log = logging.getLogger("danube_fast.cluster")
+
+SHUTDOWN = "shutdown"  # the reason of a broker's own drain when it stops
+
+
+class Membership:
+    def __init__(self, store: MetadataStore, broker_id: int, cluster: str, registration: BrokerRegistration,
+                 ttl: int, report_interval: float, topic_list: Callable[[], list[str]]) -> None:
+        self.store = store
+        self.broker_id = broker_id
+        self._cluster = cluster
+        self._registration = registration
+        self._report_interval = report_interval
+        self._topic_list = topic_list
+        self.election = LeaderElection(store, broker_id, ttl, on_lease=self._register)
+        self.session = 0  # bumped with each lease this broker registers under
+        self._reporter: asyncio.Task[None] | None = None
+        self._cpu = (time.monotonic(), time.process_time())
+
+    @property
+    def lease_deadline(self) -> float:
+        return self.election.lease_deadline
+
+    async def start(self) -> None:
+        await self.store.transaction([Compare(keys.cluster_name(self._cluster), "version", "==", 0)],
+                                     [Put(keys.cluster_name(self._cluster), NULL)], [])
+        # Active at boot, unless an operator drained the broker (UnloadBroker): that lasts until
+        # ActivateBroker. A drain for shutdown (reason "shutdown") ends with the restart.
+        state = keys.broker_state(self.broker_id)
+        kv = await self.store.get(state)
+        if kv is None or BrokerState.from_json(kv.value, key=kv.key).reason == SHUTDOWN:
+            await self.store.put(state, BrokerState(BrokerMode.ACTIVE, "boot").to_json())
+        await self.election.start()
+        self._reporter = asyncio.create_task(self._report_forever(), name="load-report")
+
+    async def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.cancel()
+            await asyncio.gather(self._reporter, return_exceptions=True)
+        await self.election.close()  # revokes the lease: the registration goes at once
+
+    async def _register(self, lease: int) -> None:
+        await self.store.put(keys.broker_register(self.broker_id), self._registration.to_json(), lease=lease)
+        self.session += 1
+        log.info("broker %d registered (session %d, lease %x)", self.broker_id, self.session, lease)
+
+    def report(self) -> LoadReport:
+        now, cpu = time.monotonic(), time.process_time()
+        then, cpu_then = self._cpu
+        self._cpu = (now, cpu)
+        cpu_pct = int(100 * (cpu - cpu_then) / max(now - then, 1e-3))
+        mem_pct = 0
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            mem_pct = int(100 * rss / (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")))
+        topics = self._topic_list()
+        usage = (SystemLoad(ResourceKind.CPU, cpu_pct), SystemLoad(ResourceKind.MEMORY, mem_pct))
+        return LoadReport(usage, tuple(topics), len(topics))
+
+    async def publish_report(self) -> None:
+        await self.store.put(keys.load_report(self.broker_id), self.report().to_json())
+
+    async def _report_forever(self) -> None:
+        while True:
+            try:
+                await self.publish_report()
+            except MetadataError as e:
+                log.info("load report of broker %d not written: %s", self.broker_id, e)
+            await asyncio.sleep(self._report_interval)

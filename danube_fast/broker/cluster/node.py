@@ -1,0 +1,89 @@
+"""One broker's cluster machinery, started and stopped in order: the `/cluster/` cache, membership (lease,
+registration, leadership, load reports), placement (the topics assigned here) and the load manager (acting
+while this broker leads). Standalone mode runs membership only: a cluster of one, its own leader, so the
+admin API reads the same keys in both modes.
+
+Stop: `drain()` first in cluster mode (SIGTERM): the broker marks itself draining and unloads its topics
+through the sealed-state protocol, so the others continue them without a gap; then `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from danube_fast.broker.cluster.load_manager import LoadManager
+from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
+from danube_fast.broker.cluster.placement import Placement
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.topics import Topics
+from danube_fast.meta import keys
+from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.resources import BrokerMode, BrokerRegistration, BrokerState, Unassigned
+from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
+
+log = logging.getLogger("danube_fast.cluster")
+
+DRAIN_TIMEOUT = 15.0  # seconds a stopping broker waits for its topics to be sealed and taken over
+
+
+class ClusterNode:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics,
+                 registration: BrokerRegistration) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.membership = Membership(store, topics.broker_id, config.cluster.name, registration,
+                                     config.cluster.lease_ttl_s, config.cluster.load_report_ms / 1000,
+                                     lambda: sorted(topics.topics))
+        self.cache: LocalCache | None = None
+        self.placement: Placement | None = None
+        self.load_manager: LoadManager | None = None
+
+    async def start(self) -> None:
+        self.cache = await LocalCache.start(self.store, [keys.cluster_prefix()])
+        await self.membership.start()
+        if not self.config.clustered:
+            return
+        self.placement = Placement(self.config, self.store, self.cache, self.topics, self.membership)
+        self.topics.placement = self.placement
+        self.load_manager = LoadManager(self.store, self.cache, self.membership.election, self.config.cluster)
+        await self.placement.start()
+        self.load_manager.start()
+
+    async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
+        """Hand every topic this broker serves to the others (sealed), when there are others."""
+        if self.placement is None or self.cache is None or not self.topics.topics:
+            return
+        me = self.topics.broker_id
+        others = [kv for kv in self.cache.get_prefix(keys.register_prefix())
+                  if kv.key != keys.broker_register(me)]
+        if not others:
+            return
+        try:
+            await self.store.put(keys.broker_state(me), BrokerState(BrokerMode.DRAINING, SHUTDOWN).to_json())
+            for full in sorted(self.topics.topics):
+                ns, t = keys.split_topic_name(full)
+                assignment = keys.broker_topic(me, ns, t)
+                await self.store.transaction(
+                    [Compare(assignment, "version", ">", 0)],
+                    [Put(keys.unassigned(ns, t), Unassigned.unload(me).to_json()), Delete(assignment)], [])
+        except MetadataError as e:
+            log.warning("drain: %s; stopping without handing topics over", e)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.topics.topics:
+                    await asyncio.sleep(0.05)
+        log.info("drain: %d topics not handed over in time", len(self.topics.topics))
+
+    async def close(self) -> None:
+        if self.load_manager is not None:
+            await self.load_manager.close()
+        if self.placement is not None:
+            await self.placement.close()
+        await self.membership.close()
+        if self.cache is not None:
+            await self.cache.close()
+

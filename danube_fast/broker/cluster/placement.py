@@ -1,0 +1,225 @@
+"""The broker side of topic placement: serve exactly the topics assigned to this broker.
+
+The LocalCache mirrors `/cluster/`; every change under `/cluster/brokers/{me}/` reconciles that one topic
+(serialised per topic, against the current state rather than the event, so a burst of events ends in the
+right place):
+- assigned and not served -> load it (handoff.load_point says where its offsets continue; a local WAL that
+  is not this broker's continuing log is an orphan, recovered first), with a TopicGuard fenced on the
+  assignment's create revision and an offset reservation written before the first append;
+- served but no longer assigned -> if the unload marker names this broker, the sealed-state unload of seed
+  004 (cursors flushed, uploader drained, `state` sealed, WAL deleted), fenced on that marker; otherwise
+  the ownership is lost (the leader gave the topic away, e.g. after this broker's lease expired): stop at
+  once, write nothing, and recover the WAL as an orphan.
+
+Owner: the broker's event loop. `start()` after the membership is up, `close()` before the topics close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+from danube_fast.broker.cluster import handoff
+from danube_fast.broker.cluster.guard import TopicGuard
+from danube_fast.broker.cluster.membership import Membership
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.topic import Topic
+from danube_fast.broker.topics import Topics
+from danube_fast.meta import keys
+from danube_fast.meta.cache import LocalCache, Subscription
+from danube_fast.meta.fencing import Ownership
+from danube_fast.meta.resources import UNLOAD, BrokerRegistration, Unassigned
+from danube_fast.meta.store import MetadataError, MetadataStore
+
+log = logging.getLogger("danube_fast.cluster")
+
+RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
+
+# Hooks the object tier adds (danube_fast.broker.cluster.tiering): start serving a loaded topic's uploads
+# and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
+Attach = Callable[[Topic, int | None], Awaitable[None]]
+Drain = Callable[[Topic], Awaitable[None]]
+Recover = Callable[[TopicName, str], Awaitable[None]]
+
+
+class Placement:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: Topics,
+                 membership: Membership) -> None:
+        self._config = config
+        self._store = store
+        self._cache = cache
+        self._topics = topics
+        self._membership = membership
+        self.me = membership.broker_id
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._follower: asyncio.Task[None] | None = None
+        self.attach: Attach | None = None
+        self.drain: Drain | None = None
+        self.recover: Recover | None = None
+
+    # -- queries -------------------------------------------------------------------------------------------
+
+    def owner(self, name: TopicName) -> int | None:
+        for kv in self._cache.get_prefix(keys.register_prefix()):
+            with contextlib.suppress(ValueError):
+                broker = keys.parse_broker_register(kv.key)
+                if self._cache.get(keys.broker_topic(broker, name.namespace, name.topic)) is not None:
+                    return broker
+        return None
+
+    def registration(self, broker: int) -> BrokerRegistration | None:
+        kv = self._cache.get(keys.broker_register(broker))
+        return None if kv is None else BrokerRegistration.from_json(kv.value, key=kv.key)
+
+    async def wait_loaded(self, name: TopicName) -> Topic | None:
+        """The topic once this broker serves it; None if it went to another broker or nothing happened
+        within `assign_wait_ms` (the client then looks it up again)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._config.cluster.assign_wait_ms / 1000):
+                while True:
+                    topic = self._topics.find(name.full)
+                    if topic is not None:
+                        return topic
+                    owner = self.owner(name)
+                    if owner is not None and owner != self.me:
+                        return None
+                    self._changed.clear()
+                    await self._changed.wait()
+        return None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        sub = self._cache.subscribe(keys.broker_topics_prefix(self.me))
+        for kv in self._cache.get_prefix(keys.broker_topics_prefix(self.me)):
+            self._event(kv.key)
+        self._follower = asyncio.create_task(self._follow(sub), name="placement")
+        await self._recover_orphans()
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *(t for t in [self._follower] if t), return_exceptions=True)
+
+    async def _follow(self, sub: Subscription) -> None:
+        async for event in sub:
+            self._event(event.key)
+
+    def _event(self, key: str) -> None:
+        try:
+            _, ns, t = keys.parse_broker_topic(key)
+        except ValueError:
+            return  # the broker's state key
+        task = asyncio.create_task(self._reconcile(ns, t))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconcile(self, ns: str, t: str) -> None:
+        lock = self._locks.setdefault((ns, t), asyncio.Lock())
+        async with lock:
+            while True:
+                try:
+                    await self._reconcile_once(TopicName(ns, t))
+                    break
+                except MetadataError as e:
+                    log.warning("placing %s: %s; retrying", keys.topic_name(ns, t), e)
+                    await asyncio.sleep(RETRY_DELAY)
+            self._changed.set()
+
+    async def _reconcile_once(self, name: TopicName) -> None:
+        kv = self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic))
+        topic = self._topics.find(name.full)
+        if kv is not None:
+            if topic is not None and topic.guard is not None and topic.guard.ownership.revision == \
+                    kv.create_revision and topic.guard.ownership.key == kv.key:
+                return
+            if topic is not None:  # assigned anew while still served: the old term is over
+                await self._lose(topic)
+            await self._load(name, kv.create_revision)
+        elif topic is not None:
+            marker_kv = await self._store.get(keys.unassigned(name.namespace, name.topic))
+            marker = None if marker_kv is None else Unassigned.from_json(marker_kv.value, key=marker_kv.key)
+            if marker_kv is not None and marker is not None and marker.reason == UNLOAD \
+                    and marker.from_broker == self.me:
+                await self._seal(topic, marker_kv.key, marker_kv.create_revision)
+            else:
+                await self._lose(topic)
+
+    # -- load ----------------------------------------------------------------------------------------------
+
+    def _ownership(self, key: str, revision: int) -> Ownership:
+        return Ownership(self._store, key, revision, lambda: self._membership.lease_deadline)
+
+    async def _load(self, name: TopicName, revision: int) -> None:
+        ns, t = name.namespace, name.topic
+        ownership = self._ownership(keys.broker_topic(self.me, ns, t), revision)
+        await ownership.revalidate()  # the cache may lag: never load on a stale assignment
+        point = await handoff.load_point(self._store, ns, t, self.me)
+        directory = self._topics.wal_dir(name)
+        if os.path.isdir(directory) and not point.keep_local:
+            await self._recover(name, directory)
+        guard = TopicGuard(name.full, ownership, lambda: self._membership.session)
+        block = self._config.cluster.reserve_offsets
+        guard.reservation = handoff.Reservation(ns, t, self.me, guard.write, block, point.gaps)
+        topic = await self._topics.load_topic(name, guard, initial_offset=point.start)
+        if topic is None:
+            return
+        if topic.wal is None:
+            guard.reservation = None
+        else:
+            await guard.admit(0)  # the reservation is written before anything is acknowledged
+            if self.attach is not None:
+                await self.attach(topic, None if point.keep_local else point.start - 1)
+
+    # -- unload --------------------------------------------------------------------------------------------
+
+    async def _seal(self, topic: Topic, marker_key: str, marker_revision: int) -> None:
+        """Seed 004's unload, every write fenced on the unload marker that names this broker."""
+        guard = topic.guard
+        assert guard is not None
+        guard.ownership = self._ownership(marker_key, marker_revision)
+        ns, t = topic.name.namespace, topic.name.topic
+
+        async def seal(topic: Topic) -> None:
+            if topic.wal is None:
+                return
+            if self.drain is not None:
+                await self.drain(topic)
+            gaps = guard.reservation.gaps if guard.reservation is not None else []
+            await guard.write(handoff.state_ops(ns, t, self.me, sealed=True,
+                                                last=topic.wal.committed_offset - 1, gaps=gaps))
+
+        await self._topics.unload_topic(topic, seal)
+
+    async def _lose(self, topic: Topic) -> None:
+        await self._topics.unload_topic(topic, None)
+        if topic.wal is not None:
+            await self._recover(topic.name, topic.wal.directory)
+
+    async def _recover(self, name: TopicName, directory: str) -> None:
+        if self.recover is not None:
+            await self.recover(name, directory)
+        else:
+            log.warning("%s: orphan WAL %s kept (no object tier to recover it into)", name, directory)
+
+    async def _recover_orphans(self) -> None:
+        """WAL directories of topics not assigned here: left by a crash or a lost ownership."""
+        root = self._config.wal_root
+        if not os.path.isdir(root):
+            return
+        for ns in sorted(os.listdir(root)):
+            for t in sorted(os.listdir(os.path.join(root, ns))):
+                if self._cache.get(keys.broker_topic(self.me, ns, t)) is None:
+                    name = TopicName(ns, t)
+                    try:
+                        await self._recover(name, self._topics.wal_dir(name))
+                    except Exception as e:
+                        log.error("recovering the orphan WAL of %s: %s", name, e)
