@@ -1,0 +1,114 @@
+"""Where offsets continue after a move (danube_fast/broker/cluster/handoff.py), on both metadata stores."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from danube_fast.broker.cluster import handoff
+from danube_fast.meta import keys
+from danube_fast.meta.resources import ObjectDescriptor, SealedState
+from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+def descriptor(start: int, end: int) -> ObjectDescriptor:
+    return ObjectDescriptor(f"data-{start}-{end}.dnb1", start, end, 100, True, 1)
+
+
+async def put_objects(store: MetadataStore, *ranges: tuple[int, int]) -> None:
+    for start, end in ranges:
+        await store.put(keys.object_descriptor("ns", "t", start), descriptor(start, end).to_json())
+
+
+async def put_state(store: MetadataStore, sealed: bool, last: int, broker: int, gaps: list[list[int]] | None = None
+                    ) -> None:
+    extra: dict[str, Any] = {"gaps": gaps} if gaps else {}
+    await store.put(keys.sealed_state("ns", "t"), SealedState(sealed, last, broker, 1, extra=extra).to_json())
+
+
+def test_contiguous_end_and_open_gaps() -> None:
+    found = [descriptor(0, 9), descriptor(10, 19), descriptor(30, 39)]
+    assert handoff.uploaded_through(found) == 19
+    assert handoff.uploaded_through([]) == -1
+    assert handoff.open_gaps([(20, 29, 7)], found) == [(20, 29, 7)]
+    assert handoff.open_gaps([(15, 29, 7)], found) == [(20, 29, 7)]  # partly covered
+    assert handoff.open_gaps([(20, 29, 7)], [*found, descriptor(20, 29)]) == []
+
+
+def test_a_new_topic_starts_at_zero_and_keeps_a_local_wal(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s:
+            point = await handoff.load_point(s, "ns", "t", 1)
+            assert point == handoff.LoadPoint(0, True, -1, ())
+    run(body())
+
+
+def test_sealed_state_continues_without_a_gap(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s:
+            await put_objects(s, (0, 21))
+            await put_state(s, True, 21, 1)
+            point = await handoff.load_point(s, "ns", "t", 2)
+            assert (point.start, point.keep_local, point.uploaded, point.gaps) == (22, False, 21, ())
+    run(body())
+
+
+def test_a_dead_owners_reservation_is_skipped_and_its_range_is_a_gap(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s:
+            await put_objects(s, (0, 9))
+            await put_state(s, False, 1_000_009, 1)  # broker 1 reserved through 1,000,009, then died
+            point = await handoff.load_point(s, "ns", "t", 2)
+            assert point.start == 1_000_010  # never an offset broker 1 may have acknowledged
+            assert point.gaps == ((10, 1_000_009, 1),)
+            assert not point.keep_local
+            # the same broker back on its own reservation continues its local log
+            mine = await handoff.load_point(s, "ns", "t", 1)
+            assert mine.keep_local and mine.start == 1_000_010
+    run(body())
+
+
+def test_gaps_are_carried_until_descriptors_cover_them(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s:
+            await put_objects(s, (0, 9), (100, 149))
+            await put_state(s, True, 149, 2, gaps=[[10, 99, 1]])
+            assert (await handoff.load_point(s, "ns", "t", 3)).gaps == ((10, 99, 1),)
+            await put_objects(s, (10, 40))  # broker 1 came back and uploaded what it had
+            await s.put(keys.object_descriptor("ns", "t", 41),
+                        ObjectDescriptor("", 41, 99, 0, True, 1).to_json())  # and declared the rest empty
+            point = await handoff.load_point(s, "ns", "t", 3)
+            assert point.gaps == () and point.start == 150 and point.uploaded == 149
+    run(body())
+
+
+def test_reservation_extends_ahead_and_state_ops(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s:
+            async def write(ops: list[Op]) -> TxnResult:
+                return await s.transaction([], ops, [])
+
+            r = handoff.Reservation("ns", "t", 5, write, 1000, [(3, 4, 9)])
+            assert r.needs(0)
+            await r.extend(0)
+            assert r.through == 1000 and not r.needs(1000) and r.needs(1001)
+            assert not r.low(400) and r.low(501)
+            state = SealedState.from_json((await s.get(keys.sealed_state("ns", "t"))).value)  # type: ignore[union-attr]
+            assert (state.sealed, state.last_committed_offset, state.broker_id) == (False, 1000, 5)
+            assert state.extra["gaps"] == [[3, 4, 9]]
+            # sealing with nothing ever committed deletes the key: the next owner starts at 0 unprompted
+            ops = handoff.state_ops("ns", "t", 5, sealed=True, last=-1, gaps=[])
+            await s.transaction([], ops, [])
+            assert await s.get(keys.sealed_state("ns", "t")) is None
+            assert handoff.state_ops("ns", "t", 5, sealed=False, last=-1, gaps=[]) == []
+            assert isinstance(handoff.state_ops("ns", "t", 5, sealed=True, last=7, gaps=[])[0], Put)
+    run(body())
