@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 
-from compat_support import Broker  # noqa: E402
+from compat_support import Broker
 
-from danube_fast.meta import keys  # noqa: E402
-from danube_fast.meta.store import MetadataStore  # noqa: E402
+from danube_fast.meta import keys
+from danube_fast.meta.store import MetadataStore
 
 CLUSTER_CONFIG = """
 [cluster]
@@ -40,7 +40,7 @@ class ClusterBroker(Broker):
     def command(self) -> list[str]:
         cmd = super().command()
         cmd[cmd.index("standalone")] = "cluster"
-        return cmd + ["--metadata-store", self.etcd_url, "--object-store", self.object_store]
+        return [*cmd, "--metadata-store", self.etcd_url, "--object-store", self.object_store]
 
     def start(self) -> None:
         super().start()
@@ -59,7 +59,8 @@ class Cluster:
     def start(self, n: int = 1, config: str = "") -> list[ClusterBroker]:
         started = []
         for _ in range(n):
-            b = ClusterBroker(self.root / f"broker{len(self.brokers)}", self.etcd_url, self.object_store, config)
+            workdir = self.root / f"broker{len(self.brokers)}"
+            b = ClusterBroker(workdir, self.etcd_url, self.object_store, config)
             self.brokers.append(b)
             b.start()
             started.append(b)

@@ -29,8 +29,8 @@ async def put_objects(store: MetadataStore, *ranges: tuple[int, int]) -> None:
         await store.put(keys.object_descriptor("ns", "t", start), descriptor(start, end).to_json())
 
 
-async def put_state(store: MetadataStore, sealed: bool, last: int, broker: int, gaps: list[list[int]] | None = None
-                    ) -> None:
+async def put_state(store: MetadataStore, sealed: bool, last: int, broker: int,
+                    gaps: list[list[int]] | None = None) -> None:
     extra: dict[str, Any] = {"gaps": gaps} if gaps else {}
     await store.put(keys.sealed_state("ns", "t"), SealedState(sealed, last, broker, 1, extra=extra).to_json())
 
