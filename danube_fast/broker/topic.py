@@ -59,10 +59,14 @@ class Topic:
             await self.publish_rate.acquire()
         if self.wal is not None:
             guard = self.guard
-            if guard is not None:
+            if guard is None:
+                await self.wal.append(messages.encode(msg))
+            else:
                 await guard.admit(1)
-            await self.wal.append(messages.encode(msg))
-            if guard is not None:
+                try:
+                    await self.wal.append(messages.encode(msg))
+                finally:
+                    guard.done()
                 await guard.confirm()
             self.messages_in += 1
             self.bytes_in += len(msg.payload)
@@ -86,10 +90,14 @@ class Topic:
             await self.publish_rate.acquire(records)
         if self.wal is not None:
             guard = self.guard
-            if guard is not None:
+            if guard is None:
+                first, last = await self.wal.submit(data)
+            else:
                 await guard.admit(records)
-            first, last = await self.wal.submit(data)
-            if guard is not None:
+                try:
+                    first, last = await self.wal.submit(data)
+                finally:
+                    guard.done()
                 await guard.confirm()
             self.messages_in += records
             self.bytes_in += len(data)

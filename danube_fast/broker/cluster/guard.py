@@ -5,8 +5,11 @@ topic's offset Reservation (handoff.py):
 - `admit(n)` before n records are appended: refuses once the topic is closing or ownership is lost or may
   be (the lease deadline passed), revalidates the assignment against the store after the broker's lease
   changed (a broker paused past its lease, then resumed), and keeps the reservation ahead of the offsets;
-- `confirm()` before the append is acknowledged: the same checks again, since the fsync may have outlasted
-  the lease;
+- `done()` when that append finished, whatever its outcome (`settle()` waits for every admitted append,
+  so the sealed state covers all of them);
+- `confirm()` before the append is acknowledged: the ownership checks again, since the fsync may have
+  outlasted the lease (not the closing flag: an append admitted before the unload began is sealed with the
+  topic, so acknowledging it is right);
 - `write(ops)`: every metadata write the owner makes (cursors, descriptors, reservations, the sealed state)
   is a transaction fenced on the assignment, or, while sealing after an unload, on the unload marker that
   names this broker.
@@ -38,14 +41,17 @@ class TopicGuard:
         self.reservation: Reservation | None = None
         self.next = 0  # the offset the next admitted record gets (Reliable)
         self.closing = False
+        self._pending = 0  # admitted appends not done yet
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._extending: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     def _refuse(self, why: str) -> ApiError:
         return unavailable(f"{self.full} is not served by this broker any more ({why}): redo the lookup")
 
-    async def _check(self) -> None:
-        if self.closing:
+    async def _check(self, admitting: bool) -> None:
+        if admitting and self.closing:
             raise self._refuse("it is moving")
         try:
             if self._session() != self._validated:
@@ -62,21 +68,30 @@ class TopicGuard:
             raise unavailable(f"{self.full}: cannot confirm ownership: {e}") from e
 
     async def admit(self, records: int) -> None:
-        await self._check()
+        """Raises, or returns with the append counted as pending: the caller calls `done()` after it."""
+        await self._check(True)
         reservation = self.reservation
-        if reservation is None:
-            return
-        last = self.next + records - 1
-        if reservation.needs(last):
-            async with self._lock:
-                if reservation.needs(last):
-                    await self._extend(last)
-        elif reservation.low(last) and self._extending is None:
-            self._extending = asyncio.create_task(self._extend_quietly(last))
-        self.next += records
+        if reservation is not None:
+            last = self.next + records - 1
+            if reservation.needs(last):
+                async with self._lock:
+                    if reservation.needs(last):
+                        await self._extend(last)
+                if self.closing:  # the unload began while the reservation was written
+                    raise self._refuse("it is moving")
+            elif reservation.low(last) and self._extending is None:
+                self._extending = asyncio.create_task(self._extend_quietly(last))
+            self.next += records
+        self._pending += 1
+        self._idle.clear()
+
+    def done(self) -> None:
+        self._pending -= 1
+        if not self._pending:
+            self._idle.set()
 
     async def confirm(self) -> None:
-        await self._check()
+        await self._check(False)
 
     async def _extend(self, last: int) -> None:
         assert self.reservation is not None
@@ -100,7 +115,9 @@ class TopicGuard:
         return await self.ownership.write(ops)
 
     async def settle(self) -> None:
-        """Wait for a background reservation write, so that nothing is written after the seal."""
+        """After `closing` is set: wait for every admitted append and for a background reservation write, so
+        that the seal covers every append and nothing is written after it."""
+        await self._idle.wait()
         task = self._extending
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)

@@ -38,6 +38,7 @@ from danube_fast.meta.store import MetadataError, MetadataStore
 log = logging.getLogger("danube_fast.cluster")
 
 RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
+POLL = 0.01  # seconds between looks at the cache while a new topic waits for its assignment
 
 # Hooks the object tier adds (danube_fast.broker.cluster.tiering): start serving a loaded topic's uploads
 # and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
@@ -89,8 +90,9 @@ class Placement:
                     owner = self.owner(name)
                     if owner is not None and owner != self.me:
                         return None
-                    self._changed.clear()
-                    await self._changed.wait()
+                    self._changed.clear()  # set by this broker's loads; others' assignments are polled
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), POLL)
         return None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -176,6 +178,7 @@ class Placement:
             guard.reservation = None
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
+            guard.done()
             if self.attach is not None:
                 await self.attach(topic, None if point.keep_local else point.start - 1)
 
