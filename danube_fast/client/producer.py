@@ -6,8 +6,10 @@ once the broker acknowledged it, as durable as the topic promises). A batch ship
 ships a list as one batch. Back-pressure: at most `max_inflight_bytes` of unacknowledged batches; `send`
 waits beyond that. `flush()` ships what is open and waits for every ack.
 
-If the stream fails with a retriable status (the broker restarted or moved the topic), the producer opens a
-new stream and sends every unacknowledged batch again, in order: delivery is at least once.
+If the stream fails with a retriable status (the broker restarted or moved the topic), the producer looks the
+topic up (Discovery, as the official client does), opens a new stream on the broker that serves it and sends
+every unacknowledged batch again, in order: delivery is at least once. Opening the producer retries the same
+way, so a topic that a cluster places on another broker is followed there.
 
 Ownership: one event loop. Writes to the stream are serialised by a lock (a gRPC call takes one write at a
 time); the reader task resolves futures in the order the broker answers, which is the order sent.
@@ -26,6 +28,7 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
+from danube_fast.client.lookup import lookup
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -63,7 +66,7 @@ class _Open:
 class FastProducer:
     def __init__(self, target: str, topic: str, name: str, *, reliable: bool = True,
                  batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
-                 max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 20) -> None:
+                 max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50) -> None:
         self.topic = topic
         self.name = name
         self.reliable = reliable
@@ -94,7 +97,14 @@ class FastProducer:
         """Open a producer on `topic` at `target` (host:port of the broker's client API)."""
         producer = cls(target, topic, name, **options)
         try:
-            await producer._start_stream()
+            await producer._locate()
+            try:
+                await producer._start_stream()
+            except ProduceRejected as e:
+                if not e.retriable:
+                    raise
+                await producer._reconnect(e)
+                producer._check()
         except BaseException:
             await producer._channel.close()
             raise
@@ -239,12 +249,23 @@ class FastProducer:
         else:
             shipped.future.set_result(outcome)
 
-    async def _reconnect(self, cause: grpc.aio.AioRpcError) -> None:
-        """Open a new stream and send every unacknowledged batch again (re-stamped with the producer id the
-        broker gives this time; the records are unchanged)."""
+    async def _locate(self) -> None:
+        """Follow the topic to the broker that serves it (a new channel when that is another broker)."""
+        target = await lookup(self._channel, self.topic)
+        if target is None or target == self._target:
+            return
+        old, self._target = self._channel, target
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = fast_grpc.FastProducerStub(self._channel)  # type: ignore[no-untyped-call]
+        await old.close()
+
+    async def _reconnect(self, cause: grpc.aio.AioRpcError | ProduceRejected) -> None:
+        """Look the topic up, open a new stream and send every unacknowledged batch again (re-stamped with
+        the producer id the broker gives this time; the records are unchanged)."""
         for attempt in range(self._reconnect_tries):
-            await asyncio.sleep(min(0.1 * (attempt + 1), 2.0))
+            await asyncio.sleep(min(0.02 * attempt, 1.0))
             try:
+                await self._locate()
                 async with self._write_lock:
                     await self._start_stream()
                     for seq, shipped in list(self._unacked.items()):
@@ -254,7 +275,9 @@ class FastProducer:
                 return
             except (grpc.aio.AioRpcError, ProduceRejected):
                 continue
-        self._fail(ProduceRejected(cause.code().name, f"gave up reconnecting: {cause.details()}", True))
+        code, details = (cause.code().name, cause.details()) if isinstance(cause, grpc.aio.AioRpcError) else (
+            cause.grpc_code, str(cause))
+        self._fail(ProduceRejected(code, f"gave up reconnecting: {details}", True))
 
     def _fail(self, error: ProduceRejected) -> None:
         self._failed = error
