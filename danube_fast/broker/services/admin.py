@@ -1,6 +1,6 @@
 """danube_admin.NamespaceAdmin and danube_admin.TopicAdmin on the admin port (CONTRACT A.4, C.14), for one
-standalone broker. The broker-level and cluster calls (BrokerAdmin, UnloadTopic, ListBrokerTopics) belong to
-cluster mode and answer UNIMPLEMENTED here.
+standalone broker, from its own topics. The cluster calls (BrokerAdmin, UnloadTopic, ListBrokerTopics) and the
+answers about topics hosted anywhere in the cluster are in services/cluster_admin.py, which extends these.
 
 Statuses follow v0.7.3 where the contract names them (creation and deletion failures are NOT_FOUND with the
 cause in the message; DescribeTopic never fails), without its duplicates in ListSubscriptions (D.16).
@@ -21,9 +21,10 @@ from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
 from danube_fast.schema import TopicSchemas
+from danube_fast.schema.topic_schema import SchemaTopic
 
 
-def _namespace(name: str) -> str:
+def namespace_name(name: str) -> str:
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise invalid(f"namespace name {name!r} is invalid: use letters, digits, '_' and '-'")
     return name
@@ -40,20 +41,23 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
     @unary
     async def GetNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
                                  ) -> pb.TopicListResponse:
-        ns = _namespace(request.name)
+        ns = namespace_name(request.name)
         if not self._topics.namespace_exists(ns):
             raise not_found(f"namespace {ns} does not exist")
-        return pb.TopicListResponse(topics=sorted(t.full[1:] for t in self._topics.topics.values()
-                                                  if t.name.namespace == ns))
+        return pb.TopicListResponse(topics=self._topic_names(ns))
+
+    def _topic_names(self, ns: str) -> list[str]:
+        """`ns/topic` (no leading slash, C.14) of each topic of the namespace, sorted."""
+        return sorted(t.full[1:] for t in self._topics.topics.values() if t.name.namespace == ns)
 
     @unary
     async def GetNamespacePolicies(self, request: pb.NamespaceRequest, context: Context) -> pb.PolicyResponse:
-        policy = self._topics.namespace_policy(_namespace(request.name))
+        policy = self._topics.namespace_policy(namespace_name(request.name))
         return pb.PolicyResponse(policies=json.dumps(policy.to_obj()))
 
     @unary
     async def CreateNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
-        ns = _namespace(request.name)
+        ns = namespace_name(request.name)
         try:
             await self._topics.create_namespace(ns)
         except DanubeError as e:
@@ -62,7 +66,7 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
 
     @unary
     async def DeleteNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
-        ns = _namespace(request.name)
+        ns = namespace_name(request.name)
         try:
             await self._topics.delete_namespace(ns)
         except DanubeError as e:
@@ -96,7 +100,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
     @unary
     async def ListNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
                                   ) -> pb.TopicInfoListResponse:
-        ns = _namespace(request.name)
+        ns = namespace_name(request.name)
         return pb.TopicInfoListResponse(topics=[self._info(t) for t in sorted(self._topics.topics)
                                                 if self._topics.topics[t].name.namespace == ns])
 
@@ -158,6 +162,11 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
         response = pb.DescribeTopicResponse(name=request.name, subscriptions=sorted(topic.subscriptions),
                                             broker_id=str(self._topics.broker_id),
                                             delivery=topic.delivery.value)
+        await self._schema_fields(response, topic)
+        return response
+
+    async def _schema_fields(self, response: pb.DescribeTopicResponse, topic: SchemaTopic) -> None:
+        """The optional schema fields of DescribeTopic, when the topic has a subject."""
         try:
             schema = await self._schemas.describe(topic)
         except DanubeError:  # DescribeTopic never fails (C.14): without the registry, no schema fields
@@ -168,4 +177,3 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
             response.schema_version = schema.version
             response.schema_type = schema.schema_type
             response.compatibility_mode = schema.compatibility_mode
-        return response

@@ -1,0 +1,89 @@
+"""Admin calls answered by another broker: a topic's owner (DeleteTopic, Unsubscribe, ListSubscriptions) or
+the leader (TriggerRebalance). The call is made again, unchanged, on that broker's registered `admin_addr`,
+and its answer (or its status) is returned as if it were this broker's.
+
+A forwarded call carries the `x-danube-fast-forwarded` header and is never forwarded again: a broker whose
+view is stale answers it from what it holds instead of sending it on, so two brokers that disagree about an
+owner cannot pass a call back and forth.
+
+Owner: the event loop; one channel per address, kept until `close()`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Self, TypeVar
+
+import grpc
+
+from danube_fast.broker.errors import ApiError
+from danube_fast.broker.services.status import Context
+from danube_fast.proto import DanubeAdmin_pb2 as pb
+
+FORWARDED = "x-danube-fast-forwarded"
+CALL_TIMEOUT = 10.0  # seconds, when the caller set no deadline
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+
+class WireMessage(Protocol):
+    """A generated protobuf message class, as far as forwarding needs it."""
+
+    def SerializeToString(self, deterministic: bool = ...) -> bytes: ...
+
+    @classmethod
+    def FromString(cls, s: bytes) -> Self: ...
+
+
+M = TypeVar("M", bound=WireMessage)
+
+
+def dial_target(admin_addr: str) -> str:
+    """`host:port` from a registered address, which Danube writes as a URL (`http://0.0.0.0:50051`)."""
+    for scheme in ("http://", "https://"):
+        if admin_addr.startswith(scheme):
+            admin_addr = admin_addr[len(scheme):]
+    return admin_addr.rstrip("/")
+
+
+def method_path(service: str, method: str) -> str:
+    """`/danube_admin.TopicAdmin/DeleteTopic` for ("TopicAdmin", "DeleteTopic"), from the descriptor."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    return f"/{descriptor.full_name}/{descriptor.methods_by_name[method].name}"
+
+
+def is_forwarded(context: Context) -> bool:
+    return any(key == FORWARDED for key, _ in context.invocation_metadata() or ())
+
+
+class Forwarder:
+    def __init__(self, timeout: float = CALL_TIMEOUT) -> None:
+        self._timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def call(self, admin_addr: str, service: str, method: str, request: WireMessage, reply: type[M],
+                   context: Context | None = None) -> M:
+        """`request` to `service.method` of the broker at `admin_addr`, within the caller's deadline (else
+        the forwarder's timeout). The callee's error status comes back as an ApiError of the same code; a
+        broker that cannot be reached is UNAVAILABLE, naming its address."""
+        target = dial_target(admin_addr)
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+        stub = channel.unary_unary(method_path(service, method),
+                                   request_serializer=type(request).SerializeToString,
+                                   response_deserializer=reply.FromString)
+        remaining = context.time_remaining() if context is not None else None
+        try:
+            answer: M = await stub(request, timeout=remaining if remaining is not None else self._timeout,
+                                   metadata=((FORWARDED, "1"),))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _UNREACHABLE:
+                raise ApiError("UNAVAILABLE", f"{method}: the broker at {target} cannot be reached "
+                                              f"({e.code().name}: {e.details()})") from e
+            raise ApiError(e.code().name, e.details() or e.code().name) from e
+        return answer
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
