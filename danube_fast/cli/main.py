@@ -1,6 +1,7 @@
-"""`danube-fast`: one command with a subcommand per area (`admin metadata backup|restore`; `broker`,
-`produce`, ... join the same tree). Every leaf sets `run`, an async function of the parsed arguments that
-returns the summary to print, and `what`, the words its error line starts with.
+"""`danube-fast`: one command with a subcommand per area (`broker`; `admin metadata backup|restore`;
+`admin brokers|topics|cluster ...` in cli/admin.py; `produce`, ... join the same tree). Every leaf sets
+`run`, an async function of the parsed arguments that returns the summary to print (a dict of fields, or an
+admin Listing of rows), and `what`, the words its error line starts with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
 one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
@@ -14,7 +15,9 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
+from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
+from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
 from danube_fast.meta import backup
 from danube_fast.meta.connect import URL_FORMS, StoreUrl, StoreUrlError, open_store, parse_store_url
@@ -24,7 +27,7 @@ EXIT_OK, EXIT_FAILED = 0, 1  # and 2, argparse's exit code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 Summary = dict[str, object]
-Handler = Callable[[argparse.Namespace], Awaitable[Summary]]
+Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing]]
 
 
 def _store_url(text: str) -> StoreUrl:
@@ -32,16 +35,6 @@ def _store_url(text: str) -> StoreUrl:
         return parse_store_url(text)
     except StoreUrlError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
-    return value
 
 
 def _leaf(parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str, what: str, run: Handler,
@@ -56,7 +49,7 @@ def _leaf(parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str
 def _store_option(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--store", type=_store_url, required=True, metavar="STORE",
                         help=f"{help_text}: {URL_FORMS}")
-    parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive_float, default=5.0, metavar="SECONDS",
                         help="give up on an unreachable etcd after this long (default: 5)")
 
 
@@ -85,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out keys that were under a lease (broker registrations, the leader key): "
                         "without their lease they would never expire and would describe brokers that are "
                         "gone (default: skip; --no-skip-ephemeral writes them without a lease)")
+    admin_cli.add_parsers(admin, _leaf)
     return parser
 
 
@@ -132,7 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: {args.what} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(json.dumps(summary) if args.output == "json" else _table(summary))
+    if isinstance(summary, admin_cli.Listing):
+        print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table())
+    else:
+        print(json.dumps(summary) if args.output == "json" else _table(summary))
     return EXIT_OK
 
 
