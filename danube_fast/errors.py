@@ -53,3 +53,29 @@ class OffsetOutOfRange(StorageError):
     """A read asked for an offset that retention already deleted (or that is not written yet)."""
 
     grpc_code = "OUT_OF_RANGE"
+
+
+class ObjectStoreError(StorageError):
+    """The object tier (S3 or a local folder) refused an operation for a reason retrying will not fix:
+    access denied, no such bucket, an invalid key."""
+
+
+class ObjectStoreUnavailable(ObjectStoreError):
+    """The object store cannot be reached or answered with a server error (5xx, throttling, a timeout, a
+    connection refused or reset, an I/O error of the folder). Try again later; nothing was lost."""
+
+    grpc_code = "UNAVAILABLE"
+    retriable = True
+
+
+class ObjectNotFound(ObjectStoreError):
+    """No object under that key: deleted by retention, or never written."""
+
+    grpc_code = "NOT_FOUND"
+
+
+class ObjectCorrupt(ObjectStoreError):
+    """An object's trailer, footer or batches fail their checks (bad magic, CRC mismatch, inconsistent
+    offsets): the bytes in the store are not what the uploader wrote."""
+
+    grpc_code = "DATA_LOSS"

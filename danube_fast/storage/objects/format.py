@@ -1,0 +1,219 @@
+"""The `.dnb1` object: a slice of a topic's WAL as uploaded to the object tier.
+
+Byte layout, little-endian, no padding (docs/FORMAT.md, section "Object tier", says the same with reasons):
+
+Header, HEADER_SIZE = 8
+  pos size field          meaning
+    0    4 magic          b"DNB1"
+    4    2 version        u16, 1
+    6    2 flags          u16, reserved, 0
+
+Body, bytes [HEADER_SIZE, body_end)
+  record batches exactly as the WAL stored them (offset-stamped, each covered by its own CRC32C), back to
+  back, offsets contiguous: batch k+1 starts at the offset after batch k's last record
+
+Footer, at body_end, FOOTER_FIXED_SIZE + 16 * index_count + 4 bytes
+    0    8 min_offset     u64, base offset of the first batch
+    8    8 max_offset     u64, offset of the last record of the last batch
+   16    8 min_time       u64, smallest base_timestamp of the batches (Unix ms)
+   24    8 max_time       u64, largest max_timestamp of the batches
+   32    8 body_end       u64, byte position of this footer in the object
+   40    4 batch_count    u32
+   44    4 index_count    u32, n >= 1
+   48  16n index          n x (u64 offset, u64 position): an indexed batch's base offset and its byte
+                          position in the object; the first batch always, then the first batch that starts
+                          at least `index_interval` bytes after the previously indexed one (Kafka's sparse
+                          OffsetIndex)
+ 48+16n  4 crc            u32, CRC32C of footer bytes [0, 48 + 16n)
+
+Trailer, the last TRAILER_SIZE = 8 bytes
+    0    4 footer_length  u32, bytes of the footer, its CRC included
+    4    4 magic          b"DNB1"
+
+A reader finds the footer with one ranged GET of the object's tail (FOOTER_GUESS bytes hold the trailer and
+the footer of any object with up to ~4,000 index entries; a longer footer takes a second GET of exactly its
+length). Index positions are absolute, so the object descriptor's `offset_index` (the same pairs) turns an
+offset into a ranged GET without reading the footer at all: each range between two index positions, or from
+one to body_end, holds whole batches.
+
+Owner: nothing here holds state; the uploader builds objects, readers parse them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+
+from danube_fast import frames
+from danube_fast.errors import FrameCorrupt, ObjectCorrupt
+
+Buffer = bytes | bytearray | memoryview
+
+MAGIC = b"DNB1"
+VERSION = 1
+_HEADER = struct.Struct("<4sHH")
+_FOOTER_FIXED = struct.Struct("<QQQQQII")
+_INDEX_ENTRY = struct.Struct("<QQ")
+_CRC = struct.Struct("<I")
+_TRAILER = struct.Struct("<I4s")
+HEADER_SIZE = _HEADER.size  # 8
+FOOTER_FIXED_SIZE = _FOOTER_FIXED.size  # 48
+TRAILER_SIZE = _TRAILER.size  # 8
+FOOTER_GUESS = 64 * 1024
+DEFAULT_INDEX_INTERVAL = 256 * 1024  # a cloud read fetches at most this much before the wanted batch
+
+
+@dataclass(frozen=True)
+class Footer:
+    min_offset: int
+    max_offset: int
+    min_time: int
+    max_time: int
+    body_end: int
+    batch_count: int
+    index: tuple[tuple[int, int], ...]
+
+    @property
+    def length(self) -> int:
+        """Bytes of the footer, CRC included (the trailer's footer_length)."""
+        return FOOTER_FIXED_SIZE + _INDEX_ENTRY.size * len(self.index) + _CRC.size
+
+    @property
+    def object_size(self) -> int:
+        return self.body_end + self.length + TRAILER_SIZE
+
+
+@dataclass(frozen=True)
+class BuiltObject:
+    data: bytes
+    footer: Footer
+
+
+def build_object(body: Buffer, index_interval: int = DEFAULT_INDEX_INTERVAL) -> BuiltObject:
+    """An object holding the whole batches of `body` (verified: structure and CRC). Raises FrameCorrupt for
+    a bad body and ValueError for an empty one or one whose offsets are not contiguous."""
+    if index_interval <= 0:
+        raise ValueError(f"index_interval must be positive, not {index_interval}")
+    headers = frames.scan_batches(body, verify=True)
+    if not headers:
+        raise ValueError("an object holds at least one batch")
+    index: list[tuple[int, int]] = []
+    indexed_at = -index_interval
+    expected = headers[0].base_offset
+    min_time, max_time = headers[0].base_timestamp, headers[0].max_timestamp
+    for h in headers:
+        if h.base_offset != expected:
+            raise ValueError(f"batch at byte {h.position} starts at offset {h.base_offset}, not {expected}: "
+                             f"an object's offsets are contiguous")
+        expected = h.base_offset + h.record_count
+        min_time, max_time = min(min_time, h.base_timestamp), max(max_time, h.max_timestamp)
+        if h.position - indexed_at >= index_interval:
+            index.append((h.base_offset, HEADER_SIZE + h.position))
+            indexed_at = h.position
+    body_end = HEADER_SIZE + len(memoryview(body))
+    footer = Footer(headers[0].base_offset, expected - 1, min_time, max_time, body_end, len(headers),
+                    tuple(index))
+    return BuiltObject(b"".join([_HEADER.pack(MAGIC, VERSION, 0), body, encode_footer(footer)]), footer)
+
+
+def encode_footer(footer: Footer) -> bytes:
+    """The footer, its CRC and the trailer: the bytes that follow the body."""
+    fixed = _FOOTER_FIXED.pack(footer.min_offset, footer.max_offset, footer.min_time, footer.max_time,
+                               footer.body_end, footer.batch_count, len(footer.index))
+    entries = b"".join(_INDEX_ENTRY.pack(offset, position) for offset, position in footer.index)
+    crc = frames.crc32c(entries, frames.crc32c(fixed))
+    return b"".join([fixed, entries, _CRC.pack(crc), _TRAILER.pack(footer.length, MAGIC)])
+
+
+def footer_length(tail: Buffer) -> int:
+    """How many bytes from the object's end hold the footer and the trailer, from the trailer at the end of
+    `tail` (the last bytes of the object). Raises ObjectCorrupt."""
+    view = memoryview(tail)
+    if len(view) < TRAILER_SIZE:
+        raise ObjectCorrupt(f"an object tail of {len(view)} bytes holds no trailer")
+    length, magic = _TRAILER.unpack_from(view, len(view) - TRAILER_SIZE)
+    if magic != MAGIC or length < FOOTER_FIXED_SIZE + _INDEX_ENTRY.size + _CRC.size:
+        raise ObjectCorrupt(f"not a .dnb1 trailer: magic {magic!r}, footer length {length}")
+    return int(length) + TRAILER_SIZE
+
+
+def parse_footer(tail: Buffer) -> Footer:
+    """The footer from the last bytes of an object (at least `footer_length(tail)` of them), CRC checked.
+    Raises ObjectCorrupt."""
+    view = memoryview(tail)
+    need = footer_length(view)
+    if len(view) < need:
+        raise ObjectCorrupt(f"the footer needs the last {need} bytes of the object, got {len(view)}")
+    footer = view[len(view) - need : len(view) - TRAILER_SIZE]
+    (stored,) = _CRC.unpack_from(footer, len(footer) - _CRC.size)
+    if frames.crc32c(footer[: len(footer) - _CRC.size]) != stored:
+        raise ObjectCorrupt("the object footer fails its CRC32C")
+    min_offset, max_offset, min_time, max_time, body_end, batches, count = _FOOTER_FIXED.unpack_from(footer)
+    if FOOTER_FIXED_SIZE + _INDEX_ENTRY.size * count + _CRC.size != len(footer):
+        raise ObjectCorrupt(f"the footer's {count} index entries do not fill its {len(footer)} bytes")
+    index = tuple(_INDEX_ENTRY.iter_unpack(footer[FOOTER_FIXED_SIZE : len(footer) - _CRC.size]))
+    if max_offset < min_offset or not batches or index[0] != (min_offset, HEADER_SIZE) or \
+            any(not HEADER_SIZE <= pos < body_end for _, pos in index):
+        raise ObjectCorrupt(f"inconsistent object footer: offsets {min_offset}..{max_offset}, "
+                            f"body_end {body_end}, index {index[:3]}...")
+    return Footer(min_offset, max_offset, min_time, max_time, body_end, batches, index)
+
+
+def check_header(data: Buffer) -> None:
+    """ObjectCorrupt unless `data` starts with a .dnb1 header of a version this reader knows."""
+    view = memoryview(data)
+    if len(view) < HEADER_SIZE:
+        raise ObjectCorrupt(f"an object of {len(view)} bytes holds no header")
+    magic, version, flags = _HEADER.unpack_from(view)
+    if magic != MAGIC or version != VERSION or flags != 0:
+        raise ObjectCorrupt(f"not a .dnb1 v{VERSION} object: magic {magic!r}, version {version}, "
+                            f"flags {flags}")
+
+
+def scan_body(body: Buffer) -> list[frames.BatchHeader]:
+    """Headers of the whole batches filling `body` (a byte range of an object that starts and ends at batch
+    boundaries), each verified. Raises ObjectCorrupt: the store returned bytes the uploader did not write."""
+    try:
+        return frames.scan_batches(body, verify=True)
+    except FrameCorrupt as e:
+        raise ObjectCorrupt(f"an object's batches fail validation: {e}") from e
+
+
+def select_batches(body: Buffer, headers: list[frames.BatchHeader], offset: int,
+                   max_bytes: int) -> tuple[memoryview, int] | None:
+    """Whole batches of `body` (described by `headers`, from scan_body) from the one holding `offset` (or the
+    first one after it), about max_bytes but at least one batch; with the offset after the last record
+    returned. None when every batch lies below `offset`."""
+    i = max(bisect.bisect_right(headers, offset, key=lambda h: h.base_offset) - 1, 0)
+    if i < len(headers) and headers[i].base_offset + headers[i].record_count <= offset:
+        i += 1
+    if i == len(headers):
+        return None
+    start = headers[i].position
+    # j: one past the last batch that ends within max_bytes of start (at least batch i).
+    j = max(bisect.bisect_right(headers, start + max_bytes, key=lambda h: h.position + h.length, lo=i), i + 1)
+    last = headers[j - 1]
+    return memoryview(body)[start : last.position + last.length], last.base_offset + last.record_count
+
+
+def clip_batches(data: Buffer, low: int, limit: int, room: int, whole: bool) -> tuple[memoryview, int]:
+    """The whole batches of `data` (a WAL read: it may begin before `low`) that hold offsets at or after `low`
+    and start below `limit`, within `room` bytes (the first one regardless when `whole`: an object holds at
+    least one batch); with the offset after the last record kept. Headers only: no CRC, no record walk."""
+    start = end = -1
+    next_offset = low
+    for h in frames.scan_batches(data, verify=False):
+        if h.base_offset + h.record_count <= low:
+            continue
+        if h.base_offset >= limit:
+            break
+        if start < 0:
+            start = h.position
+        if h.end - start > room and not (whole and end < 0):
+            break
+        end = h.end
+        next_offset = h.base_offset + h.record_count
+    if end < 0:
+        return memoryview(b""), low
+    return memoryview(data)[start:end], next_offset
