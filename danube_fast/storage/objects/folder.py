@@ -1,0 +1,161 @@
+"""FolderStore: the object tier of standalone mode, as files under a local folder.
+
+Owner: the folder belongs to the store; its blocking file work runs in the loop's default executor, so the
+event loop never waits on the disk. Writes are atomic and durable (STYLE 9): write a temporary file in the
+object's directory, check its length, fsync, rename over the key, fsync the directory (and the parent of every
+directory the write created). A crash leaves either no object or the whole object, never a torn one; at worst
+a stray temporary file, which `list` does not show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from danube_fast.errors import ObjectNotFound, ObjectStoreUnavailable
+from danube_fast.storage.objects.store import check_key
+
+T = TypeVar("T")
+_TMP = ".tmp-"
+
+
+class FolderStore:
+    """Open with `await FolderStore.open(root)`. Implements ObjectStore; the etag is always None."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    @classmethod
+    async def open(cls, root: str | os.PathLike[str]) -> FolderStore:
+        store = cls(os.fspath(root))
+        await store._run(lambda: _makedirs_durable(store.root), "open", "")
+        return store
+
+    def __repr__(self) -> str:
+        return f"FolderStore({self.root!r})"
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    async def _run(self, fn: Callable[[], T], what: str, key: str) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, fn)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise _unavailable(what, key, self.root, e) from e
+
+    async def put(self, key: str, data: bytes) -> str | None:
+        path = self._path(key)
+        await self._run(lambda: _write_atomic(path, data), "put", key)
+        return None
+
+    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        path = self._path(key)
+        return await self._run(lambda: _read_range(self.root, path, start, end), "get", key)
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+
+        def unlink() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+        await self._run(unlink, "delete", key)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        return await self._run(lambda: _list_keys(self.root, prefix), "list", prefix)
+
+    async def close(self) -> None:
+        return None
+
+
+def _unavailable(what: str, key: str, root: str, e: OSError) -> ObjectStoreUnavailable:
+    return ObjectStoreUnavailable(f"object store folder {root}: {what} {key!r} failed: {e.strerror or e}")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs_durable(path: str) -> None:
+    """os.makedirs, with each new directory's entry fsynced in its parent."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+        _fsync_dir(os.path.dirname(directory))
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    directory, name = os.path.split(path)
+    _makedirs_durable(directory)
+    tmp = os.path.join(directory, f".{name}{_TMP}{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            size = os.fstat(fd).st_size
+            if size != len(data):
+                raise OSError(f"wrote {len(data)} bytes but the file holds {size}")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _list_keys(root: str, prefix: str) -> list[str]:
+    """The keys under `root` starting with `prefix`; walks only the folder the prefix's last `/` names."""
+    if not os.path.isdir(root):  # gone or unmounted: unavailable, not empty
+        raise NotADirectoryError(errno.ENOTDIR, "the object store folder is not a folder", root)
+    directory = prefix.rpartition("/")[0]
+    top = os.path.join(root, *directory.split("/")) if directory else root
+
+    def failed(e: OSError) -> None:
+        if not (e.filename == top and isinstance(e, FileNotFoundError | NotADirectoryError)):
+            raise e  # a folder the prefix names may be missing (no such objects); nothing else may fail
+
+    found: list[str] = []
+    for dirpath, _dirs, files in os.walk(top, onerror=failed):
+        rel = os.path.relpath(dirpath, root)
+        base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        found.extend(base + name for name in files
+                     if not (name.startswith(".") and _TMP in name) and (base + name).startswith(prefix))
+    return sorted(found)
+
+
+def _read_range(root: str, path: str, start: int | None, end: int | None) -> bytes:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        if os.path.isdir(root):  # else the folder itself is gone (unmounted): the store is unavailable
+            raise ObjectNotFound(f"no object {os.path.relpath(path, root)!r} in {root}") from e
+        raise
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        lo = 0 if start is None else max(size + start, 0) if start < 0 else min(start, size)
+        hi = size if end is None else max(min(end, size), lo)
+        f.seek(lo)
+        return f.read(hi - lo)

@@ -1,0 +1,101 @@
+"""The ObjectStore protocol (S3 or a local folder), object naming, and `open_object_store(url)`.
+
+Every external dependency sits behind a small Protocol with a real and a local implementation, and one test
+suite runs over both (STYLE 7): `S3Store` (aiobotocore) and `FolderStore`. Errors are the project's:
+`ObjectStoreUnavailable` (retriable: unreachable, 5xx, timeouts, I/O errors), `ObjectNotFound`, and
+`ObjectStoreError` for what retrying will not fix.
+
+Object keys are relative to the store's root (the S3 key prefix or the folder): `{ns}/{topic}/{object_id}`
+with `object_id = data-{start}-{end}.dnb1` (seed 000 5.1, seed 004). Metadata paths are not built here: they
+are `danube_fast.meta.keys`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import unquote, urlsplit
+
+from danube_fast.errors import ObjectStoreError
+
+OBJECT_SUFFIX = ".dnb1"
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """A flat namespace of immutable objects. Keys are `/`-separated relative paths without empty, `.` or
+    `..` components. Owner: whoever opened it; one store may serve many topics' uploaders and readers
+    concurrently (every method is safe to call from concurrent tasks on the event loop that opened it)."""
+
+    async def put(self, key: str, data: bytes) -> str | None:
+        """Store `data` under `key` durably (replacing any object there) before returning; the store's etag
+        (S3's, without quotes), or None when it has none (a folder)."""
+        ...
+
+    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object, clipped to its size (a range past the end gives b""). A negative
+        `start` counts from the end (`start=-n`: the last n bytes, the whole object if it is shorter).
+        ObjectNotFound if there is no such object."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove the object; deleting a missing object is not an error (S3 semantics)."""
+        ...
+
+    async def list(self, prefix: str = "") -> list[str]:
+        """The keys starting with `prefix` (a plain string prefix, as S3's), sorted."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def object_id(start_offset: int, end_offset: int) -> str:
+    """`data-{start}-{end}.dnb1`: the descriptor's `object_id`, the file name of the object."""
+    return f"data-{start_offset}-{end_offset}{OBJECT_SUFFIX}"
+
+
+def object_key(namespace: str, topic: str, object_id: str) -> str:
+    """The store key of a topic's object: `{ns}/{topic}/{object_id}`."""
+    return f"{check_key(namespace)}/{check_key(topic)}/{check_key(object_id)}"
+
+
+def topic_objects_prefix(namespace: str, topic: str) -> str:
+    """The store prefix of one topic's objects (for listing them without the metadata store)."""
+    return f"{check_key(namespace)}/{check_key(topic)}/"
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a valid relative object key; ObjectStoreError otherwise (keys come from topic names,
+    which must not walk out of a folder store's root)."""
+    if not isinstance(key, str) or not key or key.startswith("/") or "\0" in key or \
+            any(part in ("", ".", "..") for part in key.split("/")):
+        raise ObjectStoreError(f"invalid object key {key!r}: a relative path without empty, '.' or '..' "
+                               f"parts")
+    return key
+
+
+async def open_object_store(url: str, **options: Any) -> ObjectStore:
+    """Open the store a URL names:
+    - `s3://bucket[/prefix]`: S3Store; options are S3Store's (endpoint_url, region, access_key, secret_key,
+      connect_timeout, read_timeout, max_attempts);
+    - `file:///abs/path` or a plain path: FolderStore (created if missing); no options.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        from danube_fast.storage.objects.s3 import S3Store  # aiobotocore only when S3 is used
+
+        if not parts.netloc:
+            raise ValueError(f"an S3 URL names a bucket: s3://bucket/prefix, not {url!r}")
+        return await S3Store.open(parts.netloc, unquote(parts.path).strip("/"), **options)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"a file URL names a local path (file:///path), not {url!r}")
+        path = unquote(parts.path)
+    elif parts.scheme == "":
+        path = url
+    else:
+        raise ValueError(f"unknown object store URL scheme {parts.scheme!r} in {url!r}: use s3:// or a path")
+    if options:
+        raise TypeError(f"a folder store takes no options, got {sorted(options)}")
+    from danube_fast.storage.objects.folder import FolderStore
+
+    return await FolderStore.open(path)
