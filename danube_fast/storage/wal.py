@@ -127,6 +127,12 @@ class Wal:
         return self._log.start_offset
 
     @property
+    def segment_bases(self) -> list[int]:
+        """Base offsets of the segment files, oldest first; the last is the active segment's (the uploader
+        turns the sealed ones into objects)."""
+        return self._log.segment_bases
+
+    @property
     def config(self) -> WalConfig:
         return self._config
 
