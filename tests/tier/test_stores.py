@@ -1,0 +1,135 @@
+"""The ObjectStore contract, one suite over both backends (FolderStore, S3Store on a moto server)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from danube_fast.errors import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable
+from danube_fast.storage.objects.folder import FolderStore
+from danube_fast.storage.objects.s3 import S3Store
+from danube_fast.storage.objects.store import ObjectStore, object_id, object_key, open_object_store
+from tests.tier.conftest import CREDENTIALS, REGION, Backend, MotoServer
+
+pytestmark = pytest.mark.timeout(60)
+Run = Callable[..., Any]
+
+
+def test_put_get_ranges_list_delete(backend: Backend, run: Run) -> None:
+    async def main() -> None:
+        store = await backend.open()
+        assert isinstance(store, ObjectStore)
+        data = bytes(range(256)) * 40
+        etag = await store.put("ns/t/data-0-9.dnb1", data)
+        assert (etag is None) == (backend.name == "folder")
+        if etag is not None:
+            assert etag and '"' not in etag
+        await store.put("ns/t/data-10-19.dnb1", b"second")
+        await store.put("ns/t2/data-0-0.dnb1", b"other topic")
+        assert await store.get("ns/t/data-0-9.dnb1") == data
+        assert await store.get("ns/t/data-0-9.dnb1", 100, 300) == data[100:300]
+        assert await store.get("ns/t/data-0-9.dnb1", 10_000) == data[10_000:]
+        assert await store.get("ns/t/data-0-9.dnb1", -17) == data[-17:]
+        assert await store.get("ns/t/data-0-9.dnb1", -100_000) == data
+        assert await store.get("ns/t/data-0-9.dnb1", 10_230, 99_999) == data[10_230:]
+        assert await store.get("ns/t/data-0-9.dnb1", 20_000, 20_010) == b""  # past the end: clipped
+        assert await store.get("ns/t/data-0-9.dnb1", 5, 5) == b""
+        assert await store.list("ns/t/") == ["ns/t/data-0-9.dnb1", "ns/t/data-10-19.dnb1"]
+        assert await store.list("ns/t") == ["ns/t/data-0-9.dnb1", "ns/t/data-10-19.dnb1",
+                                            "ns/t2/data-0-0.dnb1"]
+        assert await store.list("ns/t/data-1") == ["ns/t/data-10-19.dnb1"]
+        assert await store.list("nothing/") == []
+        await store.put("ns/t/data-10-19.dnb1", b"replaced")
+        assert await store.get("ns/t/data-10-19.dnb1") == b"replaced"
+        await store.delete("ns/t/data-10-19.dnb1")
+        await store.delete("ns/t/data-10-19.dnb1")  # deleting a missing object is fine
+        with pytest.raises(ObjectNotFound):
+            await store.get("ns/t/data-10-19.dnb1")
+        with pytest.raises(ObjectNotFound):
+            await store.get("no/such/object", 0, 10)
+        assert await store.list("") == ["ns/t/data-0-9.dnb1", "ns/t2/data-0-0.dnb1"]
+        for bad in ("", "/abs", "a//b", "a/../b", "./a"):
+            with pytest.raises(ObjectStoreError, match="invalid object key"):
+                await store.put(bad, b"x")
+        await store.close()
+
+    run(main())
+
+
+def test_object_naming() -> None:
+    assert object_id(0, 29) == "data-0-29.dnb1"
+    key = object_key("default", "reliable_topic", object_id(30, 41))
+    assert key == "default/reliable_topic/data-30-41.dnb1"
+    with pytest.raises(ObjectStoreError):
+        object_key("..", "t", "x")
+
+
+def test_an_unreachable_store_is_retriable_unavailable(faulty_backend: Backend, run: Run) -> None:
+    async def main() -> None:
+        store = await faulty_backend.open()
+        await store.put("ns/t/a", b"kept")
+        faulty_backend.down()
+        for attempt in (store.put("ns/t/b", b"x"), store.get("ns/t/a"), store.list("ns/")):
+            with pytest.raises(ObjectStoreUnavailable) as info:
+                await attempt
+            assert info.value.retriable and info.value.grpc_code == "UNAVAILABLE"
+            assert info.value.__cause__ is not None  # the backend's own error, chained
+        faulty_backend.up()
+        assert await store.get("ns/t/a") == b"kept"
+        await store.put("ns/t/b", b"after")
+        assert await store.list("ns/") == ["ns/t/a", "ns/t/b"]
+        await store.close()
+
+    run(main())
+
+
+def test_a_missing_bucket_is_a_clear_non_retriable_error(moto_server: MotoServer, run: Run) -> None:
+    async def main() -> None:
+        store = await S3Store.open("no-such-bucket-here", endpoint_url=moto_server.endpoint, region=REGION,
+                                   **CREDENTIALS)
+        with pytest.raises(ObjectStoreError, match="NoSuchBucket") as info:
+            await store.put("a/b", b"x")
+        assert not info.value.retriable
+        await store.close()
+
+    run(main())
+
+
+def test_folder_writes_are_atomic_files(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        store = await FolderStore.open(tmp_path / "root")
+        await store.put("a/b/c.dnb1", b"payload")
+        assert (tmp_path / "root" / "a" / "b" / "c.dnb1").read_bytes() == b"payload"
+        assert os.listdir(tmp_path / "root" / "a" / "b") == ["c.dnb1"]  # no temporary file left behind
+        (tmp_path / "root" / "a" / "b" / ".c.dnb1.tmp-dead").write_bytes(b"torn")  # a crash's leftover
+        assert await store.list("a/") == ["a/b/c.dnb1"]
+
+    run(main())
+
+
+def test_open_object_store_parses_urls(tmp_path: Path, moto_server: MotoServer, run: Run) -> None:
+    async def main() -> None:
+        folder = await open_object_store(str(tmp_path / "plain"))
+        assert isinstance(folder, FolderStore) and folder.root == str(tmp_path / "plain")
+        url = await open_object_store(f"file://{tmp_path}/with%20space")
+        assert isinstance(url, FolderStore) and url.root == f"{tmp_path}/with space"
+        bucket = moto_server.create_bucket()
+        s3 = await open_object_store(f"s3://{bucket}/some/prefix/", endpoint_url=moto_server.endpoint,
+                                     region=REGION, **CREDENTIALS)
+        assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == (bucket, "some/prefix/")
+        await s3.put("k", b"v")
+        raw = await S3Store.open(bucket, endpoint_url=moto_server.endpoint, region=REGION, **CREDENTIALS)
+        assert await raw.list() == ["some/prefix/k"]  # the prefix is where the keys live in the bucket
+        await raw.close()
+        await s3.close()
+        for bad in ("s3:///nobucket", "gs://bucket/x", "file://host/x"):
+            with pytest.raises(ValueError):
+                await open_object_store(bad)
+        with pytest.raises(TypeError):
+            await open_object_store(str(tmp_path), endpoint_url="http://x")
+
+    run(main())
