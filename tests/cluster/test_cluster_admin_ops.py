@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cluster_support import (
+    WAIT,
     assign,
     cluster_view,
     lead,
@@ -114,6 +115,28 @@ def test_cluster_admin_view_reads_the_cluster(run: Any, store: Any) -> None:
                 await synced(view, s)
                 assert (view.owner("ns1", "a"), view.leader_id()) == (B, None)
                 assert [e.is_leader for e in view.brokers()] == [False, False, False]
+
+    run(scenario(), timeout=60)
+
+
+def test_cluster_admin_view_owner_index_follows_its_prefix(run: Any, store: Any) -> None:
+    """The cache's revision is the highest of its prefixes: a quiet /namespaces/ prefix can reach a revision
+    before /cluster/ applies a change made at it. The owner index must still see that change."""
+
+    async def scenario() -> None:
+        async with store() as s:
+            await namespace(s, "ns1")
+            async with cluster_view(s) as view:
+                assert view.owner("ns1", "a") is None
+                await view.cache._pause_watches()
+                revision = await s.put(keys.broker_topic(A, "ns1", "a"), b"null")
+                # The quiet prefix is found current at `revision` by a read; /cluster/ has not applied it.
+                await view.cache.wait_for_revision(revision, WAIT, key=keys.namespace_policy("ns1"))
+                assert view.cache.revision == revision and view.owner("ns1", "a") is None
+                view.cache._resume_watches()
+                await view.cache.wait_for_revision(revision, WAIT, key=keys.broker_topic(A, "ns1", "a"))
+                assert view.cache.get(keys.broker_topic(A, "ns1", "a")) is not None
+                assert view.owner("ns1", "a") == A
 
     run(scenario(), timeout=60)
 

@@ -9,9 +9,9 @@ Values that do not parse (a key of an unknown shape, a value that is not the see
 the listings and logged once per key and revision; single-key reads raise `BadValue` for them.
 
 Who owns a topic: the broker whose assignment key `/cluster/brokers/{id}/{ns}/{topic}` exists. Finding it
-for one topic needs every broker's assignments, so the owner index is built from one scan of
-`/cluster/brokers/` and reused until the cache's revision moves (admin calls are rare; a scan of 10k
-assignments takes a few tens of milliseconds).
+for one topic needs every broker's assignments (a dead broker's too), so the owner index is built from one
+scan of `/cluster/brokers/` and reused until something under that prefix changes (admin calls are rare;
+parsing 10k assignments takes a few tens of milliseconds, checking for a change a fraction of that).
 
 Owner: the event loop of the cache; the view holds no state of its own but that memo.
 """
@@ -59,7 +59,7 @@ class ClusterView:
     def __init__(self, cache: LocalCache) -> None:
         self._cache = cache
         self._owners: dict[tuple[str, str], int] = {}
-        self._owners_revision = -1
+        self._owners_fingerprint = (-1, -1)
         self._reported: set[tuple[str, int]] = set()  # (key, mod_revision) of bad values already logged
 
     @property
@@ -141,14 +141,17 @@ class ClusterView:
         return dict(self._owner_index())
 
     def _owner_index(self) -> dict[tuple[str, str], int]:
-        revision = self._cache.revision
-        if revision != self._owners_revision:
+        kvs = self._cache.get_prefix(keys.brokers_prefix())
+        # Any change under the prefix changes this: a put raises the newest mod revision, a delete alone
+        # lowers the count. (The cache's revision would not do: it is the highest of all its prefixes.)
+        fingerprint = (len(kvs), max((kv.mod_revision for kv in kvs), default=0))
+        if fingerprint != self._owners_fingerprint:
             owners: dict[tuple[str, str], int] = {}
-            for kv in self._cache.get_prefix(keys.brokers_prefix()):
+            for kv in kvs:
                 with contextlib.suppress(InvalidKey):
                     broker_id, namespace, topic = keys.parse_broker_topic(kv.key)
                     owners[(namespace, topic)] = broker_id
-            self._owners, self._owners_revision = owners, revision
+            self._owners, self._owners_fingerprint = owners, fingerprint
         return self._owners
 
     def assignment(self, broker_id: int, namespace: str, topic: str) -> KeyValue | None:
