@@ -2,8 +2,9 @@
 
 Owner: one aiobotocore client (one connection pool) per store, opened by `S3Store.open` and kept until
 `close`; every call runs on the event loop that opened it. botocore's own retries are kept to a minimum
-(`max_attempts`, default 2 tries per request): the uploader retries with its own capped backoff and the tiered reader surfaces a
-retriable error, so an outage is reported in seconds instead of being hidden behind a long retry chain.
+(`max_attempts`, default 2 tries per request): the uploader retries with its own capped backoff and the
+tiered reader surfaces a retriable error, so an outage is reported in seconds instead of being hidden behind
+a long retry chain.
 
 Error mapping: connection refused/reset, timeouts, 5xx and throttling -> ObjectStoreUnavailable (retriable);
 NoSuchKey -> ObjectNotFound; anything else the service refuses (AccessDenied, NoSuchBucket, ...) ->
