@@ -27,6 +27,7 @@ from danube_fast.broker.services.discovery import DiscoveryService, HealthServic
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
+from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topics import Topics, new_id
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
@@ -108,9 +109,13 @@ class Broker:
             store = await open_store(config.cluster.metadata_store, timeout=10.0)
         else:
             store = await EmbeddedStore.open(config.metadata_path)
+        tier = None
         try:
-            topics = await Topics.open(config, store, broker_id)
+            tier = await Tier.open(config, store, broker_id)
+            topics = await Topics.open(config, store, broker_id, tier)
         except BaseException:
+            if tier is not None:
+                await tier.close()
             await store.close()
             raise
         broker = cls(config, store, topics)
@@ -204,6 +209,8 @@ class Broker:
             if self.cluster is not None:
                 await self.cluster.close()
             await self.topics.close()
+            if self.topics.tier is not None:
+                await self.topics.tier.close()
         finally:
             await self.store.close()
 

@@ -22,6 +22,8 @@ from danube_fast.storage.wal import Wal
 if TYPE_CHECKING:
     from danube_fast.broker.cluster.guard import TopicGuard
     from danube_fast.schema.topic_schema import SchemaGate
+    from danube_fast.storage.tiered import ReadableLog
+    from danube_fast.storage.uploader import Uploader
 
 
 @dataclass
@@ -38,6 +40,9 @@ class Topic:
         self.delivery = delivery
         self.policy = policy
         self.wal = wal
+        # What dispatchers read: the WAL, or (with an object tier) objects -> WAL -> live tail.
+        self.log: ReadableLog | None = wal
+        self.uploader: Uploader | None = None
         self.producers: dict[str, ProducerEntry] = {}  # by producer name
         self.subscriptions: dict[str, Subscription] = {}
         self.messages_in = 0

@@ -62,6 +62,7 @@ from danube_fast.storage.wal import Wal
 
 if TYPE_CHECKING:
     from danube_fast.broker.cluster.placement import Placement
+    from danube_fast.broker.tiering import Tier
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -99,9 +100,11 @@ class Topics:
         self.moved_topics: dict[str, float] = {}
         self.moved_producers: dict[int, float] = {}
         self.placement: Placement | None = None
+        self.tier: Tier | None = None
 
     @classmethod
-    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Topics:
+    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None
+                   ) -> Topics:
         """Standalone mode loads every topic of the store here; in cluster mode the placement loads the
         topics assigned to this broker once it is a member."""
         for ns in BOOTSTRAP_NAMESPACES:
@@ -109,6 +112,7 @@ class Topics:
                                     [Put(keys.namespace_policy(ns), config.policy.to_json())], [])
         cache = await LocalCache.start(store, [keys.namespaces_prefix()])
         self = cls(config, store, cache, broker_id)
+        self.tier = tier
         try:
             if not config.clustered:
                 await self._load()
@@ -131,8 +135,7 @@ class Topics:
                     await sub.dispatcher.close()
                 except Exception as e:  # keep closing the others; the WAL still holds the data
                     log.error("closing subscription %s on %s: %s", sub.name, topic.full, e)
-            if topic.wal is not None:
-                await topic.wal.close()
+            await self._close_storage(topic)
         await self._cache.close()
 
     # -- loading -------------------------------------------------------------------------------------
@@ -144,7 +147,9 @@ class Topics:
             with contextlib.suppress(ValueError):
                 found.add(keys.parse_topic_root(kv.key))
         for (ns, short) in sorted(found):
-            await self.load_topic(TopicName(ns, short))
+            topic = await self.load_topic(TopicName(ns, short))
+            if topic is not None and topic.wal is not None and self.tier is not None:
+                await self.tier.attach(topic, None)
 
     async def load_topic(self, name: TopicName, guard: TopicGuard | None = None,
                          initial_offset: int = 0) -> Topic | None:
@@ -194,6 +199,8 @@ class Topics:
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
         topic = Topic(name, delivery, self._policy(name), wal)
+        if wal is not None and self.tier is not None:
+            topic.log = await self.tier.log_for(name, wal)
         topic.guard = guard
         if guard is not None and wal is not None:
             guard.next = wal.committed_offset
@@ -228,8 +235,7 @@ class Topics:
             if seal is not None:
                 await seal(topic)
         finally:
-            if topic.wal is not None:
-                await topic.wal.close()
+            await self._close_storage(topic)
         if seal is not None and topic.wal is not None:
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
         log.info("unloaded %s (%s)", topic.full, "sealed" if seal is not None else "ownership lost")
@@ -321,6 +327,8 @@ class Topics:
                                   "correct broker")
             return topic
         topic = await self._open_topic(name, delivery)
+        if topic.wal is not None and self.tier is not None:
+            await self.tier.attach(topic, None)
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
 
@@ -351,10 +359,18 @@ class Topics:
                 self._remove_consumer(c)
             await sub.dispatcher.close(save=False)
         topic.subscriptions.clear()
+        await self._close_storage(topic)
         if topic.wal is not None:
-            await topic.wal.close()
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
         log.info("deleted topic %s", topic.full)
+
+    async def _close_storage(self, topic: Topic) -> None:
+        """The uploader stops (an upload in progress is abandoned; its data stays in the WAL), then the WAL
+        is fsynced and closed."""
+        if self.tier is not None:
+            await self.tier.detach(topic)
+        if topic.wal is not None:
+            await topic.wal.close()
 
     async def unsubscribe(self, topic: Topic, name: str) -> None:
         sub = topic.subscriptions.get(name)
@@ -531,19 +547,19 @@ class Topics:
         return save_cursor
 
     def _reliable(self, topic: Topic, sub: Subscription, start: int) -> ReliableDispatcher:
-        assert topic.wal is not None
+        assert topic.log is not None
 
         async def dead_letter(msg: pb.StreamMessage) -> None:
             await self._dead_letter(topic, msg)
 
-        return ReliableDispatcher(sub, topic.wal, self._config.dispatch, max(start, topic.wal.start_offset),
+        return ReliableDispatcher(sub, topic.log, self._config.dispatch, max(start, topic.log.start_offset),
                                   self._cursor_saver(topic, sub.name), dead_letter,
                                   topic.policy.max_subscription_dispatch_rate)
 
     async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
         """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
         per-message subscription is taken over (same cursor) when none of its consumers is active."""
-        if topic.wal is None:
+        if topic.log is None:
             raise precondition(f"topic {topic.full} is NonReliable: the fast API consumes Reliable topics")
         if not name or not consumer_name:
             raise invalid("Subscribe.subscription and Subscribe.consumer_name must not be empty")
@@ -563,8 +579,8 @@ class Topics:
         for c in list(sub.consumers):
             self._remove_consumer(c)
         await current.close()
-        start = max(current.cursor + 1, topic.wal.start_offset)
-        batches = BatchDispatcher(sub, topic.wal, self._config.dispatch, start,
+        start = max(current.cursor + 1, topic.log.start_offset)
+        batches = BatchDispatcher(sub, topic.log, self._config.dispatch, start,
                                   self._cursor_saver(topic, name))
         sub.dispatcher = batches
         return batches

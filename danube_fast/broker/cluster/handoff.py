@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from danube_fast.meta import keys
-from danube_fast.meta.resources import ObjectDescriptor, SealedState
+from danube_fast.meta.resources import JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
 
 Gap = tuple[int, int, int]  # first, last offset, the broker whose WAL holds them
@@ -65,13 +65,15 @@ def open_gaps(gaps: Sequence[Gap], found: Sequence[ObjectDescriptor]) -> list[Ga
     return still
 
 
-def _gaps(state: SealedState | None) -> list[Gap]:
+def state_gaps(state: SealedState | None) -> list[Gap]:
     raw = state.extra.get("gaps", []) if state is not None else []
     out: list[Gap] = []
     if isinstance(raw, list):
         for g in raw:
-            if isinstance(g, list) and len(g) == 3 and all(isinstance(x, int) for x in g):
-                out.append((g[0], g[1], g[2]))
+            if isinstance(g, list) and len(g) == 3:
+                first, last, broker = g
+                if isinstance(first, int) and isinstance(last, int) and isinstance(broker, int):
+                    out.append((first, last, broker))
     return out
 
 
@@ -97,7 +99,7 @@ async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id
     found = await descriptors(store, namespace, topic)
     uploaded = uploaded_through(found)
     top = max((d.end_offset for d in found), default=-1)
-    gaps = open_gaps(_gaps(state), found)
+    gaps = open_gaps(state_gaps(state), found)
     if state is None:  # a topic never moved (or from standalone): the local WAL, if any, is the log
         return LoadPoint(top + 1, True, uploaded, tuple(gaps))
     if not state.sealed and state.broker_id == broker_id:  # our own reservation: we restarted
@@ -114,7 +116,7 @@ def state_ops(namespace: str, topic: str, broker_id: int, *, sealed: bool, last:
     key = keys.sealed_state(namespace, topic)
     if last < 0:  # nothing was ever committed: a new owner starts at 0 without being told
         return [Delete(key)] if sealed else []
-    extra = {"gaps": [list(g) for g in gaps]} if gaps else {}
+    extra: JSONObject = {"gaps": [[first, last, broker] for first, last, broker in gaps]} if gaps else {}
     value = SealedState(sealed, last, broker_id, int(time.time()), extra=extra)
     return [Put(key, value.to_json())]
 

@@ -69,11 +69,11 @@ def snapshot(cache: LocalCache) -> Snapshot:
             live.add(keys.parse_broker_register(kv.key))
     active = []
     for b in sorted(live):
-        kv = cache.get(keys.broker_state(b))
+        state = cache.get(keys.broker_state(b))
         mode = BrokerMode.ACTIVE
-        if kv is not None:
+        if state is not None:
             with contextlib.suppress(ValueError):
-                mode = BrokerState.from_json(kv.value, key=kv.key).mode
+                mode = BrokerState.from_json(state.value, key=state.key).mode
         if mode == BrokerMode.ACTIVE:
             active.append(b)
     owners: dict[tuple[str, str], int] = {}

@@ -47,6 +47,10 @@ class ClusterNode:
         if not self.config.clustered:
             return
         self.placement = Placement(self.config, self.store, self.cache, self.topics, self.membership)
+        tier = self.topics.tier
+        if tier is not None:
+            self.placement.attach, self.placement.drain, self.placement.recover = \
+                tier.attach, tier.drain, tier.recover
         self.topics.placement = self.placement
         self.load_manager = LoadManager(self.store, self.cache, self.membership.election, self.config.cluster)
         await self.placement.start()

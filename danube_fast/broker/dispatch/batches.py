@@ -22,7 +22,7 @@ from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.errors import OffsetOutOfRange
-from danube_fast.storage.wal import Wal
+from danube_fast.storage.tiered import ReadableLog
 
 if TYPE_CHECKING:
     from danube_fast.broker.subscription import Subscription
@@ -31,7 +31,7 @@ READ_BYTES = 1024 * 1024
 
 
 class BatchDispatcher:
-    def __init__(self, subscription: Subscription, wal: Wal, config: DispatchConfig, start: int,
+    def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]]) -> None:
         self._sub = subscription
         self._wal = wal

@@ -37,7 +37,7 @@ from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
-from danube_fast.storage.wal import Wal
+from danube_fast.storage.tiered import ReadableLog
 
 if TYPE_CHECKING:
     from danube_fast.broker.subscription import Subscription
@@ -58,7 +58,7 @@ class _Pending:
 
 
 class ReliableDispatcher:
-    def __init__(self, subscription: Subscription, wal: Wal, config: DispatchConfig, start: int,
+    def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]],
                  dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0) -> None:
         self._sub = subscription
