@@ -43,9 +43,12 @@ class FakeRebalancer:
 
     moves: list[Move]
     calls: list[tuple[bool, int | None]] = field(default_factory=list)
+    fail: Exception | None = None
 
     async def rebalance(self, *, dry_run: bool, max_moves: int | None) -> list[Move]:
         self.calls.append((dry_run, max_moves))
+        if self.fail is not None:
+            raise self.fail
         return self.moves if max_moves is None else self.moves[:max_moves]
 
 

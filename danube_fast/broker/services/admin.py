@@ -30,7 +30,7 @@ def namespace_name(name: str) -> str:
     return name
 
 
-def _delivery(value: int) -> DeliveryMode:
+def delivery_mode(value: int) -> DeliveryMode:
     return DeliveryMode.RELIABLE if value == 1 else DeliveryMode.NON_RELIABLE
 
 
@@ -82,7 +82,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
     async def _create(self, name: TopicName, dispatch_strategy: int, subject: str | None) -> None:
         """One topic, with its schema subject if given; NOT_FOUND with the cause for any failure."""
         try:
-            topic = await self._topics.create_topic(name, _delivery(dispatch_strategy))
+            topic = await self._topics.create_topic(name, delivery_mode(dispatch_strategy))
             if subject is not None:
                 await self._schemas.assign_subject(topic, subject)
         except DanubeError as e:

@@ -24,12 +24,14 @@ from danube_fast.broker.cluster.moves import Rebalancer
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.errors import invalid, not_found, precondition, unavailable
 from danube_fast.broker.names import TopicName, parse_topic
-from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin, namespace_name
+from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin, delivery_mode, namespace_name
 from danube_fast.broker.services.forward import Forwarder, M, WireMessage, is_forwarded
 from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
+from danube_fast.meta.election import NotLeader
 from danube_fast.meta.keys import U64_MAX
 from danube_fast.meta.resources import BrokerMode, BrokerState, DeliveryMode, TopicSchemaConfig
 from danube_fast.meta.store import MetadataStore
@@ -76,7 +78,8 @@ class BrokerAdmin(pb_grpc.BrokerAdminServicer):
         self._store = store
         self._broker_id = broker_id
         self._forwarder = forwarder
-        self._rebalancer = rebalancer
+        # The leader's load manager; set once it exists (the servicer is built before the broker joins).
+        self.rebalancer = rebalancer
         self._strategy = assignment_strategy
 
     @unary
@@ -139,10 +142,13 @@ class BrokerAdmin(pb_grpc.BrokerAdminServicer):
                                   f"(broker {leader} is)")
             return await _forward(self._forwarder, self._view, leader, "the leader", "BrokerAdmin",
                                   "TriggerRebalance", request, pb.RebalanceResponse, context)
-        if self._rebalancer is None:
+        if self.rebalancer is None:
             raise precondition("TriggerRebalance: rebalancing is not configured on this broker")
         max_moves = request.max_moves if request.HasField("max_moves") else None
-        moves = await self._rebalancer.rebalance(dry_run=request.dry_run, max_moves=max_moves)
+        try:
+            moves = await self.rebalancer.rebalance(dry_run=request.dry_run, max_moves=max_moves)
+        except NotLeader as e:  # the view named this broker a moment ago
+            raise unavailable(f"TriggerRebalance: the leadership moved; try again ({e})") from e
         return pb.RebalanceResponse(
             success=True, moves_executed=0 if request.dry_run else len(moves),
             proposed_moves=[pb.ProposedMove(topic_name=m.topic, from_broker=m.from_broker,
@@ -186,7 +192,7 @@ class _StoredTopic:
 class ClusterTopicAdmin(TopicAdmin):
     """TopicAdmin over the topics of every broker: listings and owners from the ClusterView, details from the
     store, DeleteTopic / Unsubscribe / ListSubscriptions by the owner. CreateTopic and
-    CreatePartitionedTopic are TopicAdmin's: the topic is created through this broker's Topics."""
+    CreatePartitionedTopic are TopicAdmin's, through this broker's Topics, wherever the topic is placed."""
 
     def __init__(self, topics: Topics, schemas: TopicSchemas, view: ClusterView, store: MetadataStore,
                  forwarder: Forwarder) -> None:
@@ -195,6 +201,26 @@ class ClusterTopicAdmin(TopicAdmin):
         self._store = store
         self._forwarder = forwarder
         self._me = topics.broker_id
+
+    async def _create(self, name: TopicName, dispatch_strategy: int, subject: str | None) -> None:
+        """In a cluster the load manager may place a new topic on another broker, or not yet: the topic is
+        created all the same (Topics answers UNAVAILABLE, for a producer to look it up again), and its
+        schema subject goes to its metadata. A topic that already exists anywhere is refused."""
+        if await self._store.get(keys.topic_root(name.namespace, name.topic)) is not None:
+            raise not_found(f"Unable to create the topic {name} due to: it already exists")
+        placed: Topic | _StoredTopic
+        try:
+            placed = await self._topics.create_topic(name, delivery_mode(dispatch_strategy))
+        except DanubeError as e:
+            created = await self._store.get(keys.topic_root(name.namespace, name.topic)) is not None
+            if e.grpc_code != "UNAVAILABLE" or not created:
+                raise not_found(f"Unable to create the topic {name} due to: {e}") from e
+            placed = _StoredTopic(name, None)
+        if subject is not None:
+            try:
+                await self._schemas.assign_subject(placed, subject)
+            except DanubeError as e:
+                raise not_found(f"Unable to create the topic {name} due to: {e}") from e
 
     def _owner(self, name: TopicName) -> int | None:
         return self._view.owner(name.namespace, name.topic)
