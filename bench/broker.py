@@ -36,7 +36,6 @@ import itertools
 import math
 import os
 import shutil
-import socket
 import struct
 import sys
 import tempfile
@@ -53,7 +52,16 @@ from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from bench import bare_server
 from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress
-from bench.process import ServerProcess
+from bench.process import (
+    BROKER_READY,
+    CLOCK_TICKS,
+    REPO,
+    ServerProcess,
+    broker_argv,
+    free_port,
+    process_cpu,
+    repo_env,
+)
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
@@ -62,7 +70,6 @@ PAYLOAD_BYTES = bare_server.PAYLOAD_BYTES
 TARGET = Target(">= 80% of baseline", ">=", 0.8, of="ratio")
 OTHERS_WARNING = 0.3  # cores used by other processes during a timed section that earn a warning
 DELIVERY_TIMEOUT = 30.0  # seconds after the last send for the last message to be received and acked
-REPO = Path(__file__).resolve().parent.parent
 RUNS_NOTE = "every run starts a fresh broker; ratios are the median of the per-run broker / bare ratios"
 STAMP = struct.Struct("<qq")  # consume payloads start with (perf_counter_ns at send, sequence number)
 
@@ -102,16 +109,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 # -- CPU accounting -------------------------------------------------------------------------------------
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process `pid`, all its threads (Linux /proc; clock-tick resolution)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces and parentheses
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
 
 def own_cpu() -> float:
     t = os.times()
@@ -163,21 +160,12 @@ def make_sample(count: int, elapsed: float, latencies_s: list[float] | None, usa
 # -- server processes -----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Server(ServerProcess):
     """A gRPC server subprocess (broker or bare server) listening on `target` (host:port), started from the
     repository; the constructor returns once it logged `ready_text`."""
 
     def __init__(self, name: str, argv: list[str], target: str, log_path: Path, ready_text: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        super().__init__(name, argv, log_path, cwd=REPO, env=env)
+        super().__init__(name, argv, log_path, cwd=REPO, env=repo_env())
         self.target = target
         self.url = f"http://{target}"
         try:
@@ -190,10 +178,8 @@ class Server(ServerProcess):
 def start_broker(data_dir: Path, log_path: Path) -> Server:
     """A standalone broker with its data (metadata store, WALs) in `data_dir`."""
     port, admin, metrics = free_port(), free_port(), free_port()
-    argv = [sys.executable, "-m", "danube_fast.cli.main", "broker", "--mode", "standalone",
-            "--data-dir", str(data_dir), "--broker-addr", f"127.0.0.1:{port}",
-            "--admin-addr", f"127.0.0.1:{admin}", "--prom-exporter", f"127.0.0.1:{metrics}"]
-    return Server("broker", argv, f"127.0.0.1:{port}", log_path, "broker ready")
+    argv = broker_argv(data_dir, port, admin, f"127.0.0.1:{metrics}")
+    return Server("broker", argv, f"127.0.0.1:{port}", log_path, BROKER_READY)
 
 
 def start_bare_server(log_path: Path) -> Server:

@@ -6,13 +6,15 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TextIO
 
 MIB = 1024 * 1024
@@ -120,6 +122,51 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+class ProgressBar:
+    """A one-line progress bar on stderr, for humans (tqdm's look without the dependency): `step(label)`
+    before each step, `advance()` after it, `write(message)` for a line above the bar. Redrawn in place on
+    a terminal; elsewhere (a log file) one line per step."""
+
+    WIDTH = 24
+
+    def __init__(self, total: int, out: TextIO = sys.stderr) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.label = ""
+        self.out = out
+        self.tty = out.isatty()
+        self.started = time.monotonic()
+
+    def step(self, label: str) -> None:
+        self.label = label
+        self._draw(newline=not self.tty)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.tty:
+            self._draw()
+
+    def write(self, message: str) -> None:
+        self.out.write(("\r\x1b[K" if self.tty else "") + message + "\n")
+        if self.tty:
+            self._draw()
+
+    def close(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+    def _draw(self, newline: bool = False) -> None:
+        filled = self.WIDTH * self.done // self.total
+        elapsed = time.monotonic() - self.started
+        eta = f", ~{elapsed / self.done * (self.total - self.done):.0f} s left" if self.done else ""
+        line = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} "
+                f"{elapsed:.0f} s{eta}  {self.label}")
+        self.out.write(line + "\n" if newline else "\r" + line[:shutil.get_terminal_size().columns - 1]
+                       + "\x1b[K")
+        self.out.flush()
+
+
 # -- machine facts --------------------------------------------------------------------------------------
 
 
@@ -161,6 +208,37 @@ def _file_system(directory: str) -> str:
     if len(fields) >= 7:
         return f"{fields[1]} on {fields[0]} mounted at {fields[6]}"
     return f"{_command(['stat', '-f', '-c', '%T', directory]) or 'unknown'} (stat -f)"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def disk_description(directory: str) -> str:
+    """The block device under `directory`, from sysfs: e.g. `vda (virtio), 256 GiB, write cache write back,
+    scheduler mq-deadline, rotational 1`. A VM's disk reports what the hypervisor says."""
+    df = _command(["df", "-P", directory])
+    device = df.splitlines()[-1].split()[0] if df else ""
+    block = Path("/sys/class/block") / os.path.basename(device)
+    if not device.startswith("/dev/") or not block.exists():
+        return f"{device or 'unknown'} (no sysfs entry)"
+    if (block / "partition").exists():
+        block = block.resolve().parent  # the whole disk the partition is on
+    name = block.name
+    bus = (_read(block / "device" / "modalias") or "").partition(":")[0]
+    model = _read(block / "device" / "model")
+    sectors = _read(block / "size")
+    queue = block / "queue"
+    scheduler = (_read(queue / "scheduler") or "").partition("[")[2].partition("]")[0]
+    parts = [f"{name} ({', '.join(p for p in (bus, model) if p) or 'unknown bus'})"]
+    if sectors and sectors.isdigit():
+        parts.append(f"{int(sectors) * 512 / GIB:.0f} GiB")
+    parts += [f"write cache {_read(queue / 'write_cache') or '?'}", f"scheduler {scheduler or '?'}",
+              f"rotational {_read(queue / 'rotational') or '?'}"]
+    return ", ".join(parts)
 
 
 def _git_commit() -> str | None:
@@ -243,13 +321,27 @@ def table_rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
              str(r.runs), "" if r.target is None else r.target.text, met_text(r.met)) for r in results]
 
 
-def print_table(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
-    rows = [TABLE_COLUMNS, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
-    numeric = {1, 3, 4, 5}
-    for n, row in enumerate(rows):
+def text_table(columns: Sequence[str], rows: Sequence[Sequence[str]], numeric: Collection[int]) -> list[str]:
+    """Aligned plain-text lines: a header, a rule, the rows; columns in `numeric` right-aligned."""
+    table = [tuple(columns), *(tuple(row) for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    lines = []
+    for n, row in enumerate(table):
         cells = [c.rjust(w) if i in numeric and n else c.ljust(w)
                  for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        print("  ".join(cells).rstrip(), file=out)
+        lines.append("  ".join(cells).rstrip())
         if n == 0:
-            print("  ".join("-" * w for w in widths), file=out)
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], numeric: Collection[int]
+                   ) -> list[str]:
+    """A GitHub markdown table; columns in `numeric` right-aligned."""
+    align = ["---:" if i in numeric else ":---" for i in range(len(columns))]
+    return ["| " + " | ".join(row) + " |" for row in (columns, align, *rows)]
+
+
+def print_table(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    for line in text_table(TABLE_COLUMNS, table_rows(results), {1, 3, 4, 5}):
+        print(line, file=out)

@@ -1,9 +1,13 @@
 """A server subprocess for the benchmarks (the broker, the bare server, NATS, Redis): output to a log file,
-ready once a given line shows up there, stopped with SIGTERM then SIGKILL."""
+ready once a given line shows up there, stopped with SIGTERM then SIGKILL. Also what every suite needs
+around one: a free loopback port, the process's CPU time, and our broker's command line."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +18,39 @@ from bench.common import progress
 READY_TIMEOUT = 30.0  # seconds a server gets to log its ready line
 STOP_TIMEOUT = 15.0
 LOG_TAIL_CHARS = 4000
+REPO = Path(__file__).resolve().parent.parent
+BROKER_READY = "broker ready"  # the line `danube-fast broker` logs once every listener is bound
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, every thread (Linux /proc; clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def broker_argv(data_dir: Path, port: int, admin_port: int, prom_exporter: str = "") -> list[str]:
+    """`danube-fast broker` in standalone mode (embedded metadata store, WALs under `data_dir`) on
+    127.0.0.1:`port`, run by this interpreter; `prom_exporter` '' turns the metrics endpoint off."""
+    return [sys.executable, "-m", "danube_fast.cli.main", "broker", "--mode", "standalone",
+            "--data-dir", str(data_dir), "--broker-addr", f"127.0.0.1:{port}",
+            "--admin-addr", f"127.0.0.1:{admin_port}", "--prom-exporter", prom_exporter]
+
+
+def repo_env() -> dict[str, str]:
+    """This environment with the repository first on PYTHONPATH: a server started from anywhere runs this
+    checkout's code."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 class ServerProcess:

@@ -20,21 +20,28 @@ rerun the command. What the figures mean and how to get stable ones: [README.md]
 RUNS_NOTE = "CPU figures: --runs; disk figures: more, shorter bracketed pairs"
 
 
-def render_section(title: str, results: Sequence[Result], info: dict[str, object], command: str, date: str,
-                   runs: int, quick: bool, runs_note: str = RUNS_NOTE) -> str:
-    """The section's markdown, from its `## ` heading to the table's last line."""
+QUICK_LINE = "- **Quick run** (`--quick`): smaller sizes and shorter timings; not comparable with full runs."
+
+
+def head_lines(title: str, info: dict[str, object], command: str, date: str, runs_text: str,
+               quick: bool) -> list[str]:
+    """A section's heading and its list of what was measured where, when and how."""
     lines = [
         f"## {title}",
         "",
         f"- Machine: {describe_machine(info)}",
         f"- Date: {date}",
         f"- Command: `{command}`",
-        f"- Runs: medians over the `runs` column of the table ({runs_note}); load average at start "
-        f"{info.get('load_average_1m')}",
+        f"- Runs: {runs_text}; load average at start {info.get('load_average_1m')}",
     ]
-    if quick:
-        lines.append("- **Quick run** (`--quick`): smaller sizes and shorter timings; not comparable "
-                     "with full runs.")
+    return [*lines, QUICK_LINE] if quick else lines
+
+
+def render_section(title: str, results: Sequence[Result], info: dict[str, object], command: str, date: str,
+                   runs: int, quick: bool, runs_note: str = RUNS_NOTE) -> str:
+    """The section's markdown, from its `## ` heading to the table's last line."""
+    lines = head_lines(title, info, command, date,
+                       f"medians over the `runs` column of the table ({runs_note})", quick)
     lines += ["", "| " + " | ".join(TABLE_COLUMNS) + " |",
               "|:---|---:|:---|---:|---:|---:|:---|:---:|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
