@@ -50,6 +50,11 @@ DURABILITY_TEXT = ("JetStream file storage, 1 server: acked once written to the 
                    "fsync every 2 min (the 2.9 default; 2.9 cannot fsync before the ack)")
 
 
+def batching_text(workload: Workload) -> str:
+    return (f"publish_async per record, up to {workload.window:,} unacknowledged per producer; ack latency "
+            "per record")
+
+
 def credit(workload: Workload) -> int:
     """Records a consumer may hold unacknowledged (the server's max_ack_pending)."""
     return max(workload.window, 4 * workload.batch)

@@ -55,6 +55,12 @@ def durability_text(appendfsync: AppendFsync) -> str:
     return "appendonly yes, appendfsync everysec: AOF written before the replies, fsync once a second"
 
 
+def batching_text(workload: Workload) -> str:
+    return (f"XADD pipelines of up to {workload.batch:,} records (at a fixed rate: the records due), up to "
+            f"{max(1, workload.window // workload.batch)} in flight per producer; ack latency per pipeline, "
+            "counted per record")
+
+
 def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """The entries of an XREAD / XREADGROUP reply on one stream ([] when nothing was read)."""
     if not reply:

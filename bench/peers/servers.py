@@ -1,5 +1,6 @@
-"""The peer servers as subprocesses: NATS with JetStream (file storage) and Redis (append-only file), each on
-a free loopback port with its data in a scratch directory, stopped when the `with` block ends, error or not.
+"""The servers as subprocesses: NATS with JetStream (file storage), Redis (append-only file) and our broker
+(standalone, for `python -m bench e2e`), each on a free loopback port with its data in a scratch directory,
+stopped when the `with` block ends, error or not.
 
 The servers are children of this process and get SIGKILL from the kernel if it dies without cleaning up
 (PR_SET_PDEATHSIG), so an interrupted benchmark leaves no server behind.
@@ -15,16 +16,16 @@ Durability, as each is configured here (the labels name it in every figure):
   1,000 XADDs costs one fsync). With `everysec` a background thread fsyncs once a second; the ack follows
   the write to the page cache. RDB snapshots are off (`save ""`), and so is the automatic AOF rewrite: a
   fork and a rewrite of the whole AOF in the middle of a timed section would measure the rewrite.
+- Ours (`danube-fast broker`, standalone): a Reliable topic's batch is appended to the WAL and fdatasync'd
+  before its ack (a group commit of the batches queued meanwhile). Label `reliable_fsync`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,19 +33,12 @@ from pathlib import Path
 from typing import Literal
 
 from bench.peers.install import find_binary
-from bench.process import ServerProcess
+from bench.process import BROKER_READY, ServerProcess, broker_argv, free_port, repo_env
 
 READY_TIMEOUT = 20.0  # seconds a server gets to log its ready line
 PR_SET_PDEATHSIG = 1
 
 AppendFsync = Literal["always", "everysec"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:
@@ -71,8 +65,8 @@ class Server(ServerProcess):
     """A running peer server: its process, address and log."""
 
     def __init__(self, name: str, argv: list[str], port: int, data_dir: Path,
-                 clean_exits: tuple[int, ...] = (0,)) -> None:
-        super().__init__(name, argv, data_dir / "server.log", cwd=data_dir, clean_exits=clean_exits,
+                 clean_exits: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> None:
+        super().__init__(name, argv, data_dir / "server.log", cwd=data_dir, env=env, clean_exits=clean_exits,
                          preexec_fn=_die_with_parent)
         self.host = "127.0.0.1"
         self.port = port
@@ -80,9 +74,9 @@ class Server(ServerProcess):
 
 @contextmanager
 def _running(name: str, argv: list[str], port: int, data_dir: Path, ready_text: str,
-             clean_exits: tuple[int, ...] = (0,)) -> Iterator[Server]:
+             clean_exits: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Iterator[Server]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(name, argv, port, data_dir, clean_exits)
+    server = Server(name, argv, port, data_dir, clean_exits, env)
     try:
         server.wait_ready(ready_text, READY_TIMEOUT)
         yield server
@@ -117,11 +111,13 @@ def redis_server(data_dir: Path, appendfsync: AppendFsync) -> Iterator[Server]:
         yield server
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process `pid`, every thread (/proc; clock-tick resolution)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces and parentheses
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+@contextmanager
+def danube_broker(data_dir: Path) -> Iterator[Server]:
+    """Our broker, standalone, its metadata store and WALs in `data_dir` (which is emptied first), without
+    the metrics endpoint."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    port = free_port()
+    argv = broker_argv(data_dir / "data", port, free_port())
+    with _running("danube-fast broker", argv, port, data_dir, BROKER_READY, env=repo_env()) as server:
+        yield server

@@ -42,6 +42,13 @@ class Config:
     durability_text: str
     server: Callable[[Path], AbstractContextManager[servers.Server]]
     run: Callable[[servers.Server, Workload], list[Measurement]]
+    batching: Callable[[Workload], str]  # how the client batches (or not) and what an ack latency covers
+    binary: str | None  # the server's executable, None for our broker (run by this interpreter)
+
+    @property
+    def label(self) -> str:
+        """e.g. `redis_aof_always`: the peer and its durability, as figure names start."""
+        return f"{self.peer}_{self.durability}"
 
 
 def _redis(appendfsync: servers.AppendFsync) -> Config:
@@ -49,12 +56,13 @@ def _redis(appendfsync: servers.AppendFsync) -> Config:
         return servers.redis_server(data_dir, appendfsync)
 
     return Config(f"redis_{appendfsync}", redis_peer.PEER, redis_peer.durability(appendfsync),
-                  redis_peer.durability_text(appendfsync), server, redis_peer.run)
+                  redis_peer.durability_text(appendfsync), server, redis_peer.run, redis_peer.batching_text,
+                  "redis-server")
 
 
 CONFIGS = (
     Config("nats", nats_peer.PEER, nats_peer.DURABILITY, nats_peer.DURABILITY_TEXT, servers.nats_server,
-           nats_peer.run),
+           nats_peer.run, nats_peer.batching_text, "nats-server"),
     _redis("always"),
     _redis("everysec"),
 )
@@ -70,7 +78,7 @@ def versions() -> str:
 
 def durability_lines(configs: tuple[Config, ...] = CONFIGS) -> Iterator[str]:
     for c in configs:
-        yield f"{c.peer}_{c.durability}: {c.durability_text}"
+        yield f"{c.label}: {c.durability_text}"
 
 
 def _summary(config: Config, run: int, runs: int, phases: list[Measurement]) -> str:
@@ -81,26 +89,45 @@ def _summary(config: Config, run: int, runs: int, phases: list[Measurement]) -> 
         if latency is not None:
             text += f" (p99 {fmt(latency.p99)} ms)"
         parts.append(text)
-    return f"{config.peer}_{config.durability} run {run}/{runs}: " + ", ".join(parts)
+    return f"{config.label} run {run}/{runs}: " + ", ".join(parts)
 
 
-def run_peers(workloads: list[Workload], options: Options, configs: tuple[Config, ...] = CONFIGS
-              ) -> list[Result]:
+Measured = dict[tuple[int, int], list[list[Measurement]]]  # (workload, config) indices -> phases per run
+Step = Callable[[int, Workload, Config], None]  # run (from 1), workload, configuration
+
+
+def measure(workloads: list[Workload], options: Options, configs: tuple[Config, ...],
+            starting: Step | None = None,
+            finished: Callable[[int, Config, list[Measurement]], None] | None = None) -> Measured:
     """Every workload against every configuration, `options.runs` times, each run on a fresh server in a
-    scratch directory under `options.parent_dir` (removed at the end); figures are medians over the runs.
-    A workload's durability label is replaced by each configuration's."""
+    scratch directory under `options.parent_dir` (removed at the end). A workload's durability label is
+    replaced by each configuration's. `starting` and `finished` are told of every step."""
     scratch = Path(tempfile.mkdtemp(prefix="danube-peers-", dir=options.parent_dir))
-    measured: dict[tuple[int, int], list[list[Measurement]]] = {}
+    measured: Measured = {}
     try:
         for run in range(1, options.runs + 1):
             for w, workload in enumerate(workloads):
                 for c, config in enumerate(configs):
+                    if starting is not None:
+                        starting(run, workload, config)
                     with config.server(scratch / config.name) as server:
                         phases = config.run(server, replace(workload, durability=config.durability))
-                    progress(_summary(config, run, options.runs, phases))
+                    if finished is not None:
+                        finished(run, config, phases)
                     measured.setdefault((w, c), []).append(phases)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return measured
+
+
+def run_peers(workloads: list[Workload], options: Options, configs: tuple[Config, ...] = CONFIGS
+              ) -> list[Result]:
+    """`measure`, with a progress line per step; figures are medians over the runs."""
+
+    def finished(run: int, config: Config, phases: list[Measurement]) -> None:
+        progress(_summary(config, run, options.runs, phases))
+
+    measured = measure(workloads, options, configs, finished=finished)
     found: list[Result] = []
     for (w, c), runs in measured.items():
         workload = replace(workloads[w], durability=configs[c].durability)

@@ -36,11 +36,12 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bench.common import MB, Result, median, no_gc
-from bench.peers.servers import process_cpu
+from bench.process import process_cpu
 
 PACE_SLEEP = 0.001  # seconds: uvloop's timer resolution
 STALL_TIMEOUT = 30.0  # seconds without a record received before a phase is declared stuck
 STAMP = struct.Struct("<qq")  # an e2e payload starts with (perf_counter_ns just before publishing, sequence)
+PHASES = ("produce", "consume", "consume_noack", "e2e")
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,15 @@ class Workload:
     batch: int = 256  # records per pipeline (Redis), per cumulative ack, per read request
     e2e_rate: float | None = None  # records/s offered in the e2e phase; None: half the produce rate
     warmup: int = 2_000  # records produced and consumed on a stream of their own before the phases
+    phases: tuple[str, ...] = PHASES  # which phases run_phases runs, in PHASES order; produce always
 
     def __post_init__(self) -> None:
         if self.size < STAMP.size:
             raise ValueError(f"records must hold at least {STAMP.size} bytes (the e2e timestamp)")
         if min(self.records, self.producers, self.consumers, self.window, self.batch) < 1:
             raise ValueError("records, producers, consumers, window and batch must be at least 1")
+        if "produce" not in self.phases or not set(self.phases) <= set(PHASES):
+            raise ValueError(f"phases must include produce and be among {PHASES}, not {self.phases}")
 
     def shares(self, total: int | None = None) -> list[int]:
         """`total` (default N) records split over the producers, the first ones taking the remainder."""
@@ -207,6 +211,9 @@ class Measurement:
     ack_ms: Percentiles | None = None  # produce and e2e: publish to ack
     e2e_ms: Percentiles | None = None  # e2e: publish to receipt
     offered_rate: float | None = None  # e2e: the producers' pace, records/s
+    # Every latency behind ack_ms and e2e_ms (seconds, one per record): for plots of their distribution.
+    ack_s: Sequence[float] = field(default=(), repr=False)
+    e2e_s: Sequence[float] = field(default=(), repr=False)
 
     @property
     def records_per_s(self) -> float:
@@ -251,7 +258,7 @@ def measurement(phase: str, workload: Workload, records: int, usage: Usage, ack:
     wall_s = usage.wall_s if finished_at is None else finished_at - usage.started
     return Measurement(phase, records, workload.size, wall_s, usage.server_cpu_s, usage.client_cpu_s,
                        None if ack is None else ack.percentiles(), None if e2e is None else e2e.percentiles(),
-                       offered_rate)
+                       offered_rate, () if ack is None else ack.values, () if e2e is None else e2e.values)
 
 
 # -- figures --------------------------------------------------------------------------------------------
@@ -310,8 +317,9 @@ class Peer(Protocol):
 
 
 async def run_phases(peer: Peer, workload: Workload) -> list[Measurement]:
-    """Warm-up (produce and consume on the same connections), then produce, consume with and without acks,
-    and end to end at `workload.e2e_rate` (default: half the measured produce rate). Closes the peer."""
+    """Warm-up (produce and consume on the same connections), then those of `workload.phases`: produce,
+    consume with and without acks, and end to end at `workload.e2e_rate` (default: half the measured
+    produce rate). Closes the peer."""
     try:
         if workload.warmup:
             warm = copy.copy(peer)  # the same connections
@@ -319,10 +327,13 @@ async def run_phases(peer: Peer, workload: Workload) -> list[Measurement]:
             await warm.produce("warmup")
             await warm.consume("warmup")
         produce = await peer.produce("bench")
-        consume = await peer.consume("bench")
-        consume_noack = await peer.consume_noack("bench")
-        rate = workload.e2e_rate or produce.records_per_s / 2
-        e2e = await peer.e2e("bench_e2e", rate)
-        return [produce, consume, consume_noack, e2e]
+        found = [produce]
+        if "consume" in workload.phases:
+            found.append(await peer.consume("bench"))
+        if "consume_noack" in workload.phases:
+            found.append(await peer.consume_noack("bench"))
+        if "e2e" in workload.phases:
+            found.append(await peer.e2e("bench_e2e", workload.e2e_rate or produce.records_per_s / 2))
+        return found
     finally:
         await peer.close()
