@@ -48,6 +48,7 @@ bench: install
 	$(BIN)/python -m bench broker
 	$(BIN)/python -m bench fast
 	$(BIN)/python -m bench.peers.install && $(BIN)/python -m bench.peers
+	$(BIN)/python -m bench e2e
 
 # Regenerate the checked-in protobuf/gRPC code from danube_fast/proto/*.proto (grpcio-tools is in the
 # test extra, pinned, because the generated files carry its version; tests/compat checks they are current).

@@ -1,21 +1,26 @@
-"""`python -m bench storage|meta|broker|fast [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker|fast|e2e [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
-Results go to stdout (a table, or one JSON object per line with --json); progress and machine facts go to
-stderr, so `--json` output can be piped as is."""
+Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
+progress and machine facts go to stderr, so `--json` output can be piped as is."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import signal
 import sys
 from datetime import UTC, datetime
+from types import FrameType
 
 from bench import results, storage
 from bench.common import (
     Options,
+    ProgressBar,
     Result,
     describe_machine,
+    disk_description,
     machine_info,
     print_json_lines,
     print_table,
@@ -46,7 +51,40 @@ def _parser() -> argparse.ArgumentParser:
                                         "grpc.aio server answering the same stream")
     _common_options(fa, FAST_SECTION, "200 batches per figure instead of 1,000, and 1 run unless --runs says "
                                       "otherwise", default_runs=None)
+    _e2e_options(suites.add_parser(
+        "e2e", help="the same workload against our broker, NATS JetStream and Redis Streams: throughput, "
+                    "latency at a fixed rate, CPU per side, throughput by record size"))
     return parser
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return value
+
+
+def _e2e_options(parser: argparse.ArgumentParser) -> None:
+    from bench import e2e  # its defaults; the peers and their clients are imported only when it runs
+
+    _common_options(parser, "end-to-end", f"{e2e.QUICK_RECORDS:,} records and {e2e.QUICK_RUNS} run unless "
+                                          "--records / --runs say otherwise", default_runs=None,
+                    json_help="one JSON object on stdout, no progress bar")
+    parser.add_argument("--size", type=_positive_int, default=256, help="bytes per record (default 256)")
+    parser.add_argument("--records", type=_positive_int,
+                        help=f"N, records per phase (default {e2e.RECORDS:,}; quick {e2e.QUICK_RECORDS:,})")
+    parser.add_argument("--producers", type=_positive_int, default=1)
+    parser.add_argument("--consumers", type=_positive_int, default=1)
+    parser.add_argument("--sizes", type=_positive_int, nargs="*", default=list(e2e.SIZES),
+                        help="record sizes of the throughput sweep (default: %(default)s; none: no sweep); "
+                             f"N is scaled down above {e2e.SCALE_FROM} B")
+    parser.add_argument("--systems", nargs="+", choices=e2e.SYSTEMS,
+                        help="systems to run (default: every one installed; a named one must be)")
+    parser.add_argument("--linger-ms", type=float, default=e2e.LINGER_MS,
+                        help="ours at the fixed rate: a batch ships this long after its first record, if not "
+                             "full before (default %(default)s)")
+    parser.add_argument("--e2e-rate", type=_positive_float,
+                        help="records/s of the fixed-rate phase (default: half each system's produce rate)")
 
 
 FAST_SECTION = "Fast API"
@@ -55,8 +93,9 @@ BROKER_RUNS = 3  # the broker suite's default --runs (1 with --quick)
 
 
 def _common_options(parser: argparse.ArgumentParser, section: str, quick_help: str,
-                    default_runs: int | None = 5) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON object per result on stdout")
+                    default_runs: int | None = 5, json_help: str = "one JSON object per result on stdout"
+                    ) -> None:
+    parser.add_argument("--json", action="store_true", help=json_help)
     runs_help = "runs per figure; figures are medians" + (
         "" if default_runs else f" (default {BROKER_RUNS}, or 1 with --quick)")
     parser.add_argument("--runs", type=_positive_int, default=default_runs, help=runs_help)
@@ -73,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.dir):
         _parser().error(f"--dir {args.dir!r} is not a directory")
+    if args.suite == "e2e":
+        return _e2e(args, argv)
     if args.runs is None:
         args.runs = 1 if args.quick else BROKER_RUNS
     info = machine_info(os.path.abspath(args.dir))
@@ -121,6 +162,52 @@ def main(argv: list[str] | None = None) -> int:
             section = head + "\n" + "\n".join(extra) + machine_line + rest
         results.write_section(title, section)
         progress(f"wrote the {title} section of {results.RESULTS_PATH}")
+    return 0
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the `with` blocks that stop the servers
+
+
+def _e2e(args: argparse.Namespace, argv: list[str]) -> int:
+    from bench import e2e, e2e_report
+
+    settings = e2e.Settings(
+        size=args.size, records=args.records or (e2e.QUICK_RECORDS if args.quick else e2e.RECORDS),
+        producers=args.producers, consumers=args.consumers, sizes=tuple(args.sizes),
+        runs=args.runs or (e2e.QUICK_RUNS if args.quick else e2e.RUNS), quick=args.quick,
+        systems=tuple(args.systems or e2e.SYSTEMS), linger_ms=args.linger_ms, e2e_rate=args.e2e_rate,
+        parent_dir=os.path.abspath(args.dir))
+    signal.signal(signal.SIGTERM, _terminate)
+    info = machine_info(settings.parent_dir)
+    disk = disk_description(settings.parent_dir)
+    progress(f"machine: {describe_machine(info)}; disk {disk}; load average {info['load_average_1m']}")
+    steps = settings.runs * len(settings.workloads()) * len(e2e.select(settings, bool(args.systems))[0])
+    bar = None if args.json else ProgressBar(steps)
+    try:
+        report = e2e.run_e2e(settings, bar, explicit=bool(args.systems))
+    finally:
+        if bar is not None:
+            bar.close()
+    for name, why in report.skipped.items():
+        progress(f"WARNING: {name} not run: {why}")
+    versions = e2e.versions(report)
+    if args.json:
+        print(json.dumps(e2e_report.as_json(report, {**info, "disk": disk}, versions), ensure_ascii=False))
+    else:
+        print(f"machine: {describe_machine(info)}\ndisk: {disk}\nservers and clients: {versions}")
+        for label, durability, batching in e2e_report.described(report):
+            print(f"{label}: {durability}\n    batching: {batching}")
+        for table in e2e_report.tables(report):
+            print("", *table.lines(markdown=False), sep="\n")
+    if args.write_results:
+        command = shlex.join(["python", "-m", "bench", *argv])
+        date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        note = f"{info['cpu']}, {info['usable_cores']} cores, {date}, commit {info['git_commit']}"
+        plots = e2e_report.plot(report, note=note)
+        section = e2e_report.section(report, info, command, date, versions, disk, plots)
+        results.write_section(e2e_report.TITLE, section)
+        progress(f"wrote the {e2e_report.TITLE} section of {results.RESULTS_PATH} and {len(plots)} plots")
     return 0
 
 

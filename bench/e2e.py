@@ -1,0 +1,294 @@
+"""`python -m bench e2e`: the same workload against our broker and the peers it is compared with, on this
+machine, each server a fresh subprocess on loopback per run (bench/peers/servers.py).
+
+| system (--systems) | server | durability label | client |
+|---|---|---|---|
+| danube | `danube-fast broker`, standalone, Reliable topic | `reliable_fsync` | danube_fast.client |
+| nats | nats-server -js, file storage | `file_sync2m` | nats-py |
+| redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` | redis-py + hiredis |
+| redis_everysec | the same, appendfsync everysec | `aof_everysec` | redis-py + hiredis |
+
+Per run, for each system in turn: the main workload (N records of S bytes, P producers, C consumers):
+produce as fast as acks come back, a catch-up consume with acks, then producers and consumers at once at a
+fixed rate, by default half the produce rate that system reached in that run, for publish-ack and
+end-to-end latencies (bench/peers/workload.py has the phases). Then produce and consume only for each other
+size of --sizes, N scaled down for large records (`records_for`). Every figure is the median over the runs;
+a ratio of ours to a peer is the median of the per-run ratios (each run measures both).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from typing import TYPE_CHECKING
+
+from bench.common import Options, ProgressBar, median, paired_ratio
+from bench.peers import servers
+from bench.peers.install import find_binary
+from bench.peers.workload import Measurement, Percentiles, Workload
+
+if TYPE_CHECKING:  # at run time imported where used: the command line reads this module's defaults
+    from bench.peers.suite import Config, Measured
+
+SIZES = (64, 256, 1024, 4096, 16384, 65536)
+LINGER_MS = 1.0  # ours at the fixed rate (bench/peers/danube_peer.py says why a linger)
+RECORDS = 200_000
+QUICK_RECORDS = 20_000
+RUNS = 3
+QUICK_RUNS = 1
+SCALE_FROM = 256  # record size above which the size sweep scales N down: N * SCALE_FROM / size records
+MIN_RECORDS = 2_000  # the size sweep never goes below this (or N)
+OURS = "danube"
+SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec")  # all_configs() checks them
+CLIENT_MODULES = {"nats": ("nats",), "redis_always": ("redis", "hiredis"),
+                  "redis_everysec": ("redis", "hiredis")}
+MAIN_PHASES = ("produce", "consume", "e2e")
+SWEEP_PHASES = ("produce", "consume")
+
+
+def all_configs(linger_ms: float = LINGER_MS) -> tuple[Config, ...]:
+    """Ours (at the fixed rate: `linger_ms`, see bench/peers/danube_peer.py) and the peers' configurations,
+    in SYSTEMS order."""
+    from bench.peers import danube_peer, suite
+
+    ours = suite.Config(OURS, danube_peer.PEER, danube_peer.DURABILITY, danube_peer.DURABILITY_TEXT,
+                        servers.danube_broker, danube_peer.runner(linger_ms),
+                        lambda workload: danube_peer.batching_text(workload, linger_ms), None)
+    configs = (ours, *suite.CONFIGS)
+    assert tuple(c.name for c in configs) == SYSTEMS, "SYSTEMS is out of date"
+    return configs
+
+
+def missing(config: Config, consumers: int = 1) -> str | None:
+    """Why this system cannot run here (its server binary or client library is not installed, or it cannot
+    take the workload), or None."""
+    if config.name == OURS and consumers != 1:
+        return "the fast API's subscriptions are exclusive: one consumer"
+    if config.binary is not None and find_binary(config.binary) is None:
+        return f"{config.binary} is not installed (python -m bench.peers.install)"
+    for module in CLIENT_MODULES.get(config.name, ()):
+        if importlib.util.find_spec(module) is None:
+            return f"the Python module {module} is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def records_for(size: int, records: int) -> int:
+    """N for the size sweep: `records` up to SCALE_FROM bytes, then scaled down with the size."""
+    return min(records, max(MIN_RECORDS, records * SCALE_FROM // size))
+
+
+def _warmup(records: int) -> int:
+    return max(100, min(2_000, records // 10))
+
+
+@dataclass(frozen=True)
+class Settings:
+    size: int = 256
+    records: int = RECORDS
+    producers: int = 1
+    consumers: int = 1
+    sizes: tuple[int, ...] = SIZES  # the throughput-by-size sweep (the main size is measured anyway)
+    runs: int = RUNS
+    quick: bool = False
+    systems: tuple[str, ...] = SYSTEMS
+    linger_ms: float = LINGER_MS  # ours at the fixed rate: the producer's linger
+    e2e_rate: float | None = None  # records/s at a fixed rate; None: half each system's produce rate
+    parent_dir: str = "/tmp"
+
+    def workloads(self) -> list[Workload]:
+        """The main workload first, then one per other size of the sweep (produce and consume only)."""
+        main = Workload(size=self.size, records=self.records, producers=self.producers,
+                        consumers=self.consumers, e2e_rate=self.e2e_rate, warmup=_warmup(self.records),
+                        phases=MAIN_PHASES)
+        sweep = [replace(main, size=s, records=records_for(s, self.records), phases=SWEEP_PHASES,
+                         warmup=_warmup(records_for(s, self.records)))
+                 for s in sorted(set(self.sizes) - {self.size})]
+        return [main, *sweep]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of one system: each figure the median over the runs."""
+
+    records: int
+    records_per_s: float
+    mb_per_s: float
+    server_cpu_s: float
+    client_cpu_s: float
+    ack_ms: Percentiles | None = None
+    e2e_ms: Percentiles | None = None
+    offered_rate: float | None = None
+
+    @staticmethod
+    def of(runs: Sequence[Measurement]) -> Phase:
+        def pct(get: Callable[[Measurement], Percentiles | None]) -> Percentiles | None:
+            found = [p for m in runs if (p := get(m)) is not None]
+            if not found:
+                return None
+            return Percentiles(*(median([getattr(p, q) for p in found])
+                                 for q in ("p50", "p99", "p999", "max")))
+
+        offered = [m.offered_rate for m in runs if m.offered_rate is not None]
+        return Phase(round(median([m.records for m in runs])), median([m.records_per_s for m in runs]),
+                     median([m.mb_per_s for m in runs]), median([m.server_cpu_s for m in runs]),
+                     median([m.client_cpu_s for m in runs]), pct(lambda m: m.ack_ms), pct(lambda m: m.e2e_ms),
+                     median(offered) if offered else None)
+
+    def cpu_us(self, seconds: float) -> float:
+        return seconds / self.records * 1e6
+
+
+@dataclass
+class System:
+    """What one system did: medians per phase at the main size, produce and consume at every size, the
+    per-run measurements (for ratios), and every latency of its fixed-rate phases (for plots)."""
+
+    config: Config
+    batching: str
+    phases: dict[str, Phase]  # main workload: produce, consume, e2e
+    by_size: dict[int, dict[str, Phase]]  # produce and consume, every size (the main one too)
+    runs: dict[int, list[dict[str, Measurement]]]  # size -> per run, phase -> measurement
+    ack_s: array[float] = field(default_factory=lambda: array("d"))
+    e2e_s: array[float] = field(default_factory=lambda: array("d"))
+
+
+# One figure of one run, from its phases at one size (None: not measured); ratios are ours / peer.
+Getter = Callable[[dict[str, Measurement]], float | None]
+
+
+def _pct(phase: str, kind: str, q: str) -> Getter:
+    def get(run: dict[str, Measurement]) -> float | None:
+        p: Percentiles | None = getattr(run[phase], kind)
+        return None if p is None else float(getattr(p, q))
+    return get
+
+
+def _rate(phase: str) -> Getter:
+    return lambda run: run[phase].records_per_s
+
+
+RATIOS: tuple[tuple[str, str, Getter], ...] = (
+    ("produce", "produce records/s", _rate("produce")),
+    ("consume", "catch-up consume records/s", _rate("consume")),
+    ("ack_p50", "publish-ack p50 at the fixed rate", _pct("e2e", "ack_ms", "p50")),
+    ("ack_p99", "publish-ack p99 at the fixed rate", _pct("e2e", "ack_ms", "p99")),
+    ("ack_p999", "publish-ack p99.9 at the fixed rate", _pct("e2e", "ack_ms", "p999")),
+    ("e2e_p50", "end-to-end p50 at the fixed rate", _pct("e2e", "e2e_ms", "p50")),
+    ("e2e_p99", "end-to-end p99 at the fixed rate", _pct("e2e", "e2e_ms", "p99")),
+    ("e2e_p999", "end-to-end p99.9 at the fixed rate", _pct("e2e", "e2e_ms", "p999")),
+    ("produce_server_cpu", "server CPU per record, produce",
+     lambda r: r["produce"].server_cpu_s / r["produce"].records),
+)
+
+
+@dataclass
+class Report:
+    settings: Settings
+    systems: list[System]
+    skipped: dict[str, str]  # system -> why it did not run
+    ratios: dict[str, dict[str, float]]  # peer name -> ratio key -> ours / peer (main size)
+    size_ratios: dict[str, dict[int, dict[str, float]]]  # peer -> size -> produce / consume -> ours / peer
+
+    def system(self, name: str) -> System | None:
+        return next((s for s in self.systems if s.config.name == name), None)
+
+
+def _ratio(ours: list[dict[str, Measurement]], peer: list[dict[str, Measurement]], get: Getter
+           ) -> float | None:
+    pairs = [(a, b) for o, p in zip(ours, peer, strict=True)
+             if (a := get(o)) is not None and (b := get(p)) is not None and b > 0]
+    if not pairs:
+        return None
+    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def summarise(settings: Settings, configs: Sequence[Config], workloads: list[Workload],
+              measured: Measured, skipped: dict[str, str]) -> Report:
+    systems = []
+    for c, config in enumerate(configs):
+        runs = {workloads[w].size: [{m.phase: m for m in phases} for phases in measured[(w, c)]]
+                for w in range(len(workloads))}
+        main = runs[settings.size]
+        system = System(config, config.batching(workloads[0]),
+                        {phase: Phase.of([r[phase] for r in main]) for phase in MAIN_PHASES},
+                        {size: {phase: Phase.of([r[phase] for r in per_run]) for phase in SWEEP_PHASES}
+                         for size, per_run in sorted(runs.items())}, runs)
+        for run in main:
+            system.ack_s.extend(run["e2e"].ack_s)
+            system.e2e_s.extend(run["e2e"].e2e_s)
+        systems.append(system)
+    ours = next((s for s in systems if s.config.name == OURS), None)
+    ratios: dict[str, dict[str, float]] = {}
+    size_ratios: dict[str, dict[int, dict[str, float]]] = {}
+    for peer in systems:
+        if ours is None or peer is ours:
+            continue
+        ratios[peer.config.name] = {key: value for key, _, get in RATIOS
+                                    if (value := _ratio(ours.runs[settings.size], peer.runs[settings.size],
+                                                        get)) is not None}
+        size_ratios[peer.config.name] = {
+            size: {phase: value for phase in SWEEP_PHASES
+                   if (value := _ratio(ours.runs[size], peer.runs[size], _rate(phase))) is not None}
+            for size in ours.runs}
+    return Report(settings, systems, skipped, ratios, size_ratios)
+
+
+def select(settings: Settings, explicit: bool) -> tuple[tuple[Config, ...], dict[str, str]]:
+    """The configurations to run and those skipped (not installed). A system named with --systems that
+    cannot run is an error; the default list just leaves it out."""
+    configs, skipped = [], {}
+    for config in all_configs(settings.linger_ms):
+        if config.name not in settings.systems:
+            continue
+        why = missing(config, settings.consumers)
+        if why is None:
+            configs.append(config)
+        elif explicit:
+            raise SystemExit(f"{config.name}: {why}")
+        else:
+            skipped[config.name] = why
+    return tuple(configs), skipped
+
+
+def run_e2e(settings: Settings, bar: ProgressBar | None, explicit: bool = False) -> Report:
+    from bench.peers import suite
+
+    configs, skipped = select(settings, explicit)
+    workloads = settings.workloads()
+
+    def starting(run: int, workload: Workload, config: Config) -> None:
+        if bar is not None:
+            bar.step(f"run {run}/{settings.runs}: {config.label}, {workload.records:,} x {workload.size} B")
+
+    def finished(run: int, config: Config, phases: list[Measurement]) -> None:
+        if bar is not None:
+            bar.advance()
+
+    options = Options(settings.runs, settings.quick, settings.parent_dir)
+    measured = suite.measure(workloads, options, configs, starting, finished)
+    return summarise(settings, configs, workloads, measured, skipped)
+
+
+def versions(report: Report) -> str:
+    """Servers and clients that ran, for the report."""
+    parts = []
+    names = {s.config.name for s in report.systems}
+    if OURS in names:
+        parts.append(f"danube_fast grpcio {_dist('grpcio')}")
+    if "nats" in names:
+        parts.append(f"{servers.version('nats-server')}, nats-py {_dist('nats-py')}")
+    if names & {"redis_always", "redis_everysec"}:
+        parts.append(f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {_dist('redis')}, "
+                     f"hiredis {_dist('hiredis')}")
+    return "; ".join(parts)
+
+
+def _dist(name: str) -> str:
+    try:
+        return dist_version(name)
+    except PackageNotFoundError:
+        return "?"

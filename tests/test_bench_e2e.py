@@ -1,0 +1,118 @@
+"""`python -m bench e2e`: its JSON from a tiny run, and the report (tables, RESULTS.md section, plots) from
+synthetic measurements. The run uses our broker and whichever peer servers are installed (none needs the
+network: a peer that is not installed is skipped and named in `skipped`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import e2e, e2e_report
+from bench.peers.workload import Latencies, Measurement, Workload, measurement
+from bench.peers.workload import Usage as PhaseUsage
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASE_KEYS = {"records", "records_per_s", "mb_per_s", "server_cpu_s", "client_cpu_s",
+              "server_cpu_us_per_record", "client_cpu_us_per_record", "ack_ms", "e2e_ms", "offered_per_s"}
+PERCENTILES = ("p50", "p99", "p999", "max")
+
+
+def _check_percentiles(found: dict[str, float] | None) -> None:
+    assert found is not None
+    values = [found[q] for q in PERCENTILES]
+    assert 0 < values[0] <= values[1] <= values[2] <= values[3] < 60_000, found
+
+
+def _check_phase(phase: dict[str, object], size: int, records: int) -> None:
+    assert set(phase) == PHASE_KEYS
+    assert phase["records"] == records
+    rate = phase["records_per_s"]
+    assert isinstance(rate, float) and rate > 0
+    assert math.isclose(phase["mb_per_s"], rate * size / 1e6, rel_tol=1e-3)  # type: ignore[arg-type]
+    for key in ("server_cpu_s", "client_cpu_s", "server_cpu_us_per_record", "client_cpu_us_per_record"):
+        assert phase[key] >= 0  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_tiny_run_json() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "e2e", "--quick", "--json", "--records", "1000",
+                           "--sizes", "4096"], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"\] \d+/\d+ ", done.stderr), "a progress bar with --json"
+    report = json.loads(done.stdout)
+    assert report["suite"] == "e2e"
+    assert "half the produce rate" in report["workload"].pop("fixed_rate")
+    assert report["workload"] == {"size": 256, "records": 1000, "producers": 1, "consumers": 1, "runs": 1,
+                                  "quick": True, "sizes": {"256": 1000, "4096": 1000}}
+    assert {"cpu", "cores", "kernel", "disk", "file_system"} <= set(report["machine"])
+    names = [s["system"] for s in report["systems"]]
+    assert names[0] == "danube" and set(names) | set(report["skipped"]) == set(e2e.SYSTEMS)
+    for system in report["systems"]:
+        assert system["label"] == f"{system['system'].split('_')[0]}_{system['durability']}"
+        assert system["durability_text"] and system["batching"]
+        for name in ("produce", "consume", "e2e"):
+            _check_phase(system[name], 256, 1000)
+        _check_percentiles(system["produce"]["ack_ms"])
+        _check_percentiles(system["e2e"]["ack_ms"])
+        _check_percentiles(system["e2e"]["e2e_ms"])
+        assert system["consume"]["ack_ms"] is None and system["produce"]["e2e_ms"] is None
+        # The fixed rate is half the produce rate of the same (single) run.
+        assert math.isclose(system["e2e"]["offered_per_s"], system["produce"]["records_per_s"] / 2,
+                            rel_tol=1e-3)
+        assert [b["size"] for b in system["by_size"]] == [256, 4096]
+        for by_size in system["by_size"]:
+            for name in ("produce", "consume"):
+                _check_phase(by_size[name], by_size["size"], 1000)
+    assert report["systems"][0]["durability"] == "reliable_fsync"
+    peers = names[1:]
+    assert sorted(report["ratios"]) == sorted(peers) and sorted(report["ratios_by_size"]) == sorted(peers)
+    for peer in peers:
+        assert {"produce", "consume", "ack_p99", "e2e_p99"} <= set(report["ratios"][peer])
+        assert all(value > 0 for key, value in report["ratios"][peer].items() if key != "produce_server_cpu")
+
+
+def _run(size: int, rate: float, latency_ms: float) -> list[Measurement]:
+    """A run's phases as a peer reports them: `rate` records/s, every latency `latency_ms` (and 2x for
+    the last 1%)."""
+    workload = Workload(size=size, records=1000)
+    usage = PhaseUsage(started=0.0, wall_s=1000 / rate, server_cpu_s=0.01, client_cpu_s=0.02)
+    ack, late = Latencies(), Latencies()
+    ack.add(latency_ms / 1e3, 990)
+    ack.add(2 * latency_ms / 1e3, 10)
+    late.add(latency_ms / 1e3 * 1.5, 1000)
+    return [measurement("produce", workload, 1000, usage, ack=ack),
+            measurement("consume", workload, 1000, usage),
+            measurement("e2e", workload, 1000, usage, ack=ack, e2e=late, offered_rate=rate / 2)]
+
+
+def test_report_from_measurements(tmp_path: Path) -> None:
+    settings = e2e.Settings(records=1000, sizes=(256, 4096), runs=2)
+    configs = e2e.all_configs()[:2]  # ours and NATS
+    workloads = settings.workloads()
+    measured = {(w, c): [_run(workload.size, (10 - c) * 1000 * (run + 1), 1 + c) for run in range(2)]
+                for w, workload in enumerate(workloads) for c in range(len(configs))}
+    report = e2e.summarise(settings, configs, workloads, measured, {"redis_always": "not installed"})
+    ours = report.systems[0]
+    assert ours.phases["produce"].records_per_s == pytest.approx(15_000)  # median of 10,000 and 20,000
+    assert report.ratios["nats"]["produce"] == pytest.approx(10 / 9)
+    assert report.ratios["nats"]["ack_p99"] == pytest.approx(0.5)
+    assert report.size_ratios["nats"][4096]["consume"] == pytest.approx(10 / 9)
+    assert len(ours.ack_s) == 2000 and len(ours.e2e_s) == 2000
+    text = "\n".join(line for table in e2e_report.tables(report) for line in table.lines(markdown=False))
+    assert "danube_reliable_fsync (ours)" in text and "nats_file_sync2m" in text
+    plots = e2e_report.plot(report, tmp_path)
+    assert [p.name for p in plots] == [e2e_report.THROUGHPUT_PNG, e2e_report.LATENCY_PNG]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
+    info = {"cpu": "cpu", "cores": 2, "usable_cores": 2, "memory_gib": 1, "kernel": "Linux", "python": "3.11",
+            "file_system": "ext4", "codec": "native", "wal_engine": "native", "git_commit": "abc",
+            "load_average_1m": 0.1}
+    section = e2e_report.section(report, info, "python -m bench e2e", "today", "versions", "vda", [])
+    assert section.startswith(f"## {e2e_report.TITLE}\n")
+    assert "| 4 KiB |" in section and "Not run: redis_always (not installed)" in section
+    assert "\n## " not in section[3:]  # one section: RESULTS.md is split at `## ` headings
