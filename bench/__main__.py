@@ -1,4 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|e2e [--json] [--runs N] [--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker|fast|e2e|cluster [--json] [--runs N] [--quick] [--dir DIR]
+[--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
 progress and machine facts go to stderr, so `--json` output can be piped as is."""
@@ -54,7 +55,26 @@ def _parser() -> argparse.ArgumentParser:
     _e2e_options(suites.add_parser(
         "e2e", help="the same workload against our broker, NATS JetStream and Redis Streams: throughput, "
                     "latency at a fixed rate, CPU per side, throughput by record size"))
+    _cluster_options(suites.add_parser(
+        "cluster", help="three brokers in cluster mode on etcd and moto S3: producer-visible unavailability "
+                        "per topic move (ours and the official client), the uploader against raw S3 puts"))
     return parser
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    from bench import cluster
+
+    quick = (f"{cluster.QUICK_MOVES} moves, {cluster.QUICK_OFFICIAL_MOVES} of the official client, "
+             f"{cluster.QUICK_UPLOAD_MIB} MiB, 1 run")
+    _common_options(parser, cluster.TITLE, quick, default_runs=None, json_help="one JSON object on stdout")
+    parser.add_argument("--moves", type=_positive_int, help=f"moves of our producer's topic (default "
+                                                            f"{cluster.MOVES})")
+    parser.add_argument("--official-moves", type=int, help=f"moves under the official client (default "
+                                                           f"{cluster.OFFICIAL_MOVES}; 0: none)")
+    parser.add_argument("--upload-mib", type=_positive_int, help=f"MiB the uploader drains (default "
+                                                                 f"{cluster.UPLOAD_MIB})")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="records/s our producer is paced at (default 0: as fast as acks come back)")
 
 
 def _positive_float(text: str) -> float:
@@ -114,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"--dir {args.dir!r} is not a directory")
     if args.suite == "e2e":
         return _e2e(args, argv)
+    if args.suite == "cluster":
+        from bench import cluster
+
+        signal.signal(signal.SIGTERM, _terminate)
+        return cluster.main(args, argv)
     if args.runs is None:
         args.runs = 1 if args.quick else BROKER_RUNS
     info = machine_info(os.path.abspath(args.dir))
