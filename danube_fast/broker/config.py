@@ -39,6 +39,7 @@ rebalance_threshold = 2           # rebalance at this difference in topics betwe
 upload_interval_ms = 30000        # committed records reach the object tier at least this often
 reserve_offsets = 10000000        # offsets an owner reserves per metadata write (see cluster/handoff.py)
 assign_wait_ms = 5000             # a producer creating a topic waits this long for its assignment
+gap_wait_ms = 600000              # readers wait this long for a dead owner's offsets to be recovered
 
 [policy]                          # the policy a namespace gets when it is created (default and system: at the
 max_message_size = 10485760       # first start); 0 = unlimited
@@ -93,6 +94,7 @@ class ClusterConfig:
     upload_interval_ms: int = 30_000
     reserve_offsets: int = 10_000_000
     assign_wait_ms: int = 5000
+    gap_wait_ms: int = 600_000
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,21 @@ from dataclasses import dataclass
 import grpc
 
 from danube_fast.broker.cluster.node import ClusterNode
+from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.metrics import MetricsServer
-from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin
+from danube_fast.broker.services.cluster_admin import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
+from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.tiering import Tier
+from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics, new_id
+from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources import BrokerRegistration
@@ -86,10 +90,12 @@ class Listening:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics, cache: LocalCache) -> None:
         self.config = config
         self.store = store
         self.topics = topics
+        self.cache = cache  # /cluster/ and /namespaces/: the admin API's ClusterView and the cluster node
+        self._forwarder = Forwarder()
         self.schemas = TopicSchemas(store, SchemaRegistry(store))
         self._client = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)),
@@ -99,6 +105,7 @@ class Broker:
         self._metrics = MetricsServer(topics) if config.prom_exporter else None
         self.listening: Listening | None = None
         self.cluster: ClusterNode | None = None
+        self.broker_admin: BrokerAdmin | None = None
 
     @classmethod
     async def start(cls, config: BrokerConfig) -> Broker:
@@ -109,25 +116,33 @@ class Broker:
             store = await open_store(config.cluster.metadata_store, timeout=10.0)
         else:
             store = await EmbeddedStore.open(config.metadata_path)
-        tier = None
+        tier = cache = None
         try:
             tier = await Tier.open(config, store, broker_id)
             topics = await Topics.open(config, store, broker_id, tier)
+            cache = await LocalCache.start(store, CACHE_PREFIXES)
         except BaseException:
             if tier is not None:
                 await tier.close()
             await store.close()
             raise
-        broker = cls(config, store, topics)
+        broker = cls(config, store, topics, cache)
         try:
             await broker._listen()
             # Registered once the listeners are bound (their ports are what the registration says).
-            broker.cluster = ClusterNode(config, store, topics, broker.registration())
+            broker.cluster = ClusterNode(config, store, topics, cache, broker.registration())
+            broker.cluster.on_loaded = broker._loaded
             await broker.cluster.start()
+            assert broker.broker_admin is not None
+            broker.broker_admin.rebalancer = broker.cluster.load_manager
         except BaseException:
             await broker.stop()
             raise
         return broker
+
+    async def _loaded(self, topic: Topic) -> None:
+        """A topic placed here: its schema configuration applies before it serves anyone."""
+        await self.schemas.load([topic])
 
     def url(self) -> str:
         """The client API URL lookups return (a port 0 in the config is replaced by the bound one)."""
@@ -161,10 +176,14 @@ class Broker:
             FastProducerService(self.topics), self._client)
         fast_grpc.add_FastConsumerServicer_to_server(  # type: ignore[no-untyped-call]
             FastConsumerService(self.topics), self._client)
+        view = ClusterView(self.cache)
+        self.broker_admin = BrokerAdmin(view, self.store, self.topics.broker_id, self._forwarder, None)
+        admin_grpc.add_BrokerAdminServicer_to_server(  # type: ignore[no-untyped-call]
+            self.broker_admin, self._admin)
         admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            NamespaceAdmin(self.topics), self._admin)
+            ClusterNamespaceAdmin(self.topics, view), self._admin)
         admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            TopicAdmin(self.topics, self.schemas), self._admin)
+            ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), self._admin)
         # SchemaRegistry is served on both ports, as v0.7.3 does (CONTRACT A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (self._client, self._admin):
@@ -203,6 +222,7 @@ class Broker:
                 if isinstance(sub.dispatcher, BatchDispatcher):
                     sub.dispatcher.stop_streams()  # fast consumers' streams too
         await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
+        await self._forwarder.close()
         if self._metrics is not None:
             await self._metrics.close()
         try:
@@ -211,6 +231,7 @@ class Broker:
             await self.topics.close()
             if self.topics.tier is not None:
                 await self.topics.tier.close()
+            await self.cache.close()
         finally:
             await self.store.close()
 

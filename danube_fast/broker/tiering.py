@@ -9,6 +9,10 @@ reservation (cluster/handoff.py), which no later owner reuses, so `recover` uplo
 tier lacks, declares the rest of the reservation empty (a zero-size descriptor), and deletes the directory.
 Its descriptor writes only create keys: they never overwrite what another owner wrote.
 
+Gaps: until the dead owner has recovered its range, a reader that reaches it waits (RecoveryPending, which
+the dispatchers retry) rather than skipping records it would never see again; after `gap_wait_ms` the range
+is read past like any hole, with a warning.
+
 Owner: the broker's event loop.
 """
 
@@ -25,15 +29,56 @@ from danube_fast.broker.cluster import handoff
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import Topic
+from danube_fast.errors import StorageError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
 from danube_fast.storage.objects.store import ObjectStore, open_object_store
-from danube_fast.storage.tiered import CloudReader, TopicLog
+from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig, WriteMeta
-from danube_fast.storage.wal import Wal
+from danube_fast.storage.wal import Buffer, Wal
 
 log = logging.getLogger("danube_fast.tier")
+
+
+class RecoveryPending(StorageError):
+    """The offsets asked for are in a dead owner's WAL, not yet recovered into the object tier."""
+
+    retriable = True
+    grpc_code = "UNAVAILABLE"
+
+
+class GapAwareLog(TopicLog):
+    """A TopicLog that waits at an open gap (see the module docstring) instead of skipping it."""
+
+    def __init__(self, wal: Wal, cloud: CloudReader, wait: float) -> None:
+        super().__init__(wal, cloud)
+        self.gaps: list[handoff.Gap] = []
+        self._wait = wait
+        self._since = time.monotonic()
+
+    def set_gaps(self, gaps: Sequence[handoff.Gap]) -> None:
+        self.gaps = list(gaps)
+        self._since = time.monotonic()
+
+    @property
+    def start_offset(self) -> int:
+        """A subscription resuming before a gap starts there, not past it."""
+        return min([super().start_offset, *(g[0] for g in self.gaps)])
+
+    async def read(self, offset: int, max_bytes: int = READ_BYTES) -> tuple[Buffer, int] | None:
+        gap = next((g for g in self.gaps if g[0] <= offset <= g[1]), None)
+        if gap is not None and offset < self.wal.start_offset and self.cloud is not None:
+            await self.cloud.refresh()
+            still = handoff.open_gaps([(offset, gap[1], gap[2])], self.cloud.descriptors)
+            if still and still[0][0] == offset:
+                if time.monotonic() - self._since < self._wait:
+                    raise RecoveryPending(f"offsets {offset}..{gap[1]} of {self.cloud.namespace}/"
+                                          f"{self.cloud.topic} wait for broker {gap[2]} to recover them")
+                log.warning("%s/%s: broker %d did not recover offsets %d..%d in time; reading past them",
+                            self.cloud.namespace, self.cloud.topic, gap[2], offset, gap[1])
+                self.gaps.remove(gap)
+        return await super().read(offset, max_bytes)
 
 DRAIN_TIMEOUT = 30.0  # seconds a sealing unload waits for the object store
 
@@ -51,18 +96,25 @@ class Tier:
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Tier:
         c = config.cluster
-        options: dict[str, str] = {}
+        options: dict[str, str | float] = {}
         if config.object_store.startswith("s3://"):
             given = (("endpoint_url", c.s3_endpoint), ("region", c.s3_region),
                      ("access_key", c.s3_access_key), ("secret_key", c.s3_secret_key))
             options = {k: v for k, v in given if v}
+            # Short timeouts: the uploader and the readers retry with their own backoff, and a connection
+            # left half-open by an S3 endpoint that went away must not hold a reader for botocore's 60 s.
+            options.update(connect_timeout=3.0, read_timeout=10.0)
         return cls(config, store, await open_object_store(config.object_store, **options), broker_id)
 
     async def close(self) -> None:
         await self.objects.close()
 
-    async def log_for(self, name: TopicName, wal: Wal) -> TopicLog:
-        return await TopicLog.open(wal, CloudReader(self.objects, self._store, name.namespace, name.topic))
+    async def log_for(self, name: TopicName, wal: Wal, gaps: Sequence[handoff.Gap] = ()) -> GapAwareLog:
+        cloud = CloudReader(self.objects, self._store, name.namespace, name.topic)
+        await cloud.refresh()
+        log = GapAwareLog(wal, cloud, self._config.cluster.gap_wait_ms / 1000)
+        log.set_gaps(gaps)
+        return log
 
     async def attach(self, topic: Topic, checkpoint: int | None, write_meta: WriteMeta | None = None) -> None:
         """Start the topic's uploader; `checkpoint` is the last offset already in the object tier (None: from
@@ -100,18 +152,18 @@ class Tier:
             bound = self._bound(state, me)
             first = _first_uncovered(found, wal.start_offset, wal.committed_offset)
             if first is None:
-                log.info("%s: orphan WAL fully in the object tier; deleting it", name)
+                last = wal.committed_offset - 1  # every record is in the object tier already
             elif bound is None or first > bound:
                 log.warning("%s: orphan WAL holds offsets from %d that no reservation of broker %d covers; "
                             "kept in %s for an operator", name, first, me, directory)
                 return
             else:
                 last = await self._upload_from(wal, ns, t, first)
-                if last < bound:
-                    empty = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
-                    await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), empty.to_json())])
-                log.info("%s: orphan WAL recovered: offsets %d..%d uploaded, %d..%d declared empty", name,
-                         first, last, last + 1, bound)
+            if bound is not None and last < bound:
+                empty = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
+                await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), empty.to_json())])
+            log.info("%s: orphan WAL recovered: records through %d in the object tier%s", name, last,
+                     f", {last + 1}..{bound} declared empty" if bound is not None and last < bound else "")
         finally:
             await wal.close()
         await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)

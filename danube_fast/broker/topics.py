@@ -18,11 +18,12 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from danube_fast.broker import names
 from danube_fast.broker.cluster.guard import TopicGuard
+from danube_fast.broker.cluster.handoff import Gap
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
@@ -151,8 +152,8 @@ class Topics:
             if topic is not None and topic.wal is not None and self.tier is not None:
                 await self.tier.attach(topic, None)
 
-    async def load_topic(self, name: TopicName, guard: TopicGuard | None = None,
-                         initial_offset: int = 0) -> Topic | None:
+    async def load_topic(self, name: TopicName, guard: TopicGuard | None = None, initial_offset: int = 0,
+                         gaps: Sequence[Gap] = ()) -> Topic | None:
         """Serve `name` from its metadata: the WAL (recovered, or new at `initial_offset`), its producers,
         subscriptions and cursors. None when the topic has no delivery key (a half-made topic)."""
         ns, short = name.namespace, name.topic
@@ -163,7 +164,7 @@ class Topics:
         delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
         producers = await self._store.get_prefix(keys.topic_producers_prefix(ns, short))
         subscriptions = await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short))
-        topic = await self._open_topic(name, delivery, guard, initial_offset)
+        topic = await self._open_topic(name, delivery, guard, initial_offset, gaps)
         for kv in producers:
             p = Producer.from_json(kv.value, key=kv.key)
             entry = ProducerEntry(p.producer_id, p.producer_name, topic)
@@ -191,7 +192,7 @@ class Topics:
         return os.path.join(self._config.wal_root, name.namespace, name.topic)
 
     async def _open_topic(self, name: TopicName, delivery: DeliveryMode, guard: TopicGuard | None = None,
-                          initial_offset: int = 0) -> Topic:
+                          initial_offset: int = 0, gaps: Sequence[Gap] = ()) -> Topic:
         wal = None
         if delivery == DeliveryMode.RELIABLE:
             wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset)
@@ -200,7 +201,7 @@ class Topics:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
         topic = Topic(name, delivery, self._policy(name), wal)
         if wal is not None and self.tier is not None:
-            topic.log = await self.tier.log_for(name, wal)
+            topic.log = await self.tier.log_for(name, wal, gaps)
         topic.guard = guard
         if guard is not None and wal is not None:
             guard.next = wal.committed_offset

@@ -6,7 +6,8 @@ once the broker acknowledged it, as durable as the topic promises). A batch ship
 ships a list as one batch. Back-pressure: at most `max_inflight_bytes` of unacknowledged batches; `send`
 waits beyond that. `flush()` ships what is open and waits for every ack.
 
-If the stream fails with a retriable status (the broker restarted or moved the topic), the producer looks the
+If the stream fails with a retriable status, or the broker rejects a batch with UNAVAILABLE (the broker
+restarted, or the topic is moving to another broker), the producer looks the
 topic up (Discovery, as the official client does), opens a new stream on the broker that serves it and sends
 every unacknowledged batch again, in order: delivery is at least once. Opening the producer retries the same
 way, so a topic that a cluster places on another broker is followed there.
@@ -222,6 +223,12 @@ class FastProducer:
                     self._settle(response.ack.seq, (response.ack.first_offset, response.ack.last_offset))
                 elif kind == "rejected":
                     r = response.rejected
+                    if r.retriable and r.code == "UNAVAILABLE" and not self._closed:
+                        # The topic is moving (or the broker stopping): this batch and every one after
+                        # it go again, in order, to wherever the topic is served now.
+                        call.cancel()
+                        await self._reconnect(ProduceRejected(r.code, r.message, True))
+                        return
                     self._settle(r.seq, ProduceRejected(r.code, r.message, r.retriable))
             if self._closed:
                 return

@@ -119,6 +119,21 @@ class Ownership:
     def lost(self) -> bool:
         return self._lost is not None or self._clock() >= self._lease_deadline()
 
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the ownership is lost for good (a fence failed or a revalidation found it gone), else None."""
+        return self._lost
+
+    async def write_fenced(self, ops: Sequence[Op], extra_compares: Sequence[Compare] = ()) -> TxnResult:
+        """`write()` without the local lease-deadline refusal: the store's compare alone decides. For an owner
+        that keeps serving through a store outage (its lease deadline passes while nobody can reassign)."""
+        if self._lost is not None:
+            raise OwnershipLost(self._lost)
+        try:
+            return await fenced_write(self.store, self.key, self.revision, ops, extra_compares)
+        except OwnershipLost as e:
+            self._lose(e)
+
     def check(self) -> None:
         """OwnershipLost if the ownership was lost, or the broker's lease may have expired by now."""
         if self._lost is not None:
@@ -128,9 +143,11 @@ class Ownership:
             raise OwnershipLost(f"the broker's lease may have expired {late:.3f} s ago: it no longer owns "
                                 f"the topic of {self.key}")
 
-    async def revalidate(self) -> None:
-        """Read the assignment: OwnershipLost (and lost for good) unless it is still this one."""
-        self.check()
+    async def revalidate(self, *, check: bool = True) -> None:
+        """Read the assignment: OwnershipLost (and lost for good) unless it is still this one. `check=False`
+        skips the local lease-deadline refusal first (see write_fenced)."""
+        if check:
+            self.check()
         kv = await self.store.get(self.key)
         if kv is None or kv.create_revision != self.revision:
             self._lose(_ownership_lost(self.key, self.revision)(kv))

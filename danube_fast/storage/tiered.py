@@ -69,6 +69,12 @@ class _Range:
         return object_id == self.object_id and first.base_offset <= offset <= last.last_offset
 
 
+def is_empty(d: ObjectDescriptor) -> bool:
+    """A zero-size descriptor with no object: offsets an owner reserved and never used, declared empty by
+    the broker that recovered its orphan WAL (danube_fast.broker.tiering)."""
+    return d.size == 0 and not d.object_id
+
+
 class CloudReader:
     """Batches of one topic from the object tier. Create, then `await refresh()` (TopicLog.open does)."""
 
@@ -114,7 +120,11 @@ class CloudReader:
         return None
 
     def next_start(self, offset: int) -> int | None:
-        """The start of the first known object above `offset`, None if there is none."""
+        """The start of the first known object above `offset` (past the empty range holding it, if one
+        does), None if there is none."""
+        d = self._covering(offset)
+        if d is not None and is_empty(d):
+            offset = d.end_offset
         i = bisect.bisect_right(self._starts, offset)
         return self._starts[i] if i < len(self._starts) else None
 
@@ -127,8 +137,8 @@ class CloudReader:
         if descriptor is None and (not self._descriptors or offset > self._descriptors[-1].end_offset):
             await self.refresh()
             descriptor = self._covering(offset)
-        if descriptor is None:
-            return None
+        if descriptor is None or is_empty(descriptor):
+            return None  # an empty descriptor declares a range that holds no records: read on past it
         try:
             return await self._read_object(descriptor, offset, max_bytes)
         except ObjectNotFound:
@@ -236,8 +246,10 @@ class TopicLog:
                 continue
             following = cloud.next_start(offset)
             target = wal_start if following is None else min(following, wal_start)
-            log.warning("%s/%s: offsets %d..%d are in no tier (deleted or lost): reading on from %d",
-                        cloud.namespace, cloud.topic, offset, target - 1, target)
+            covering = cloud._covering(offset)
+            if covering is None or not is_empty(covering):
+                log.warning("%s/%s: offsets %d..%d are in no tier (deleted or lost): reading on from %d",
+                            cloud.namespace, cloud.topic, offset, target - 1, target)
             offset = target
 
 

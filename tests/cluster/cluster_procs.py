@@ -20,19 +20,19 @@ from compat_support import Broker
 from danube_fast.meta import keys
 from danube_fast.meta.store import MetadataStore
 
-CLUSTER_CONFIG = """
-[cluster]
-lease_ttl_s = 3
-load_report_ms = 1000
-upload_interval_ms = 500
-rebalance_cooldown_ms = 3600000
-assign_wait_ms = 5000
-"""
+CLUSTER_SETTINGS = {"lease_ttl_s": 3, "load_report_ms": 1000, "upload_interval_ms": 500,
+                    "rebalance_cooldown_ms": 3_600_000, "assign_wait_ms": 5000}
+
+
+def cluster_config(**settings: int | str) -> str:
+    """The brokers' TOML: CLUSTER_SETTINGS with `settings` over them."""
+    merged = {**CLUSTER_SETTINGS, **settings}
+    return "[cluster]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in merged.items())
 
 
 class ClusterBroker(Broker):
-    def __init__(self, workdir: Path, etcd_url: str, object_store: str, config: str = "") -> None:
-        super().__init__(workdir, CLUSTER_CONFIG + config)
+    def __init__(self, workdir: Path, etcd_url: str, object_store: str, config: str) -> None:
+        super().__init__(workdir, config)
         self.etcd_url = etcd_url
         self.object_store = object_store
         self.broker_id: int | None = None
@@ -56,14 +56,17 @@ class Cluster:
         self.object_store = object_store
         self.brokers: list[ClusterBroker] = []
 
-    def start(self, n: int = 1, config: str = "") -> list[ClusterBroker]:
-        started = []
-        for _ in range(n):
-            workdir = self.root / f"broker{len(self.brokers)}"
-            b = ClusterBroker(workdir, self.etcd_url, self.object_store, config)
-            self.brokers.append(b)
+    def add(self, **settings: int | str) -> ClusterBroker:
+        """A broker of this cluster, not started yet (set its `env` first, for instance)."""
+        workdir = self.root / f"broker{len(self.brokers)}"
+        b = ClusterBroker(workdir, self.etcd_url, self.object_store, cluster_config(**settings))
+        self.brokers.append(b)
+        return b
+
+    def start(self, n: int = 1, **settings: int | str) -> list[ClusterBroker]:
+        started = [self.add(**settings) for _ in range(n)]
+        for b in started:
             b.start()
-            started.append(b)
         return started
 
     def by_id(self, broker_id: int) -> ClusterBroker:

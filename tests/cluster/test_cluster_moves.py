@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 import uvloop
 from cluster_procs import Cluster, owner, wait_for
@@ -23,27 +23,10 @@ from danube_fast.meta.etcd import EtcdStore
 from danube_fast.meta.etcd_process import EtcdServer
 from danube_fast.meta.resources import Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
+from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
+from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def cluster(etcd: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
-    """Brokers on the session's etcd, emptied first (the key layout is global), and a shared folder as the
-    object store."""
-    async def wipe() -> None:
-        s = await EtcdStore.connect([etcd.endpoint])
-        try:
-            await s.delete_prefix("/")
-        finally:
-            await s.close()
-
-    asyncio.run(wipe())
-    c = Cluster(tmp_path, f"etcd://{etcd.endpoint}", str(tmp_path / "objects"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @contextlib.asynccontextmanager
@@ -149,3 +132,105 @@ def test_ten_moves_under_traffic_lose_nothing_and_keep_offsets_contiguous(cluste
     except BaseException:
         print(cluster.logs())
         raise
+
+
+async def subscribe_early(broker: Any, topic: str) -> None:
+    """Create the Reliable topic through the admin API and the subscription "s" on it before anything is
+    produced, so that "s" reads everything (a new subscription starts at the latest offset)."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}")
+    try:
+        stub: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
+        await stub.CreateTopic(admin_pb.NewTopicRequest(name=topic, dispatch_strategy=1), timeout=15)
+    finally:
+        await channel.close()
+    client = await DanubeClientBuilder().service_url(broker.url).build()
+    consumer = client.new_consumer().with_topic(topic).with_consumer_name("early") \
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    await consumer.subscribe()
+    await consumer.receive()  # a stream that ends on close, so that "early" lets go of the subscription
+    await asyncio.sleep(0.2)
+    await consumer.close()
+
+
+async def produce_n(url: str, topic: str, first: int, n: int, name: str) -> list[int]:
+    """A fresh official client (bootstrapped at `url`) sends m{first}..; returns the numbers acknowledged."""
+    client = await DanubeClientBuilder().service_url(url).build()
+    producer = client.new_producer().with_topic(topic).with_name(name) \
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    await producer.create()
+    for i in range(first, first + n):
+        await producer.send(f"m{i}".encode())
+    return list(range(first, first + n))
+
+
+async def read_all(url: str, topic: str, expect: set[int], timeout: float) -> dict[int, set[int]]:
+    client = await DanubeClientBuilder().service_url(url).build()
+    consumer = client.new_consumer().with_topic(topic).with_consumer_name("reader") \
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    got: dict[int, set[int]] = {}
+    try:
+        async with asyncio.timeout(timeout):
+            while not expect <= set(got):
+                msg = await queue.get()
+                got.setdefault(int(msg.payload.decode()[1:]), set()).add(msg.msg_id.topic_offset)
+                await consumer.ack(msg)
+    finally:
+        await consumer.close()
+    return got
+
+
+def test_kill_9_owner_reassigned_and_its_acknowledged_data_recovered_on_restart(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """The guarantee: a killed owner's acknowledged records stay in its WAL; the topic goes to another broker
+    within the lease TTL (3 s here) plus assignment, which continues past the dead owner's offset reservation
+    (no offset reused), and readers wait at that range until the killed broker, restarted, uploads it."""
+    brokers = cluster.start(3, reserve_offsets=1000, upload_interval_ms=600_000)
+    topic = "/default/crash"
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            subscriber = await DanubeClientBuilder().service_url(brokers[0].url).build()
+            consumer = subscriber.new_consumer().with_topic(topic).with_consumer_name("early") \
+                .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+            with pytest.raises(Exception):  # noqa: B017 - consumers never create topics
+                await consumer.subscribe()
+            acked = await produce_n(brokers[0].url, topic, 0, 100, "p1")
+            consumer = subscriber.new_consumer().with_topic(topic).with_consumer_name("early") \
+                .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+            await consumer.subscribe()  # the subscription starts at 100: everything after it is expected
+            await consumer.close()
+            acked = await produce_n(brokers[0].url, topic, 100, 100, "p2")
+            dead = await owner(store, topic)
+            victim = cluster.by_id(dead)  # type: ignore[arg-type]
+            victim.kill()
+            killed_at = asyncio.get_running_loop().time()
+            survivor = next(b for b in brokers if b is not victim)
+            new = await wait_for(lambda: _moved_from(store, topic, dead), "reassignment", 15.0)
+            took = asyncio.get_running_loop().time() - killed_at
+            assert took < 3 + 4, f"reassigned after {took:.1f} s; the lease TTL is 3 s"
+            assert new != dead
+            acked += await produce_n(survivor.url, topic, 200, 100, "p3")
+            # The first records after the subscription's start are in the dead broker's WAL: a reader waits.
+            with pytest.raises(TimeoutError):
+                await read_all(survivor.url, topic, set(acked), 2.0)
+            victim.start()  # recovers its orphan WAL into the object tier
+            got = await read_all(survivor.url, topic, set(acked), 30.0)
+            twice = {n: o for n, o in got.items() if len(o) > 1}
+            assert not twice, f"read at two offsets: {twice}"
+            offsets = {n: next(iter(o)) for n, o in got.items()}
+            assert sorted(offsets.values()) == [offsets[n] for n in sorted(offsets)], "offsets out of order"
+            assert offsets[100] == 100 and offsets[199] == 199
+            assert offsets[200] >= 1000, "the new owner reused offsets of the dead owner's reservation"
+
+    try:
+        uvloop.run(asyncio.wait_for(body(), 200))
+    except BaseException:
+        print(cluster.logs())
+        raise
+
+
+async def _moved_from(store: MetadataStore, topic: str, dead: int | None) -> int | None:
+    current = await owner(store, topic)
+    return current if current is not None and current != dead else None

@@ -77,6 +77,7 @@ class Broker:
         self.broker_port, self.admin_port, self.prom_port = free_ports(3)
         self.process: subprocess.Popen[bytes] | None = None
         self.runs = 0
+        self.env: dict[str, str] = {}  # added to the environment of the next start
 
     @property
     def url(self) -> str:
@@ -114,7 +115,7 @@ class Broker:
             start_offset = log.tell()
             self.process = subprocess.Popen(
                 self.command(), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -201,13 +202,27 @@ class BrokerFactory:
 # --- running coroutines -------------------------------------------------------------------------------------
 
 
+def _grpc_poller_teardown(context: dict[str, Any]) -> bool:
+    """grpc.aio's completion-queue poller is process-wide: a test's loop may get one last poller callback
+    while the loop shuts down, which fails with 'Event loop is closed' inside grpc. It happens as often at the
+    commit before cluster mode (3 runs in 6 of tests/compat/test_fast_consume.py) and says nothing about the
+    broker, so it alone does not fail a test; every other unhandled loop error still does."""
+    exc = context.get("exception")
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed" and \
+        "PollerCompletionQueue" in str(context.get("message", ""))
+
+
 def run_async(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
     """Run `coro` on a fresh uvloop loop (one loop, not the `run` fixture's two: every test here talks to a
     broker subprocess, which is what dominates). An error the loop only logs fails a test that otherwise
     passed; tasks left behind (client health checks, receive loops) are cancelled before the loop closes."""
     loop = uvloop.new_event_loop()
     errors: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    def handle(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not _grpc_poller_teardown(context):
+            errors.append(context)
+
+    loop.set_exception_handler(handle)
     try:
         result = loop.run_until_complete(asyncio.wait_for(coro, timeout))
     finally:

@@ -2,9 +2,10 @@
 
 Per topic, `TopicGuard` holds the broker's Ownership of the assignment (danube_fast.meta.fencing) and the
 topic's offset Reservation (handoff.py):
-- `admit(n)` before n records are appended: refuses once the topic is closing or ownership is lost or may
-  be (the lease deadline passed), revalidates the assignment against the store after the broker's lease
-  changed (a broker paused past its lease, then resumed), and keeps the reservation ahead of the offsets;
+- `admit(n)` before n records are appended: refuses once the topic is closing or its ownership is known
+  lost, reads the assignment again (revalidates) after the broker's lease changed or the process was
+  paused (see membership.py; a revalidation that cannot reach the store refuses), and keeps the
+  reservation ahead of the offsets;
 - `done()` when that append finished, whatever its outcome (`settle()` waits for every admitted append,
   so the sealed state covers all of them);
 - `confirm()` before the append is acknowledged: the ownership checks again, since the fsync may have
@@ -33,11 +34,13 @@ log = logging.getLogger("danube_fast.cluster")
 
 
 class TopicGuard:
-    def __init__(self, full_name: str, ownership: Ownership, session: Callable[[], int]) -> None:
+    def __init__(self, full_name: str, ownership: Ownership, epoch: Callable[[], tuple[int, int]],
+                 paused: Callable[[], bool]) -> None:
         self.full = full_name
         self.ownership = ownership
-        self._session = session
-        self._validated = session()
+        self._epoch = epoch  # (lease session, pause count) of the broker
+        self._paused = paused
+        self._validated = epoch()
         self.reservation: Reservation | None = None
         self.next = 0  # the offset the next admitted record gets (Reliable)
         self.closing = False
@@ -54,14 +57,16 @@ class TopicGuard:
         if admitting and self.closing:
             raise self._refuse("it is moving")
         try:
-            if self._session() != self._validated:
+            reason = self.ownership.lost_reason
+            if reason is not None:
+                raise OwnershipLost(reason)
+            if self._epoch() != self._validated or self._paused():
                 async with self._lock:
-                    if self._session() != self._validated:
-                        session = self._session()
-                        await self.ownership.revalidate()
-                        self._validated = session
-                        log.info("%s: ownership revalidated after a new lease", self.full)
-            self.ownership.check()
+                    if self._epoch() != self._validated or self._paused():
+                        epoch = self._epoch()
+                        await self.ownership.revalidate(check=False)
+                        self._validated = epoch
+                        log.info("%s: ownership revalidated (new lease or a pause)", self.full)
         except OwnershipLost as e:
             raise self._refuse(str(e)) from e
         except MetadataError as e:
@@ -112,7 +117,7 @@ class TopicGuard:
             self._extending = None
 
     async def write(self, ops: Sequence[Op]) -> TxnResult:
-        return await self.ownership.write(ops)
+        return await self.ownership.write_fenced(ops)
 
     async def settle(self) -> None:
         """After `closing` is set: wait for every admitted append and for a background reservation write, so

@@ -6,9 +6,16 @@ broker stays drained across restarts. The leader election (danube_fast.meta.elec
 calls `_register` with each new one, before campaigning: registration and leadership share one lease and die
 together. Every few seconds the broker writes its load report to `/cluster/load/{id}`.
 
-`session` counts leases: an owned topic remembers the session it was last validated under and revalidates
-its assignment before acknowledging again once the lease changed (a broker paused past its lease, then
-resumed, must not acknowledge on a belief; DESIGN.md section 5).
+`session` counts leases and `pauses` counts stalls of this process (a ticker that did not run for PAUSE
+seconds: SIGSTOP, a VM freeze, a long GC): an owned topic remembers both as of its last validation and reads
+its assignment again before acknowledging once either changed, or while the ticker is late right now (the
+first request after SIGCONT may run before the ticker). A broker resumed from a pause must not acknowledge
+on a belief (DESIGN.md section 5).
+
+An etcd outage is not a pause: the broker keeps running and keeps serving the topics it owns (seed 002),
+acknowledging into its offset reservation. If the outage was a partition of this broker only and the topic
+went elsewhere meanwhile, the new owner starts past that reservation and this broker recovers what it
+acknowledged as an orphan WAL once it reaches etcd again: nothing acknowledged is lost, no offset reused.
 
 Owner: the broker's event loop; `start()` then `close()`.
 """
@@ -37,6 +44,9 @@ from danube_fast.meta.store import Compare, MetadataError, MetadataStore, Put
 
 log = logging.getLogger("danube_fast.cluster")
 
+TICK = 0.1  # seconds between ticks of the pause detector
+PAUSE = 1.0  # a tick this late means the process did not run: owned topics revalidate
+
 SHUTDOWN = "shutdown"  # the reason of a broker's own drain when it stops
 
 
@@ -51,6 +61,9 @@ class Membership:
         self._topic_list = topic_list
         self.election = LeaderElection(store, broker_id, ttl, on_lease=self._register)
         self.session = 0  # bumped with each lease this broker registers under
+        self.pauses = 0  # bumped when the ticker finds it did not run for PAUSE seconds
+        self._last_tick = time.monotonic()
+        self._ticker: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._cpu = (time.monotonic(), time.process_time())
 
@@ -69,11 +82,27 @@ class Membership:
             await self.store.put(state, BrokerState(BrokerMode.ACTIVE, "boot").to_json())
         await self.election.start()
         self._reporter = asyncio.create_task(self._report_forever(), name="load-report")
+        self._ticker = asyncio.create_task(self._tick_forever(), name="pause-detector")
+
+    def paused(self) -> bool:
+        """The ticker is late right now: this process may just have resumed from a pause."""
+        return time.monotonic() - self._last_tick > PAUSE
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            now = time.monotonic()
+            if now - self._last_tick > PAUSE:
+                self.pauses += 1
+                log.warning("broker %d did not run for %.1f s: owned topics revalidate their assignment",
+                            self.broker_id, now - self._last_tick)
+            self._last_tick = now
 
     async def close(self) -> None:
-        if self._reporter is not None:
-            self._reporter.cancel()
-            await asyncio.gather(self._reporter, return_exceptions=True)
+        for task in (self._reporter, self._ticker):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._reporter, self._ticker) if t), return_exceptions=True)
         await self.election.close()  # revokes the lease: the registration goes at once
 
     async def _register(self, lease: int) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from danube_fast.broker.cluster.load_manager import LoadManager
 from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
 from danube_fast.broker.cluster.placement import Placement
 from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
@@ -29,7 +31,7 @@ DRAIN_TIMEOUT = 15.0  # seconds a stopping broker waits for its topics to be sea
 
 
 class ClusterNode:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics,
+    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics, cache: LocalCache,
                  registration: BrokerRegistration) -> None:
         self.config = config
         self.store = store
@@ -37,12 +39,12 @@ class ClusterNode:
         self.membership = Membership(store, topics.broker_id, config.cluster.name, registration,
                                      config.cluster.lease_ttl_s, config.cluster.load_report_ms / 1000,
                                      lambda: sorted(topics.topics))
-        self.cache: LocalCache | None = None
+        self.cache = cache  # mirrors /cluster/ at least; owned by the broker
+        self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
         self.placement: Placement | None = None
         self.load_manager: LoadManager | None = None
 
     async def start(self) -> None:
-        self.cache = await LocalCache.start(self.store, [keys.cluster_prefix()])
         await self.membership.start()
         if not self.config.clustered:
             return
@@ -51,6 +53,7 @@ class ClusterNode:
         if tier is not None:
             self.placement.attach, self.placement.drain, self.placement.recover = \
                 tier.attach, tier.drain, tier.recover
+        self.placement.on_loaded = self.on_loaded
         self.topics.placement = self.placement
         self.load_manager = LoadManager(self.store, self.cache, self.membership.election, self.config.cluster)
         await self.placement.start()
@@ -58,7 +61,7 @@ class ClusterNode:
 
     async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
         """Hand every topic this broker serves to the others (sealed), when there are others."""
-        if self.placement is None or self.cache is None or not self.topics.topics:
+        if self.placement is None or not self.topics.topics:
             return
         me = self.topics.broker_id
         others = [kv for kv in self.cache.get_prefix(keys.register_prefix())
@@ -88,6 +91,4 @@ class ClusterNode:
         if self.placement is not None:
             await self.placement.close()
         await self.membership.close()
-        if self.cache is not None:
-            await self.cache.close()
 

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-from danube_fast.broker.cluster import handoff
+from danube_fast.broker.cluster import crashpoints, handoff
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
 from danube_fast.broker.config import BrokerConfig
@@ -63,6 +63,7 @@ class Placement:
         self.attach: Attach | None = None
         self.drain: Drain | None = None
         self.recover: Recover | None = None
+        self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -168,17 +169,21 @@ class Placement:
         directory = self._topics.wal_dir(name)
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
-        guard = TopicGuard(name.full, ownership, lambda: self._membership.session)
+        m = self._membership
+        guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused)
         block = self._config.cluster.reserve_offsets
         guard.reservation = handoff.Reservation(ns, t, self.me, guard.write, block, point.gaps)
-        topic = await self._topics.load_topic(name, guard, initial_offset=point.start)
+        topic = await self._topics.load_topic(name, guard, initial_offset=point.start, gaps=point.gaps)
         if topic is None:
             return
+        if self.on_loaded is not None:
+            await self.on_loaded(topic)
         if topic.wal is None:
             guard.reservation = None
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
+            crashpoints.reach(crashpoints.MID_LOAD)
             if self.attach is not None:
                 await self.attach(topic, None if point.keep_local else point.start - 1)
 
@@ -199,6 +204,7 @@ class Placement:
             gaps = guard.reservation.gaps if guard.reservation is not None else []
             await guard.write(handoff.state_ops(ns, t, self.me, sealed=True,
                                                 last=topic.wal.committed_offset - 1, gaps=gaps))
+            crashpoints.reach(crashpoints.AFTER_SEAL)
 
         await self._topics.unload_topic(topic, seal)
 
