@@ -100,9 +100,18 @@ class Traffic:
         assert offsets[0] == 0
 
 
-def test_ten_moves_under_traffic_lose_nothing_and_keep_offsets_contiguous(cluster: Cluster,
-                                                                          etcd: EtcdServer) -> None:
-    brokers = cluster.start(3)
+@pytest.mark.parametrize("objects", ["folder", "s3"])
+def test_ten_moves_under_traffic_lose_nothing_and_keep_offsets_contiguous(
+        cluster: Cluster, etcd: EtcdServer, objects: str, request: pytest.FixtureRequest) -> None:
+    """Consumers resume on each new owner from their cursor, through the object tier (a shared folder, or
+    S3 on moto's server) for what the old owner uploaded while sealing."""
+    if objects == "s3":
+        moto = request.getfixturevalue("moto_server")
+        cluster.object_store = f"s3://{moto.create_bucket()}/moves"
+        brokers = cluster.start(3, s3_endpoint=moto.endpoint, s3_access_key="testing",
+                                s3_secret_key="testing")
+    else:
+        brokers = cluster.start(3)
 
     async def body() -> None:
         async with meta(etcd) as store:
