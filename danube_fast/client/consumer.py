@@ -76,6 +76,14 @@ class FastConsumer:
     async def ack(self, offsets: Sequence[int]) -> None:
         await self._send_ack(fast.Acknowledge(offsets=list(offsets)))
 
+    async def nack(self, offsets: Sequence[int], delay_ms: int | None = None) -> None:
+        """Have the broker deliver again from the lowest of `offsets` (whole batches from the one holding
+        it; records acknowledged one by one above it stay acknowledged), after `delay_ms`."""
+        ack = fast.Acknowledge(nacks=list(offsets))
+        if delay_ms is not None:
+            ack.nack_delay_ms = delay_ms
+        await self._send_ack(ack)
+
     async def _send_ack(self, ack: fast.Acknowledge) -> None:
         async with self._write_lock:
             await self._call.write(fast.ConsumeRequest(ack=ack))

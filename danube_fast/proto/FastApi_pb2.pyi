@@ -89,12 +89,16 @@ class Subscribe(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_name: _Optional[str] = ..., window_bytes: _Optional[int] = ...) -> None: ...
 
 class Acknowledge(_message.Message):
-    __slots__ = ("up_to", "offsets")
+    __slots__ = ("up_to", "offsets", "nacks", "nack_delay_ms")
     UP_TO_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    NACKS_FIELD_NUMBER: _ClassVar[int]
+    NACK_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     up_to: int
     offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, up_to: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    nacks: _containers.RepeatedScalarFieldContainer[int]
+    nack_delay_ms: int
+    def __init__(self, up_to: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., nacks: _Optional[_Iterable[int]] = ..., nack_delay_ms: _Optional[int] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
     __slots__ = ("subscribe", "ack")

@@ -132,3 +132,34 @@ def test_bad_subscriptions_are_refused(broker: Broker, topic: str) -> None:
         await producer.close()
 
     run_async(scenario())
+
+
+def test_nack_delivers_again_from_the_nacked_offset(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        producer = await FastProducer.connect(broker.target, topic, "p", reliable=True)
+        consumer = await FastConsumer.connect(broker.target, topic, "sub", "c")
+        for b in range(3):
+            await producer.send_batch([b"m-%06d" % (b * 100 + i) for i in range(100)])
+        await producer.flush()
+        stream = consumer.batches()
+        got: list[Delivery] = []
+        while sum(d.last_offset - d.first_offset + 1 for d in got) < 300:
+            got.append(await asyncio.wait_for(anext(stream), 5))
+        await consumer.ack_cumulative(99)
+        await consumer.ack([250])  # acknowledged one by one: stays acknowledged
+        await consumer.nack([150, 120], delay_ms=300)
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        again = await asyncio.wait_for(anext(stream), 5)
+        assert loop.time() - asked >= 0.25, "the nack's delay was not kept"
+        assert again.first_offset == 100, "delivery goes back to the batch holding the lowest nacked offset"
+        redelivered = records_of([again], 120)
+        assert redelivered[0].offset == 120 and redelivered[0].payload == b"m-000120"
+        await consumer.ack_cumulative(299)
+        await consumer.close()
+        resumed = await FastConsumer.connect(broker.target, topic, "sub", "c")
+        assert resumed.start_offset == 300
+        await resumed.close()
+        await producer.close()
+
+    run_async(scenario())

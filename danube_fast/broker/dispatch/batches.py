@@ -50,6 +50,7 @@ class BatchDispatcher:
         self._wake = asyncio.Event()
         self.holder = 0  # id of the fast consumer streaming from it (0: nobody)
         self._epoch = 0  # bumped when the stream goes: a read begun for the old stream is dropped
+        self._position = 0  # bumped when a nack moves `_next` back: a read begun before is dropped
         self.stopped = False  # the broker is stopping: the holding stream ends
         self.redelivered = 0
         self.dead_lettered = 0
@@ -76,7 +77,24 @@ class BatchDispatcher:
         return self.acknowledge(None, [offset]) > 0
 
     def nack(self, offset: int, delay_ms: int | None) -> bool:
-        return False  # a batch consumer rereads from the floor instead (reconnect)
+        """Deliver again from `offset` (whole batches from the one holding it), after `delay_ms`."""
+        if not self._low <= offset < self._next:
+            return False
+        if delay_ms:
+            self._loop.call_later(delay_ms / 1000, self._rewind, offset, self._epoch)
+        else:
+            self._rewind(offset, self._epoch)
+        return True
+
+    def _rewind(self, offset: int, epoch: int) -> None:
+        if epoch != self._epoch or not self._low <= offset < self._next:
+            return  # the stream went meanwhile (delivery restarted at the floor) or it was acknowledged
+        self.redelivered += sum(1 for o in range(offset, self._next) if o not in self._acked)
+        self._position += 1  # a read in progress for the old position is dropped
+        while self._sent and self._sent[-1][0] >= offset:
+            self._unacked_bytes -= self._sent.pop()[1]
+        self._next = offset if not self._sent else max(offset, self._sent[-1][0] + 1)
+        self._wake.set()
 
     @property
     def cursor(self) -> int:
@@ -143,6 +161,7 @@ class BatchDispatcher:
                     self._loop.time() >= self._next_save:
                 await self.save_cursor()
             if self._unacked_bytes < window and self._next < self._wal.committed_offset:
+                position = self._position
                 try:
                     got = await self._wal.read(self._next, min(READ_BYTES, window))
                 except OffsetOutOfRange:  # retention deleted what was not consumed
@@ -150,6 +169,8 @@ class BatchDispatcher:
                     continue
                 if self._epoch != epoch:
                     return None  # the stream this read was for is gone (a cancel can arrive too late)
+                if self._position != position:
+                    continue  # a nack moved the position back while this read ran
                 if got is not None:
                     data, next_offset = got
                     first = frames.parse_header(data).base_offset

@@ -208,3 +208,5 @@ async def _apply_acks(requests: AsyncIterator[fast.ConsumeRequest], batches: Bat
             raise invalid("after Subscribe, every request of a Consume stream must be Acknowledge")
         ack = request.ack
         batches.acknowledge(ack.up_to if ack.HasField("up_to") else None, list(ack.offsets))
+        if ack.nacks:
+            batches.nack(min(ack.nacks), ack.nack_delay_ms if ack.HasField("nack_delay_ms") else None)
