@@ -20,7 +20,10 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
     @unary
     async def TopicLookup(self, request: pb.TopicLookupRequest, context: Context) -> pb.TopicLookupResponse:
         """Connect when the topic is served here, Redirect to its owner's registered URL when another broker
-        serves it, NOT_FOUND when it is unknown or not yet assigned (C.3)."""
+        serves it, NOT_FOUND when it is unknown (C.3). A topic that exists but has no owner right now (it is
+        being placed or moved) is waited for, up to `assign_wait_ms`, before NOT_FOUND: the official client
+        gives up a send whose lookup fails after its retries (CONTRACT B.5), and a move outlasting those
+        1.5-3 s would otherwise surface as an error to the application."""
         name = parse_topic(request.topic)
         if self._topics.find(name.full) is not None:
             url = self._url()
@@ -29,6 +32,15 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
                                           connect_url=url, broker_url=url, proxy=False)
         placement = self._topics.placement
         owner = placement.owner(name) if placement is not None else None
+        if owner is None and placement is not None and self._topics.exists(name):
+            owner = await placement.wait_owner(name)
+            if owner == self._topics.broker_id and self._topics.find(name.full) is None:
+                await placement.wait_loaded(name)
+            if self._topics.find(name.full) is not None:
+                url = self._url()
+                return pb.TopicLookupResponse(request_id=request.request_id,
+                                              response_type=pb.TopicLookupResponse.Connect,
+                                              connect_url=url, broker_url=url, proxy=False)
         registration = placement.registration(owner) if placement is not None and owner is not None else None
         if registration is None or owner == self._topics.broker_id:
             raise not_found(f"Unable to find the requested topic: {name}")
