@@ -87,6 +87,7 @@ class FastProducer:
         self._open = _Open()
         self._linger_handle: asyncio.TimerHandle | None = None
         self._seq = itertools.count(1)
+        self._written = 0  # the highest seq written to a stream (on the current one, or resent on it)
         self._unacked: dict[int, _Shipped] = {}  # insertion order = seq order
         self._inflight = 0
         self._room = asyncio.Event()
@@ -197,9 +198,12 @@ class FastProducer:
         self._unacked[seq] = _Shipped(data, future)
         self._inflight += len(data)
         async with self._write_lock:
+            if seq <= self._written or seq not in self._unacked:
+                return  # a reconnect that ran while this waited for the lock has sent it already
+            self._written = seq
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 # A broken stream is noticed by the reader, which resends everything unacknowledged.
-                await self._call.write(batch_request(seq, data))
+                await self._call.write(batch_request(seq, self._unacked[seq].data))
 
     # -- the stream ---------------------------------------------------------------------------------
 
@@ -278,6 +282,7 @@ class FastProducer:
                     for seq, shipped in list(self._unacked.items()):
                         data = _with_producer_id(shipped.data, self.producer_id)
                         shipped.data = data
+                        self._written = max(self._written, seq)
                         await self._call.write(batch_request(seq, data))
                 return
             except (grpc.aio.AioRpcError, ProduceRejected):
