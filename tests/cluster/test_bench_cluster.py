@@ -37,6 +37,7 @@ def test_quick_json_run_has_its_figures_and_loses_no_ack(tmp_path: Path) -> None
     assert acks["sent"] == acks["acked"] > 0
     lost = {k: acks[k] for k in ("failed", "unresolved", "holes", "overlaps")}
     assert lost == dict.fromkeys(lost, 0) and moves["lost"] == 0
+    assert acks["rejected"] == acks["reopens"] == 0, "FastProducer did not follow the moves by itself"
 
     [upload] = report["upload"]
     assert upload["objects"] >= 1 and upload["object_bytes"] > 8 * 1024 * 1024
