@@ -79,14 +79,10 @@ class Placement:
         kv = self._cache.get(keys.broker_register(broker))
         return None if kv is None else BrokerRegistration.from_json(kv.value, key=kv.key)
 
-    async def wait_owner(self, name: TopicName) -> int | None:
-        """The topic's owner, waiting up to `assign_wait_ms` while it has none (being placed or moved)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._config.cluster.assign_wait_ms / 1000):
-                while (owner := self.owner(name)) is None:
-                    await asyncio.sleep(POLL)
-                return owner
-        return None
+    @property
+    def assign_wait(self) -> float:
+        """Seconds a caller waits for a topic without an owner to get one."""
+        return self._config.cluster.assign_wait_ms / 1000
 
     async def wait_loaded(self, name: TopicName) -> Topic | None:
         """The topic once this broker serves it; None if it went to another broker or nothing happened

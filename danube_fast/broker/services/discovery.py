@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from danube_fast.broker.errors import invalid, not_found
@@ -10,6 +11,8 @@ from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+
+LOOKUP_POLL = 0.02  # seconds between looks at a topic that has no owner right now
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):
@@ -25,28 +28,26 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
         gives up a send whose lookup fails after its retries (CONTRACT B.5), and a move outlasting those
         1.5-3 s would otherwise surface as an error to the application."""
         name = parse_topic(request.topic)
-        if self._topics.find(name.full) is not None:
-            url = self._url()
-            return pb.TopicLookupResponse(request_id=request.request_id,
-                                          response_type=pb.TopicLookupResponse.Connect,
-                                          connect_url=url, broker_url=url, proxy=False)
         placement = self._topics.placement
-        owner = placement.owner(name) if placement is not None else None
-        if owner is None and placement is not None and self._topics.exists(name):
-            owner = await placement.wait_owner(name)
-            if owner == self._topics.broker_id and self._topics.find(name.full) is None:
-                await placement.wait_loaded(name)
+        waited = 0.0
+        while True:
             if self._topics.find(name.full) is not None:
                 url = self._url()
-                return pb.TopicLookupResponse(request_id=request.request_id,
-                                              response_type=pb.TopicLookupResponse.Connect,
-                                              connect_url=url, broker_url=url, proxy=False)
-        registration = placement.registration(owner) if placement is not None and owner is not None else None
-        if registration is None or owner == self._topics.broker_id:
-            raise not_found(f"Unable to find the requested topic: {name}")
-        url = registration.broker_addr
-        return pb.TopicLookupResponse(request_id=request.request_id,
-                                      response_type=pb.TopicLookupResponse.Redirect,
+                return self._answer(request, pb.TopicLookupResponse.Connect, url)
+            owner = placement.owner(name) if placement is not None else None
+            registration = placement.registration(owner) if placement is not None and owner is not None \
+                and owner != self._topics.broker_id else None
+            if registration is not None:
+                return self._answer(request, pb.TopicLookupResponse.Redirect, registration.broker_addr)
+            if placement is None or waited >= placement.assign_wait or not self._topics.exists(name):
+                raise not_found(f"Unable to find the requested topic: {name}")
+            await asyncio.sleep(LOOKUP_POLL)  # being placed, moved, or loaded here: look again
+            waited += LOOKUP_POLL
+
+    @staticmethod
+    def _answer(request: pb.TopicLookupRequest, kind: pb.TopicLookupResponse.LookupType,
+                url: str) -> pb.TopicLookupResponse:
+        return pb.TopicLookupResponse(request_id=request.request_id, response_type=kind,
                                       connect_url=url, broker_url=url, proxy=False)
 
     @unary
