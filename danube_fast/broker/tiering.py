@@ -33,6 +33,7 @@ from danube_fast.errors import StorageError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
+from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.store import ObjectStore, open_object_store
 from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig, WriteMeta
@@ -148,9 +149,10 @@ class Tier:
         wal = await Wal.open(directory, self._config.wal)
         try:
             state = await handoff.read_state(self._store, ns, t)
-            found = await handoff.descriptors(self._store, ns, t)
+            found = await load_descriptors(self._store, ns, t)
             bound = self._bound(state, me)
-            first = _first_uncovered(found, wal.start_offset, wal.committed_offset)
+            uncovered = handoff.open_gaps([(wal.start_offset, wal.committed_offset - 1, me)], found)
+            first = uncovered[0][0] if uncovered else None
             if first is None:
                 last = wal.committed_offset - 1  # every record is in the object tier already
             elif bound is None or first > bound:
@@ -198,11 +200,3 @@ class Tier:
         puts = [op for op in ops if isinstance(op, Put) and not op.key.endswith("/objects/cur")]
         return await self._store.transaction([Compare(p.key, "version", "==", 0) for p in puts], puts, [])
 
-
-def _first_uncovered(found: Sequence[ObjectDescriptor], start: int, end: int) -> int | None:
-    """The first offset in [start, end) no descriptor covers; None if all are covered."""
-    offset = start
-    for d in found:
-        if d.start_offset <= offset <= d.end_offset:
-            offset = d.end_offset + 1
-    return offset if offset < end else None

@@ -26,20 +26,10 @@ from dataclasses import dataclass
 from danube_fast.meta import keys
 from danube_fast.meta.resources import JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
+from danube_fast.storage.objects.catalog import load_descriptors
 
 Gap = tuple[int, int, int]  # first, last offset, the broker whose WAL holds them
 FencedWrite = Callable[[Sequence[Op]], Awaitable[TxnResult]]
-
-
-async def descriptors(store: MetadataStore, namespace: str, topic: str) -> list[ObjectDescriptor]:
-    """The topic's object descriptors in offset order (objects/cur is skipped)."""
-    found = []
-    for kv in await store.get_prefix(keys.objects_prefix(namespace, topic)):
-        if kv.key == keys.objects_cur(namespace, topic):
-            continue
-        found.append(ObjectDescriptor.from_json(kv.value, key=kv.key))
-    found.sort(key=lambda d: d.start_offset)
-    return found
 
 
 def uploaded_through(found: Sequence[ObjectDescriptor]) -> int:
@@ -96,7 +86,7 @@ class LoadPoint:
 
 async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id: int) -> LoadPoint:
     state = await read_state(store, namespace, topic)
-    found = await descriptors(store, namespace, topic)
+    found = await load_descriptors(store, namespace, topic)
     uploaded = uploaded_through(found)
     top = max((d.end_offset for d in found), default=-1)
     gaps = open_gaps(state_gaps(state), found)

@@ -27,18 +27,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from danube_fast.broker.cluster.moves import Move
+from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import ClusterConfig
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.election import LeaderElection, NotLeader
-from danube_fast.meta.resources import (
-    NULL,
-    BrokerMode,
-    BrokerState,
-    LoadBalanceDecision,
-    SealedState,
-    Unassigned,
-)
+from danube_fast.meta.resources import NULL, BrokerMode, LoadBalanceDecision, SealedState, Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
 
 log = logging.getLogger("danube_fast.cluster")
@@ -55,7 +49,7 @@ class Snapshot:
     live: set[int]
     active: list[int]
     owners: dict[tuple[str, str], int]
-    unassigned: dict[tuple[str, str], tuple[Unassigned, int]]  # marker, its create revision
+    unassigned: dict[tuple[str, str], Unassigned]
 
     def counts(self) -> Counter[int]:
         c: Counter[int] = Counter({b: 0 for b in self.active})
@@ -65,31 +59,12 @@ class Snapshot:
         return c
 
 
-def snapshot(cache: LocalCache) -> Snapshot:
-    live: set[int] = set()
-    for kv in cache.get_prefix(keys.register_prefix()):
-        with contextlib.suppress(ValueError):
-            live.add(keys.parse_broker_register(kv.key))
-    active = []
-    for b in sorted(live):
-        state = cache.get(keys.broker_state(b))
-        mode = BrokerMode.ACTIVE
-        if state is not None:
-            with contextlib.suppress(ValueError):
-                mode = BrokerState.from_json(state.value, key=state.key).mode
-        if mode == BrokerMode.ACTIVE:
-            active.append(b)
-    owners: dict[tuple[str, str], int] = {}
-    for kv in cache.get_prefix(keys.brokers_prefix()):
-        with contextlib.suppress(ValueError):
-            b, ns, t = keys.parse_broker_topic(kv.key)
-            owners[(ns, t)] = b
-    unassigned: dict[tuple[str, str], tuple[Unassigned, int]] = {}
-    for kv in cache.get_prefix(keys.unassigned_prefix()):
-        with contextlib.suppress(ValueError):
-            unassigned[keys.parse_unassigned(kv.key)] = (Unassigned.from_json(kv.value, key=kv.key),
-                                                       kv.create_revision)
-    return Snapshot(live, active, owners, unassigned)
+def snapshot(view: ClusterView) -> Snapshot:
+    """Registered brokers (a broker without a state key counts as active), assignments and markers."""
+    brokers = view.brokers()
+    active = [b.broker_id for b in brokers if b.state is None or b.state.mode == BrokerMode.ACTIVE]
+    return Snapshot({b.broker_id for b in brokers}, active, view.owners(),
+                    {(u.namespace, u.topic): u.marker for u in view.unassigned()})
 
 
 def least_loaded(counts: Counter[int], candidates: list[int]) -> int | None:
@@ -104,6 +79,7 @@ class LoadManager:
                  config: ClusterConfig) -> None:
         self._store = store
         self._cache = cache
+        self._view = ClusterView(cache)
         self._election = election
         self._config = config
         self._waiting_since: dict[tuple[str, str], float] = {}
@@ -146,7 +122,7 @@ class LoadManager:
 
     async def reconcile(self) -> bool:
         """One pass; True while something waits for another pass (an unload not yet sealed)."""
-        snap = snapshot(self._cache)
+        snap = snapshot(self._view)
         counts = snap.counts()
         changed: dict[int, list[str]] = {}
         for (ns, t), owner in sorted(snap.owners.items()):
@@ -164,7 +140,7 @@ class LoadManager:
                 changed.setdefault(target, []).append(keys.topic_name(ns, t))
                 log.info("moved %s from dead broker %d to broker %d", keys.topic_name(ns, t), owner, target)
         waiting = False
-        for (ns, t), (marker, _) in sorted(snap.unassigned.items()):
+        for (ns, t), marker in sorted(snap.unassigned.items()):
             if (ns, t) in snap.owners:
                 continue  # an admin or a racing pass assigned it; the marker is stale, left alone
             source = marker.from_broker
@@ -214,7 +190,7 @@ class LoadManager:
         more (the assign step then places each on the idlest broker)."""
         if not self._election.is_leader:
             raise NotLeader(f"broker {self._election.broker_id} is not the leader: rebalance there")
-        snap = snapshot(self._cache)
+        snap = snapshot(self._view)
         counts = snap.counts()
         by_broker: dict[int, list[tuple[str, str]]] = {b: [] for b in snap.active}
         for topic, owner in sorted(snap.owners.items()):

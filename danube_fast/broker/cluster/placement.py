@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from danube_fast.broker.cluster import crashpoints, handoff
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
+from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import Topic
@@ -53,6 +54,7 @@ class Placement:
         self._config = config
         self._store = store
         self._cache = cache
+        self.view = ClusterView(cache)
         self._topics = topics
         self._membership = membership
         self.me = membership.broker_id
@@ -68,16 +70,12 @@ class Placement:
     # -- queries -------------------------------------------------------------------------------------------
 
     def owner(self, name: TopicName) -> int | None:
-        for kv in self._cache.get_prefix(keys.register_prefix()):
-            with contextlib.suppress(ValueError):
-                broker = keys.parse_broker_register(kv.key)
-                if self._cache.get(keys.broker_topic(broker, name.namespace, name.topic)) is not None:
-                    return broker
-        return None
+        """The registered broker the topic is assigned to (a dead broker's assignment does not count)."""
+        owner = self.view.owner(name.namespace, name.topic)
+        return owner if owner is not None and self.view.registration(owner) is not None else None
 
     def registration(self, broker: int) -> BrokerRegistration | None:
-        kv = self._cache.get(keys.broker_register(broker))
-        return None if kv is None else BrokerRegistration.from_json(kv.value, key=kv.key)
+        return self.view.registration(broker)
 
     @property
     def assign_wait(self) -> float:
