@@ -13,6 +13,7 @@ max_message_size = 10485760       # the gRPC inbound limit is at least twice thi
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
 segment_bytes = 134217728
+retain_bytes = 1073741824         # uploaded segments kept locally (newest first) per topic; 0 = none
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer

@@ -92,7 +92,8 @@ class Tier:
         self._store = store
         self.objects = objects
         self._uploader_config = UploaderConfig(interval=config.cluster.upload_interval_ms / 1000,
-                                               poll=min(1.0, config.cluster.upload_interval_ms / 1000))
+                                               poll=min(1.0, config.cluster.upload_interval_ms / 1000),
+                                               retain_bytes=config.wal.retain_bytes)
 
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Tier:

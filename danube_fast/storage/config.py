@@ -48,6 +48,9 @@ class WalConfig:
     index_interval_bytes: int = 4096
     index_max_bytes: int = 1024 * 1024
     cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
+    # Segments already in the object tier stay on local disk up to this many bytes per topic (the newest
+    # ones), so that catch-up reads of recent offsets stay local; 0 deletes them once uploaded.
+    retain_bytes: int = 1024 * 1024 * 1024
     max_group_bytes: int = 16 * 1024 * 1024  # one write + fsync covers at most this much
     # While other appends are still waiting for their acknowledgement (concurrent producers) and what is
     # queued is small, the writer waits this long (microseconds) for more before writing a group, so that

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from danube_fast._wal_common import LOG_SUFFIX, segment_name
 from danube_fast.errors import DanubeError, ObjectStoreUnavailable, StorageError, WalClosed, WalWriteError
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore, Op, TxnResult
@@ -59,6 +61,10 @@ class UploaderConfig:
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     delete_local: bool = True  # delete WAL segments once they are in the object tier
+    # ...but keep the newest uploaded segments up to this many bytes: catch-up reads of recent offsets stay
+    # local reads (bench/RESULTS.md "Fast API": reading them back from objects cut catch-up consume to a
+    # third). 0 = delete as soon as uploaded.
+    retain_bytes: int = 0
 
 
 @dataclass
@@ -287,11 +293,29 @@ class Uploader:
                                          f"{descriptor.object_id} was refused by its transaction's compare")
             raise self._stopped
 
+    def _retained_from(self) -> int:
+        """The base offset of the oldest segment local retention keeps: the newest segments, up to
+        `retain_bytes` together (the active one always)."""
+        bases = self._wal.segment_bases
+        keep, total = bases[-1], 0
+        for base in reversed(bases):
+            try:
+                total += os.path.getsize(os.path.join(self._wal.directory, segment_name(base, LOG_SUFFIX)))
+            except OSError:
+                continue  # deleted meanwhile
+            if total > self.config.retain_bytes:
+                break
+            keep = base
+        return keep
+
     async def _delete_local(self) -> None:
         if not self.config.delete_local or self.checkpoint < self._wal.start_offset:
             return
+        limit = self.checkpoint + 1
+        if self.config.retain_bytes:
+            limit = min(limit, self._retained_from())
         try:
-            await self._wal.delete_before(self.checkpoint + 1)
+            await self._wal.delete_before(limit)
         except WalWriteError as e:  # retention is retried after the next object
             log.warning("%s/%s: deleting uploaded WAL segments failed: %s", self.namespace, self.topic, e)
 

@@ -136,7 +136,8 @@ def test_s3_down_20s_uploads_retry_wal_kept_readers_wait_nothing_lost(
     broker = cluster.add(s3_endpoint=moto_server.endpoint, s3_access_key="testing", s3_secret_key="testing")
     # Small segments, so that uploaded ones are deleted locally and old offsets are read from S3.
     assert broker.config_file is not None
-    broker.config_file.write_text(broker.config_file.read_text() + "[wal]\nsegment_bytes = 4096\n")
+    broker.config_file.write_text(broker.config_file.read_text() + "[wal]\nsegment_bytes = 4096\n"
+                                  "retain_bytes = 0\n")
     broker.start()
     topic = "/default/s3-down"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,28 @@ def test_sealed_segments_are_uploaded_then_deleted_locally(backend: Backend, tmp
         assert up.stats.bytes == sum(d.size for d in descriptors)
         cur = await meta.get(keys.objects_cur(NS, TOPIC))
         assert cur is not None and json.loads(cur.value) == {"start": f"{descriptors[-1].start_offset:020d}"}
+        await up.close()
+        await close_all(store, meta, wal)
+
+    run(main())
+
+
+def test_local_retention_keeps_the_newest_uploaded_segments(backend: Backend, tmp_path: Path,
+                                                             run: Run) -> None:
+    async def main() -> None:
+        store, meta, wal = await open_topic(await backend.open(), tmp_path, 2048)
+        await fill(wal, 0, 40)  # 160 records over several 2 KiB segments
+        bases = wal.segment_bases
+        assert len(bases) > 4
+        up = uploader(wal, store, meta, checkpoint=None, config=replace(FAST, retain_bytes=3 * 2048))
+        await up.start()
+        await until(lambda: up.checkpoint == bases[-1] - 1)
+        # Everything sealed is in the object tier, but the newest segments within the budget stay local.
+        await until(lambda: wal.start_offset > 0)
+        kept = wal.segment_bases
+        assert kept[-1] == bases[-1] and 1 < len(kept) <= 3, kept
+        assert kept == bases[-len(kept):]
+        check_sequence(await stored_records(store, f"{NS}/{TOPIC}/"), range(bases[-1]))
         await up.close()
         await close_all(store, meta, wal)
 
