@@ -384,9 +384,12 @@ async def collect(handles: Sequence[ConsumerHandle], total: int, *, ack: bool,
     """Read every handle concurrently until `total` messages arrived in all, acking each if `ack`."""
     got: dict[str, list[Any]] = {h.name: [] for h in handles}
     done = asyncio.Event()
+    stopped = False
 
     async def drain(handle: ConsumerHandle) -> None:
-        while True:
+        # `stopped`, not only cancel(): Python 3.11's wait_for (inside `ack`) can swallow a cancellation
+        # that arrives as the ack completes, and the drain would then wait on the queue for ever.
+        while not stopped:
             message = await handle.queue.get()
             got[handle.name].append(message)
             if ack:
@@ -406,9 +409,12 @@ async def collect(handles: Sequence[ConsumerHandle], total: int, *, ack: bool,
             counts = {name: len(ms) for name, ms in got.items()}
             raise AssertionError(f"{sum(counts.values())} of {total} messages within {timeout} s: {counts}")
     finally:
+        stopped = True
         for future in (waiter, *tasks):
             future.cancel()
-        await asyncio.gather(waiter, *tasks, return_exceptions=True)
+        _, stuck = await asyncio.wait([waiter, *tasks], timeout=RPC_TIMEOUT)
+        for future in stuck:  # swallowed the cancellation while its ack completed: once more
+            future.cancel()
     return got
 
 
