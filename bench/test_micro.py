@@ -7,6 +7,7 @@ Each benchmark also checks its output, so a fast wrong answer fails instead of l
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -17,6 +18,9 @@ import pytest
 
 from bench import codec, disk
 from danube_fast import frames
+from danube_fast.storage.objects.folder import FolderStore
+from danube_fast.storage.objects.format import build_object
+from danube_fast.storage.uploader import READ_BYTES
 from danube_fast.wal_engine import SegmentedLog
 
 pytest.importorskip("pytest_benchmark")
@@ -116,3 +120,75 @@ def test_engine_append_sync_256k(benchmark: Benchmark, tmp_path: Path) -> None:
         assert log.next_offset == 52 * 64
     finally:
         log.close()
+
+
+# The uploader's object build and store (danube_fast/storage/uploader.py): 64 MiB objects, 8 MiB WAL reads.
+
+OBJECT_BYTES = 64 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def wal_reads() -> list[bytes]:
+    """A 64 MiB object's body as the uploader reads it: WAL reads of at most READ_BYTES, whole ~265 KB batches
+    of 1,000 records of 256 bytes (a fast-API batch), offsets contiguous."""
+    batch_bytes = len(codec.batches_buffer(1, RECORDS, PAYLOAD))
+    body = codec.batches_buffer(OBJECT_BYTES // batch_bytes, RECORDS, PAYLOAD)
+    reads: list[bytes] = []
+    start = end = 0
+    for h in frames.scan_batches(body, verify=False):
+        if h.end - start > READ_BYTES:
+            reads.append(body[start:end])
+            start = end
+        end = h.end
+    reads.append(body[start:end])
+    return reads
+
+
+def _joined_verified_build(reads: list[bytes]) -> bytes:
+    """The build before objects were stored as parts: join the reads, verify every CRC, join the object."""
+    return build_object(b"".join(reads), verify=True).data
+
+
+def test_build_object_joined_verified(benchmark: Benchmark, wal_reads: list[bytes]) -> None:
+    benchmark.extra_info["bytes"] = sum(map(len, wal_reads))
+    data = benchmark(_joined_verified_build, wal_reads)
+    assert len(data) == build_object(wal_reads, verify=False).size
+
+
+def test_build_object_parts(benchmark: Benchmark, wal_reads: list[bytes]) -> None:
+    """What the uploader does now: the reads become the object's parts, batch framing checked, no CRC."""
+    benchmark.extra_info["bytes"] = sum(map(len, wal_reads))
+    built = benchmark(lambda: build_object(wal_reads, verify=False))
+    assert built.parts[1:-1] == tuple(wal_reads) and built.data == _joined_verified_build(wal_reads)
+
+
+@pytest.fixture
+def folder_store(tmp_path: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, FolderStore]]:
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop, loop.run_until_complete(FolderStore.open(tmp_path / "objects"))
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+def test_folder_put_joined(benchmark: Benchmark, wal_reads: list[bytes],
+                           folder_store: tuple[asyncio.AbstractEventLoop, FolderStore]) -> None:
+    """The 64 MiB object joined, then put (write, fsync, rename, fsync dir); disk-bound: 5 rounds."""
+    loop, store = folder_store
+    built = build_object(wal_reads, verify=False)
+    benchmark.extra_info["bytes"] = built.size
+    benchmark.pedantic(lambda: loop.run_until_complete(store.put("ns/t/o.dnb1", b"".join(built.parts))),
+                       rounds=5, warmup_rounds=1, iterations=1)
+    assert os.path.getsize(os.path.join(store.root, "ns", "t", "o.dnb1")) == built.size
+
+
+def test_folder_put_parts(benchmark: Benchmark, wal_reads: list[bytes],
+                          folder_store: tuple[asyncio.AbstractEventLoop, FolderStore]) -> None:
+    """The same object's parts written with writev, then fsync, rename, fsync dir; disk-bound: 5 rounds."""
+    loop, store = folder_store
+    built = build_object(wal_reads, verify=False)
+    benchmark.extra_info["bytes"] = built.size
+    benchmark.pedantic(lambda: loop.run_until_complete(store.put_parts("ns/t/o.dnb1", built.parts)),
+                       rounds=5, warmup_rounds=1, iterations=1)
+    assert os.path.getsize(os.path.join(store.root, "ns", "t", "o.dnb1")) == built.size

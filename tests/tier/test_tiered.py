@@ -3,7 +3,7 @@ topic move (seed 004), and a store outage surfacing as a retriable error."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.storage import Wal
 from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.objects.store import ObjectStore, object_key
 from danube_fast.storage.tiered import CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig
@@ -37,6 +38,9 @@ class CountingStore:
 
     async def put(self, key: str, data: bytes) -> str | None:
         return await self.inner.put(key, data)
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
+        return await self.inner.put_parts(key, parts)
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         self.gets.append((key, start, end))

@@ -42,7 +42,9 @@ Owner: nothing here holds state; the uploader builds objects, readers parse them
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from danube_fast import frames
@@ -86,35 +88,71 @@ class Footer:
 
 @dataclass(frozen=True)
 class BuiltObject:
-    data: bytes
+    """An object as the parts it is stored from: its header, the body's chunks as they were given (not
+    copied), and the footer with the trailer; `size` bytes in all. An object store writes the parts without
+    joining them (ObjectStore.put_parts)."""
+
+    parts: tuple[Buffer, ...]
     footer: Footer
 
+    @property
+    def size(self) -> int:
+        return self.footer.object_size
 
-def build_object(body: Buffer, index_interval: int = DEFAULT_INDEX_INTERVAL) -> BuiltObject:
-    """An object holding the whole batches of `body` (verified: structure and CRC). Raises FrameCorrupt for
-    a bad body and ValueError for an empty one or one whose offsets are not contiguous."""
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The object's bytes in one buffer (joined on first use: a copy of the whole object)."""
+        return b"".join(self.parts)
+
+
+def build_object(body: Buffer | Sequence[Buffer], index_interval: int = DEFAULT_INDEX_INTERVAL, *,
+                 verify: bool = True) -> BuiltObject:
+    """An object holding the whole batches of `body`: one buffer, or chunks of whole batches that follow each
+    other (kept as they are: the object is not joined). Every batch's framing is checked, and its CRC and
+    records too when `verify`. Raises FrameCorrupt for a bad body (the position counts from the body's
+    start) and ValueError for an empty one or one whose offsets are not contiguous."""
     if index_interval <= 0:
         raise ValueError(f"index_interval must be positive, not {index_interval}")
-    headers = frames.scan_batches(body, verify=True)
-    if not headers:
-        raise ValueError("an object holds at least one batch")
+    chunks = [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
     index: list[tuple[int, int]] = []
     indexed_at = -index_interval
-    expected = headers[0].base_offset
-    min_time, max_time = headers[0].base_timestamp, headers[0].max_timestamp
-    for h in headers:
-        if h.base_offset != expected:
-            raise ValueError(f"batch at byte {h.position} starts at offset {h.base_offset}, not {expected}: "
-                             f"an object's offsets are contiguous")
-        expected = h.base_offset + h.record_count
-        min_time, max_time = min(min_time, h.base_timestamp), max(max_time, h.max_timestamp)
-        if h.position - indexed_at >= index_interval:
-            index.append((h.base_offset, HEADER_SIZE + h.position))
-            indexed_at = h.position
-    body_end = HEADER_SIZE + len(memoryview(body))
-    footer = Footer(headers[0].base_offset, expected - 1, min_time, max_time, body_end, len(headers),
+    first: frames.BatchHeader | None = None
+    expected = min_time = max_time = batch_count = base = 0
+    for chunk in chunks:
+        for h in _scan_chunk(chunk, base, verify):
+            position = base + h.position
+            if first is None:
+                first, expected = h, h.base_offset
+                min_time, max_time = h.base_timestamp, h.max_timestamp
+            elif h.base_offset != expected:
+                raise ValueError(f"batch at byte {position} starts at offset {h.base_offset}, not "
+                                 f"{expected}: an object's offsets are contiguous")
+            expected = h.base_offset + h.record_count
+            min_time, max_time = min(min_time, h.base_timestamp), max(max_time, h.max_timestamp)
+            batch_count += 1
+            if position - indexed_at >= index_interval:
+                index.append((h.base_offset, HEADER_SIZE + position))
+                indexed_at = position
+        base += memoryview(chunk).nbytes
+    if first is None:
+        raise ValueError("an object holds at least one batch")
+    footer = Footer(first.base_offset, expected - 1, min_time, max_time, HEADER_SIZE + base, batch_count,
                     tuple(index))
-    return BuiltObject(b"".join([_HEADER.pack(MAGIC, VERSION, 0), body, encode_footer(footer)]), footer)
+    parts = [_HEADER.pack(MAGIC, VERSION, 0), *(c for c in chunks if memoryview(c).nbytes),
+             encode_footer(footer)]
+    return BuiltObject(tuple(parts), footer)
+
+
+def _scan_chunk(chunk: Buffer, base: int, verify: bool) -> list[frames.BatchHeader]:
+    """scan_batches of one body chunk that starts at body byte `base`; a FrameCorrupt names the body
+    position."""
+    try:
+        return frames.scan_batches(chunk, verify=verify)
+    except FrameCorrupt as e:
+        if not base:
+            raise
+        message = str(e).removesuffix(f" (batch at byte {e.position})")
+        raise FrameCorrupt(f"{message}, in the body chunk at byte {base}", base + e.position) from e
 
 
 def encode_footer(footer: Footer) -> bytes:

@@ -13,7 +13,9 @@ ObjectStoreError. The botocore exception is chained as the cause.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -22,6 +24,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from danube_fast.errors import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable
+from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.objects.store import check_key
 
 _TRANSIENT_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
@@ -69,6 +72,12 @@ class S3Store:
             raise self._error(e, "put", key) from e
         etag = answer.get("ETag")
         return etag.strip('"') if isinstance(etag, str) else None
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
+        # aiobotocore sends (and checksums) one body, so the parts are joined: in a worker thread, since
+        # bytes.join drops the GIL while it copies a large result and the event loop keeps running.
+        data = await asyncio.get_running_loop().run_in_executor(None, b"".join, parts)
+        return await self.put(key, data)
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._key(key)

@@ -12,10 +12,12 @@ are `danube_fast.meta.keys`'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from danube_fast.errors import ObjectStoreError
+from danube_fast.storage.objects.format import Buffer
 
 OBJECT_SUFFIX = ".dnb1"
 
@@ -29,6 +31,12 @@ class ObjectStore(Protocol):
     async def put(self, key: str, data: bytes) -> str | None:
         """Store `data` under `key` durably (replacing any object there) before returning; the store's etag
         (S3's, without quotes), or None when it has none (a folder)."""
+        ...
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
+        """`put` of the concatenation of `parts`, which the store may write without joining them (a folder
+        writes them with writev; S3 takes one body, so it joins them). The parts must not change until
+        this returns."""
         ...
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
