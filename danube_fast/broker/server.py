@@ -215,6 +215,7 @@ class Broker:
     async def stop(self) -> None:
         if self.cluster is not None:
             await self.cluster.drain()
+        self.topics.stopping = True
         for c in self.topics.consumers.values():
             c.end_streams()  # streams end with OK, so clients notice and re-lookup (CONTRACT C.8)
         for topic in self.topics.topics.values():

@@ -70,6 +70,7 @@ log = logging.getLogger("danube_fast.broker")
 BOOTSTRAP_NAMESPACES = ("default", "system")
 CACHE_WAIT = 5.0  # seconds to wait for the cache to see this broker's own write
 TOMBSTONE_SECONDS = 60.0
+MOVED_SECONDS = 600.0  # how long clients of a topic that moved away get UNAVAILABLE ("look it up") here
 STREAM_WAIT = 10.0  # seconds a subscribed consumer may go without opening its stream before it counts as gone
 
 
@@ -99,6 +100,7 @@ class Topics:
         # Cluster mode: topics this broker let go of and their producers, by when (their clients get
         # UNAVAILABLE and look the topic up again); `placement` waits for a new topic's assignment.
         self.moved_topics: dict[str, float] = {}
+        self.stopping = False  # the broker is shutting down: streams end with UNAVAILABLE, not OK
         self.moved_producers: dict[int, float] = {}
         self.placement: Placement | None = None
         self.tier: Tier | None = None
@@ -214,10 +216,12 @@ class Topics:
         flushed through the topic's guard and `seal` runs before the WAL is deleted; without it (the
         ownership was lost) nothing is written and the WAL stays on disk for orphan recovery."""
         if topic.guard is not None:
-            topic.guard.closing = True
+            topic.guard.close()
             await topic.guard.settle()
         self.topics.pop(topic.full, None)
         now = time.monotonic()
+        self.moved_topics = {k: t for k, t in self.moved_topics.items() if now - t < MOVED_SECONDS}
+        self.moved_producers = {k: t for k, t in self.moved_producers.items() if now - t < MOVED_SECONDS}
         self.moved_topics[topic.full] = now
         for entry in topic.producers.values():
             self.producers.pop(entry.producer_id, None)

@@ -5,7 +5,13 @@ WAL (docs/FORMAT.md); decode them with `danube_fast.frames` (`decode_records`, o
 pyarrow RecordBatch), skipping offsets below `start_offset` (a batch is delivered whole). `records()` does
 that for you, one Record at a time. Acknowledge with `ack_cumulative(offset)` (everything up to it) or
 `ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes`.
-Unacknowledged records come again after a reconnect (at least once).
+
+The consumer follows its topic: when the stream fails with a retriable status (the broker stops, or the
+topic moves to another broker in a cluster: UNAVAILABLE), it looks the topic up (Discovery, as the official
+client does), subscribes again on the broker that serves it and goes on from the subscription's saved
+cursor. Records not acknowledged before that come again (at least once); so may records whose ack was in
+flight. The stream ends for good (`batches()` returns) when the subscription is deleted or taken back by a
+Danube API consumer.
 """
 
 from __future__ import annotations
@@ -19,9 +25,14 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
-from danube_fast.client.producer import CHANNEL_OPTIONS, first_answer
+from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
+from danube_fast.client.producer import RETRIABLE, ProduceRejected, first_answer
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+
+# While the old stream of a reconnecting consumer is still being torn down, its broker may still name it
+# the holder of the subscription for a moment.
+RESUBSCRIBE_CODES = frozenset({"PERMISSION_DENIED"})
 
 
 @dataclass(frozen=True)
@@ -32,32 +43,49 @@ class Delivery:
 
 
 class FastConsumer:
-    def __init__(self, channel: grpc.aio.Channel, call: Any, start_offset: int, consumer_id: int) -> None:
-        self._channel = channel
-        self._call = call
-        self.start_offset = start_offset
-        self.consumer_id = consumer_id
+    def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 8 << 20,
+                 reconnect_tries: int = 50) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.name = name
+        self.start_offset = 0  # the first offset the current stream delivers
+        self.consumer_id = 0
+        self.reconnects = 0
+        self._target = target
+        self._window = window_bytes
+        self._reconnect_tries = reconnect_tries
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._call: Any = None
         self._write_lock = asyncio.Lock()
+        self._closed = False
 
     @classmethod
-    async def connect(cls, target: str, topic: str, subscription: str, name: str, *,
-                      window_bytes: int = 8 << 20) -> FastConsumer:
-        channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    async def connect(cls, target: str, topic: str, subscription: str, name: str, **options: Any
+                      ) -> FastConsumer:
+        """Subscribe `name` to `subscription` of `topic`, asking `target` (host:port of a broker's client
+        API) where the topic is served. Options: window_bytes, reconnect_tries."""
+        consumer = cls(target, topic, subscription, name, **options)
         try:
-            stub: Any = fast_grpc.FastConsumerStub(channel)  # type: ignore[no-untyped-call]
-            call = stub.Consume()
-            await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
-                topic=topic, subscription=subscription, consumer_name=name, window_bytes=window_bytes)))
-            response = await first_answer(call, "subscribed", "subscribe the consumer")
+            await consumer._open(resubscribing=False)
         except BaseException:
-            await channel.close()
+            await consumer._channel.close()
             raise
-        return cls(channel, call, response.subscribed.start_offset, response.subscribed.consumer_id)
+        return consumer
 
     async def batches(self) -> AsyncIterator[Delivery]:
-        """Deliveries until the broker ends the stream (it stops, or the subscription was taken over)."""
-        while True:
-            response = await self._call.read()
+        """Deliveries until the subscription ends (deleted, or taken back by a Danube API consumer) or the
+        consumer is closed; across reconnects. Raises ProduceRejected when reconnecting gave up, and the
+        stream's AioRpcError for a status that is not retriable."""
+        while not self._closed:
+            try:
+                response = await self._call.read()
+            except grpc.aio.AioRpcError as e:
+                if self._closed:
+                    return
+                if e.code() not in RETRIABLE:
+                    raise
+                await self._open(resubscribing=True)
+                continue
             if response is grpc.aio.EOF:
                 return
             r = response.records
@@ -85,21 +113,72 @@ class FastConsumer:
         await self._send_ack(ack)
 
     async def _send_ack(self, ack: fast.Acknowledge) -> None:
+        """An ack on a stream that just failed is dropped: the records come again after the reconnect, and
+        the broker ignores acks of offsets it has not sent on the new stream yet."""
         async with self._write_lock:
-            await self._call.write(fast.ConsumeRequest(ack=ack))
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await self._call.write(fast.ConsumeRequest(ack=ack))
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop, and return once the broker ended the stream: it has then applied every ack sent, saved the
         cursor and released the subscription (another consumer may take it at once). Deliveries still on
         their way are dropped; they come again to the next consumer."""
-        async with self._write_lock:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await self._call.done_writing()
-        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
-            await asyncio.wait_for(self._drain(), timeout)
+        self._closed = True
+        if not (self._call.done() or self._call.cancelled()):  # a task cancelled in read() cancels it
+            async with self._write_lock:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await self._call.done_writing()
+            with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                await asyncio.wait_for(self._drain(), timeout)
         self._call.cancel()
         await self._channel.close()
 
     async def _drain(self) -> None:
         while await self._call.read() is not grpc.aio.EOF:
             pass
+
+    # -- following the topic --------------------------------------------------------------------------
+
+    async def _open(self, *, resubscribing: bool) -> None:
+        """Look the topic up and subscribe on the broker that serves it, retrying retriable refusals (the
+        topic is being placed or moved) with a short backoff."""
+        if resubscribing:
+            self.reconnects += 1
+            if self._call is not None:
+                self._call.cancel()
+        error: ProduceRejected | None = None
+        for attempt in range(self._reconnect_tries):
+            await asyncio.sleep(min(0.02 * attempt, 1.0))
+            if self._closed:
+                raise ProduceRejected("CANCELLED", "the consumer is closed")
+            try:
+                self._channel, self._target = await follow(self._channel, self._target, self.topic)
+                async with self._write_lock:
+                    await self._subscribe()
+                return
+            except ProduceRejected as e:
+                if not (e.retriable or (resubscribing and e.grpc_code in RESUBSCRIBE_CODES)):
+                    raise
+                error = e
+        assert error is not None
+        raise ProduceRejected(error.grpc_code, f"gave up subscribing after {self._reconnect_tries} tries: "
+                                               f"{error}", True)
+
+    async def _subscribe(self) -> None:
+        stub: Any = fast_grpc.FastConsumerStub(self._channel)  # type: ignore[no-untyped-call]
+        call = stub.Consume()
+        try:
+            await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
+                topic=self.topic, subscription=self.subscription, consumer_name=self.name,
+                window_bytes=self._window)))
+            response = await first_answer(call, "subscribed", "subscribe the consumer")
+        except grpc.aio.AioRpcError as e:  # the write failed: the broker is not there (yet)
+            call.cancel()
+            raise ProduceRejected(e.code().name, e.details() or "subscribing failed", e.code() in RETRIABLE
+                                  ) from e
+        except BaseException:
+            call.cancel()
+            raise
+        self._call = call
+        self.start_offset = response.subscribed.start_offset
+        self.consumer_id = response.subscribed.consumer_id

@@ -14,6 +14,8 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 LOOKUP_TIMEOUT = 5.0  # seconds
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
+                   ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 
 async def lookup(channel: grpc.aio.Channel, topic: str) -> str | None:
@@ -27,3 +29,14 @@ async def lookup(channel: grpc.aio.Channel, topic: str) -> str | None:
         return None
     url: str = response.broker_url or response.connect_url
     return url.removeprefix("http://").removeprefix("https://") or None
+
+
+async def follow(channel: grpc.aio.Channel, target: str, topic: str) -> tuple[grpc.aio.Channel, str]:
+    """(channel, target) for the broker serving `topic`: the ones given when the lookup names `target` or
+    says nothing, else a new channel to the broker it names (the old channel is closed)."""
+    found = await lookup(channel, topic)
+    if found is None or found == target:
+        return channel, target
+    new = grpc.aio.insecure_channel(found, options=CHANNEL_OPTIONS)
+    await channel.close()
+    return new, found

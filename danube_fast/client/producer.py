@@ -29,15 +29,13 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
-from danube_fast.client.lookup import lookup
+from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
 RETRIABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                        grpc.StatusCode.DEADLINE_EXCEEDED})
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
-                   ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 Offsets = tuple[int, int]
 
@@ -262,13 +260,10 @@ class FastProducer:
 
     async def _locate(self) -> None:
         """Follow the topic to the broker that serves it (a new channel when that is another broker)."""
-        target = await lookup(self._channel, self.topic)
-        if target is None or target == self._target:
-            return
-        old, self._target = self._channel, target
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = fast_grpc.FastProducerStub(self._channel)  # type: ignore[no-untyped-call]
-        await old.close()
+        channel, self._target = await follow(self._channel, self._target, self.topic)
+        if channel is not self._channel:
+            self._channel = channel
+            self._stub = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
 
     async def _reconnect(self, cause: grpc.aio.AioRpcError | ProduceRejected) -> None:
         """Look the topic up, open a new stream and send every unacknowledged batch again (re-stamped with

@@ -124,7 +124,9 @@ class FastConsumerServicer:
         """The first request subscribes (Subscribe, answered by Subscribed); later requests acknowledge. The
         broker streams Records (whole record batches from the WAL, docs/FORMAT.md) while the bytes it sent and
         the consumer has not acknowledged stay under the window. Reliable topics only; the subscription is
-        exclusive to this consumer (the Danube API's Exclusive subscription, the same cursor).
+        exclusive to this consumer (the Danube API's Exclusive subscription, the same cursor). The stream ends
+        with UNAVAILABLE when the topic leaves the broker (it moved, or the broker stops): look the topic up and
+        subscribe again, from the saved cursor; with OK when the subscription was deleted or taken back.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -126,6 +126,12 @@ class Uploader:
         """Why the uploader stopped for good (a refused descriptor write), or None while it runs."""
         return self._stopped
 
+    def rearm(self) -> None:
+        """Forget why the uploader stopped, so that `drain()` tries again. The sealed unload calls this once
+        its writes are fenced on the unload marker: an upload that finished between the deletion of the
+        assignment and that switch was refused, and its object must still be published before the seal."""
+        self._stopped = None
+
     async def start(self) -> None:
         if self._checkpoint is None:
             self._checkpoint = last_uploaded_offset(await load_descriptors(self._meta, self.namespace,

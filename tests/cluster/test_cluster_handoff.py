@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import pytest
 
 from danube_fast.broker.cluster import handoff
+from danube_fast.broker.cluster.guard import TopicGuard
+from danube_fast.broker.errors import ApiError
 from danube_fast.meta import keys
+from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
 
@@ -111,4 +114,88 @@ def test_reservation_extends_ahead_and_state_ops(store: Any) -> None:
             assert await s.get(keys.sealed_state("ns", "t")) is None
             assert handoff.state_ops("ns", "t", 5, sealed=False, last=-1, gaps=[]) == []
             assert isinstance(handoff.state_ops("ns", "t", 5, sealed=True, last=7, gaps=[])[0], Put)
+    run(body())
+
+
+async def _guard(s: MetadataStore, written: Callable[[], None] = lambda: None
+                 ) -> tuple[TopicGuard, Ownership]:
+    """A TopicGuard on a real assignment of topic ns/t to broker 5; `written` runs when a reservation write
+    has just completed, before the guard goes on."""
+    key = keys.broker_topic(5, "ns", "t")
+    await s.put(key, b"null")
+    ownership = await Ownership.acquire(s, 5, "ns", "t", lambda: float("inf"))
+    guard = TopicGuard("/ns/t", ownership, lambda: (1, 0), lambda: False)
+
+    async def write(ops: Sequence[Op]) -> TxnResult:
+        result = await guard.write(ops)
+        written()
+        return result
+
+    guard.reservation = handoff.Reservation("ns", "t", 5, write, 1000, [])
+    return guard, ownership
+
+
+def test_admissions_keep_their_order_while_the_reservation_is_written(store: Any) -> None:
+    """An append that waits for the reservation holds back the ones after it: a producer's batches reach
+    the WAL in the order it sent them. (The cluster bench found two batches swapped right after a load:
+    appends that arrived as the load's reservation write completed went before one that had waited.)"""
+    async def body() -> None:
+        async with store() as s:
+            order: list[int] = []
+            later: list[asyncio.Task[None]] = []
+
+            async def append(n: int) -> None:
+                await guard.admit(10)
+                order.append(n)  # the WAL takes the append right after admit, without awaiting
+                guard.done()
+
+            def arrive() -> None:
+                if not later:
+                    later.extend(asyncio.create_task(append(n)) for n in (1, 2))
+
+            guard, _ = await _guard(s, arrive)
+            loading = asyncio.create_task(guard.admit(0))  # what a load does first: write the reservation
+            await asyncio.sleep(0)
+            first = asyncio.create_task(append(0))  # waits for that reservation
+            await asyncio.gather(loading, first)
+            await asyncio.gather(*later)
+            assert order == [0, 1, 2]
+            assert guard.next == 30
+    run(body())
+
+
+def test_confirm_waits_for_the_seal_when_the_assignment_went(store: Any) -> None:
+    """An unload deletes the assignment before the owner seals: an append written in between is in the
+    sealed state, so it is confirmed once the seal's fence (the unload marker) replaced the lost ownership
+    rather than refused (which would have its producer store it again at the next owner)."""
+    async def body() -> None:
+        async with store() as s:
+            guard, ownership = await _guard(s)
+            await guard.admit(1)
+            guard.done()
+            await s.delete(ownership.key)
+            with pytest.raises(OwnershipLost):
+                await ownership.write_fenced([Put("/x", b"1")])  # a cursor write finds the assignment gone
+            confirming = asyncio.create_task(guard.confirm())
+            await asyncio.sleep(0.05)
+            assert not confirming.done()
+            await s.put(keys.unassigned("ns", "t"), b"{}")
+            kv = await s.get(keys.unassigned("ns", "t"))
+            assert kv is not None
+            guard.ownership = Ownership(s, kv.key, kv.create_revision, lambda: float("inf"))
+            guard.close()
+            await asyncio.wait_for(confirming, 1)
+            # dropped instead of sealed: refused
+            guard2, ownership2 = await _guard(s)
+            await guard2.admit(1)
+            guard2.done()
+            await s.delete(ownership2.key)
+            with pytest.raises(OwnershipLost):
+                await ownership2.write_fenced([Put("/x", b"1")])
+            confirming = asyncio.create_task(guard2.confirm())
+            await asyncio.sleep(0.05)
+            guard2.close()
+            with pytest.raises(ApiError) as refused:
+                await asyncio.wait_for(confirming, 1)
+            assert refused.value.grpc_code == "UNAVAILABLE"
     run(body())

@@ -10,7 +10,10 @@ topic's offset Reservation (handoff.py):
   so the sealed state covers all of them);
 - `confirm()` before the append is acknowledged: the ownership checks again, since the fsync may have
   outlasted the lease (not the closing flag: an append admitted before the unload began is sealed with the
-  topic, so acknowledging it is right);
+  topic, so acknowledging it is right). When the assignment was found gone meanwhile (an unload deletes it
+  before this broker seals), `confirm` waits for the placement's decision: a seal covers the append, so it
+  is acknowledged (refusing would make the client store it a second time at the next owner); a loss
+  refuses it;
 - `write(ops)`: every metadata write the owner makes (cursors, descriptors, reservations, the sealed state)
   is a transaction fenced on the assignment, or, while sealing after an unload, on the unload marker that
   names this broker.
@@ -22,6 +25,7 @@ Owner: the topic (on the event loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -31,6 +35,8 @@ from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.store import MetadataError, Op, TxnResult
 
 log = logging.getLogger("danube_fast.cluster")
+
+DECISION_WAIT = 5.0  # seconds `confirm` waits for the placement to seal or drop a topic whose assignment went
 
 
 class TopicGuard:
@@ -43,12 +49,21 @@ class TopicGuard:
         self._validated = epoch()
         self.reservation: Reservation | None = None
         self.next = 0  # the offset the next admitted record gets (Reliable)
-        self.closing = False
+        self._closing = asyncio.Event()
         self._pending = 0  # admitted appends not done yet
         self._idle = asyncio.Event()
         self._idle.set()
         self._extending: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one revalidation or reservation write at a time
+        self._order = asyncio.Lock()  # admissions in arrival order (asyncio.Lock is FIFO)
+
+    @property
+    def closing(self) -> bool:
+        """The topic is being unloaded (sealed or dropped): no new appends."""
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
 
     def _refuse(self, why: str) -> ApiError:
         return unavailable(f"{self.full} is not served by this broker any more ({why}): redo the lookup")
@@ -73,22 +88,27 @@ class TopicGuard:
             raise unavailable(f"{self.full}: cannot confirm ownership: {e}") from e
 
     async def admit(self, records: int) -> None:
-        """Raises, or returns with the append counted as pending: the caller calls `done()` after it."""
-        await self._check(True)
-        reservation = self.reservation
-        if reservation is not None:
-            last = self.next + records - 1
-            if reservation.needs(last):
-                async with self._lock:
-                    if reservation.needs(last):
-                        await self._extend(last)
-                if self.closing:  # the unload began while the reservation was written
-                    raise self._refuse("it is moving")
-            elif reservation.low(last) and self._extending is None:
-                self._extending = asyncio.create_task(self._extend_quietly(last))
-            self.next += records
-        self._pending += 1
-        self._idle.clear()
+        """Raises, or returns with the append counted as pending: the caller calls `done()` after it and
+        appends right away (no await in between), so appends reach the WAL in the order they were admitted.
+        Admissions are first come, first served: one that must wait (a revalidation, a reservation being
+        written) holds back those after it, which would otherwise overtake it and reorder a producer's
+        batches."""
+        async with self._order:
+            await self._check(True)
+            reservation = self.reservation
+            if reservation is not None:
+                last = self.next + records - 1
+                if reservation.needs(last):
+                    async with self._lock:
+                        if reservation.needs(last):
+                            await self._extend(last)
+                    if self.closing:  # the unload began while the reservation was written
+                        raise self._refuse("it is moving")
+                elif reservation.low(last) and self._extending is None:
+                    self._extending = asyncio.create_task(self._extend_quietly(last))
+                self.next += records
+            self._pending += 1
+            self._idle.clear()
 
     def done(self) -> None:
         self._pending -= 1
@@ -96,7 +116,15 @@ class TopicGuard:
             self._idle.set()
 
     async def confirm(self) -> None:
-        await self._check(False)
+        try:
+            await self._check(False)
+        except ApiError:
+            if self.closing or self.ownership.lost_reason is None:
+                raise
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DECISION_WAIT):
+                    await self._closing.wait()
+            await self._check(False)  # a seal fenced on the unload marker replaced the lost ownership
 
     async def _extend(self, last: int) -> None:
         assert self.reservation is not None

@@ -104,9 +104,16 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     fut.set_exception(e)
                 else:
                     fut = asyncio.ensure_future(_publish(topic, data, records))
+                    # Should the client go first, nobody answers this one: its outcome is not an error here.
+                    fut.add_done_callback(_retrieved)
                 await pending.put((batch.seq, fut))
         finally:
             await pending.put(None)
+
+
+def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _publish(topic: Topic, data: bytes, records: int) -> tuple[int, int, int]:
@@ -191,6 +198,11 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 error = reader.exception()
                 assert isinstance(error, DanubeError)
                 await context.abort(grpc.StatusCode[error.grpc_code], str(error))
+            if self._topics.stopping or self._topics.find(topic.full) is not topic:
+                # Not the end of the subscription: the client looks the topic up and subscribes again.
+                why = "the broker is stopping" if self._topics.stopping else "the topic left this broker"
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"{why}: look {topic.full} up again and resubscribe")
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, DanubeError, grpc.aio.AioRpcError):
