@@ -100,10 +100,10 @@ class Topics:
         # Cluster mode: topics this broker let go of and their producers, by when (their clients get
         # UNAVAILABLE and look the topic up again); `placement` waits for a new topic's assignment.
         self.moved_topics: dict[str, float] = {}
-        self.stopping = False  # the broker is shutting down: streams end with UNAVAILABLE, not OK
         self.moved_producers: dict[int, float] = {}
         self.placement: Placement | None = None
         self.tier: Tier | None = None
+        self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
 
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None

@@ -84,7 +84,12 @@ class FastConsumer:
                     return
                 if e.code() not in RETRIABLE:
                     raise
-                await self._open(resubscribing=True)
+                try:
+                    await self._open(resubscribing=True)
+                except ProduceRejected:
+                    if self._closed:
+                        return
+                    raise
                 continue
             if response is grpc.aio.EOF:
                 return
