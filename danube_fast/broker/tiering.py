@@ -29,12 +29,12 @@ from danube_fast.broker.cluster import handoff
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import Topic
-from danube_fast.errors import StorageError
+from danube_fast.errors import DanubeError, StorageError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
 from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.storage.objects.store import ObjectStore, open_object_store
+from danube_fast.storage.objects.store import ObjectStore, open_object_store, topic_objects_prefix
 from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig, WriteMeta
 from danube_fast.storage.wal import Buffer, Wal
@@ -142,6 +142,22 @@ class Tier:
         uploader, topic.uploader = topic.uploader, None
         if uploader is not None:
             await uploader.close()
+
+    async def forget(self, name: TopicName) -> None:
+        """Delete the objects of a topic that was deleted (its descriptors went with it, in the same
+        transaction as the topic). Objects a descriptor names are kept: they belong to a topic of the same
+        name created since. Best effort: what cannot be deleted now (the store is down) is unreachable
+        anyway, and is logged."""
+        ns, t = name.namespace, name.topic
+        try:
+            found = await self.objects.list(topic_objects_prefix(ns, t))
+            named = {d.object_id for d in await load_descriptors(self._store, ns, t)}
+            for key in found:
+                if key.rpartition("/")[2] not in named:
+                    await self.objects.delete(key)
+        except DanubeError as e:
+            log.warning("%s was deleted, but some of its objects were left in the object store: %s",
+                        name.full, e)
 
     # -- orphans -------------------------------------------------------------------------------------------
 

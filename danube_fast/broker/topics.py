@@ -364,9 +364,11 @@ class Topics:
                 self._remove_consumer(c)
             await sub.dispatcher.close(save=False)
         topic.subscriptions.clear()
-        await self._close_storage(topic)
+        await self._close_storage(topic)  # the uploader stops before the topic's objects go
         if topic.wal is not None:
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
+            if self.tier is not None:
+                await self.tier.forget(topic.name)
         log.info("deleted topic %s", topic.full)
 
     async def _close_storage(self, topic: Topic) -> None:

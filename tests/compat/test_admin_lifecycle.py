@@ -10,9 +10,20 @@ import time
 from typing import Any
 
 import grpc
-from compat_support import WAIT, Broker, RawApi, Session, bounded, rpc_error, run_async, status_line
+from compat_support import (
+    WAIT,
+    Broker,
+    BrokerFactory,
+    RawApi,
+    Session,
+    bounded,
+    rpc_error,
+    run_async,
+    status_line,
+)
 from danube import SubType
 
+from danube_fast.client import FastProducer
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -128,3 +139,28 @@ def test_delete_under_a_live_client_closes_and_the_client_resubscribes(broker: B
             await a.close()
 
     run_async(scenario(), timeout=60)
+
+
+def test_delete_removes_the_topics_objects_too(broker_factory: BrokerFactory, topic: str) -> None:
+    """DeleteTopic removes stored messages in the object tier as well, not only in the WAL: its objects
+    would otherwise stay in the bucket (or DATA_DIR/objects) for ever, unreachable."""
+    broker = broker_factory.start("[cluster]\nupload_interval_ms = 100\n")
+    ns, short = topic.strip("/").split("/")
+    objects = broker.data_dir / "objects" / ns / short
+
+    async def scenario() -> None:
+        a = Admin(broker)
+        try:
+            producer = await FastProducer.connect(broker.target, topic, "p", reliable=True)
+            await (await producer.send_batch([b"kept-%d" % i for i in range(100)]))
+            deadline = time.monotonic() + 10
+            while not list(objects.glob("*.dnb1")):
+                assert time.monotonic() < deadline, "nothing reached the object tier"
+                await asyncio.sleep(0.05)
+            await producer.close()
+            await a.topics.DeleteTopic(admin.TopicRequest(name=topic))
+            assert list(objects.glob("*")) == []
+        finally:
+            await a.close()
+
+    run_async(scenario())
