@@ -134,7 +134,6 @@ class Tier:
     async def drain(self, topic: Topic) -> None:
         """Everything committed into the object tier (the sealed unload)."""
         if topic.uploader is not None:
-            topic.uploader.rearm()
             await topic.uploader.drain(DRAIN_TIMEOUT)
             await self.detach(topic)
 

@@ -126,12 +126,6 @@ class Uploader:
         """Why the uploader stopped for good (a refused descriptor write), or None while it runs."""
         return self._stopped
 
-    def rearm(self) -> None:
-        """Forget why the uploader stopped, so that `drain()` tries again. The sealed unload calls this once
-        its writes are fenced on the unload marker: an upload that finished between the deletion of the
-        assignment and that switch was refused, and its object must still be published before the seal."""
-        self._stopped = None
-
     async def start(self) -> None:
         if self._checkpoint is None:
             self._checkpoint = last_uploaded_offset(await load_descriptors(self._meta, self.namespace,
@@ -278,7 +272,7 @@ class Uploader:
         # verifies the CRC of every batch it reads (scan_body; docs/FORMAT.md), so a corrupt batch is still
         # caught. Verifying 64 MB here took CPU from the hot path beside it (bench/RESULTS.md "Fast API";
         # bench/test_micro.py test_build_object_*).
-        built = await asyncio.get_running_loop().run_in_executor(
+        built = await asyncio.get_running_loop().run_in_executor(  # one header per batch: many for small ones
             None, lambda: build_object(chunks, interval, verify=False))
         first = max(built.footer.min_offset, self.checkpoint + 1)
         name = object_id(first, built.footer.max_offset)

@@ -135,6 +135,15 @@ async def _guard(s: MetadataStore, written: Callable[[], None] = lambda: None
     return guard, ownership
 
 
+async def _seal_here(s: MetadataStore, guard: TopicGuard) -> None:
+    """What the placement does when an unload names this broker: fence on the marker, then close."""
+    await s.put(keys.unassigned("ns", "t"), b"{}")
+    kv = await s.get(keys.unassigned("ns", "t"))
+    assert kv is not None
+    guard.ownership = Ownership(s, kv.key, kv.create_revision, lambda: float("inf"))
+    guard.close()
+
+
 def test_admissions_keep_their_order_while_the_reservation_is_written(store: Any) -> None:
     """An append that waits for the reservation holds back the ones after it: a producer's batches reach
     the WAL in the order it sent them. (The cluster bench found two batches swapped right after a load:
@@ -179,11 +188,7 @@ def test_confirm_waits_for_the_seal_when_the_assignment_went(store: Any) -> None
             confirming = asyncio.create_task(guard.confirm())
             await asyncio.sleep(0.05)
             assert not confirming.done()
-            await s.put(keys.unassigned("ns", "t"), b"{}")
-            kv = await s.get(keys.unassigned("ns", "t"))
-            assert kv is not None
-            guard.ownership = Ownership(s, kv.key, kv.create_revision, lambda: float("inf"))
-            guard.close()
+            await _seal_here(s, guard)
             await asyncio.wait_for(confirming, 1)
             # dropped instead of sealed: refused
             guard2, ownership2 = await _guard(s)
@@ -198,4 +203,21 @@ def test_confirm_waits_for_the_seal_when_the_assignment_went(store: Any) -> None
             with pytest.raises(ApiError) as refused:
                 await asyncio.wait_for(confirming, 1)
             assert refused.value.grpc_code == "UNAVAILABLE"
+    run(body())
+
+
+def test_a_write_refused_before_the_seal_is_made_again_under_the_marker(store: Any) -> None:
+    """The same window for the owner's metadata writes: an upload's descriptor refused because the
+    assignment went is written under the unload marker once the seal begins (it used to stop the uploader
+    for good, and the seal's drain failed)."""
+    async def body() -> None:
+        async with store() as s:
+            guard, ownership = await _guard(s)
+            await s.delete(ownership.key)
+            writing = asyncio.create_task(guard.write([Put("/descriptor", b"1")]))
+            await asyncio.sleep(0.05)
+            assert not writing.done()
+            await _seal_here(s, guard)
+            assert (await asyncio.wait_for(writing, 1)).succeeded
+            assert await s.get("/descriptor") is not None
     run(body())

@@ -16,7 +16,8 @@ topic's offset Reservation (handoff.py):
   refuses it;
 - `write(ops)`: every metadata write the owner makes (cursors, descriptors, reservations, the sealed state)
   is a transaction fenced on the assignment, or, while sealing after an unload, on the unload marker that
-  names this broker.
+  names this broker; a write refused in between (the assignment is gone, the seal not begun) waits for the
+  placement's decision the way `confirm` does, and is made again under the marker's fence.
 
 Refusals are UNAVAILABLE: the official client backs off, looks the topic up again and goes to the new owner.
 Owner: the topic (on the event loop).
@@ -116,15 +117,24 @@ class TopicGuard:
             self._idle.set()
 
     async def confirm(self) -> None:
+        ownership = self.ownership
         try:
             await self._check(False)
         except ApiError:
-            if self.closing or self.ownership.lost_reason is None:
+            if ownership.lost_reason is None or not await self._resealed(ownership):
                 raise
+            await self._check(False)
+
+    async def _resealed(self, lost: Ownership) -> bool:
+        """After `lost` failed a fence: wait (up to DECISION_WAIT) for the placement to decide, and say
+        whether it seals the topic here, i.e. replaced `lost` with the unload marker's fence. An unload
+        deletes the assignment before this broker seals, so what it writes or appends in between belongs
+        to the seal; a loss leaves `lost` in place."""
+        if not self.closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(DECISION_WAIT):
                     await self._closing.wait()
-            await self._check(False)  # a seal fenced on the unload marker replaced the lost ownership
+        return self.ownership is not lost
 
     async def _extend(self, last: int) -> None:
         assert self.reservation is not None
@@ -145,7 +155,13 @@ class TopicGuard:
             self._extending = None
 
     async def write(self, ops: Sequence[Op]) -> TxnResult:
-        return await self.ownership.write_fenced(ops)
+        ownership = self.ownership
+        try:
+            return await ownership.write_fenced(ops)
+        except OwnershipLost:
+            if not await self._resealed(ownership):
+                raise
+            return await self.ownership.write_fenced(ops)
 
     async def settle(self) -> None:
         """After `closing` is set: wait for every admitted append and for a background reservation write, so
