@@ -35,7 +35,8 @@ class SegmentedLog:
     # Validates each buffer (whole batches, structure and CRC); writes the valid ones in one write, stamping
     # contiguous base offsets. ranges[i] is (first, last) for buffers[i], or the FrameCorrupt that rejected
     # it (nothing of that buffer was written). Raises WalWriteError if the write fails; the file is then cut
-    # back to its size before the call (if that fails too, the log refuses appends until reopened).
+    # back to its size before the call (if that fails too, the log refuses appends until reopened). Also
+    # raises WalWriteError, before writing anything, when the index cannot get disk space for the entries.
     # A failed sync() always leaves the log refusing appends until reopened.
     def append(self, buffers: list[Buffer]) -> AppendResult: ...
     # fdatasync; returns the next offset it covered (safe on a second thread alongside append).

@@ -5,8 +5,10 @@ On disk, per topic, a folder of segments:
   {base_offset:020d}.log   record batches back to back (format: _frames.pyx), base offsets stamped
   {base_offset:020d}.idx   sparse index, fixed 8-byte entries (relative offset u32, file position u32, LE),
                            one every `index_interval_bytes` of log; entry 0 is (0, 0). The active segment's
-                           index is preallocated to `index_max_bytes` and mmap'd; at roll it is cut to its
-                           entries and fsync'd. Kafka's OffsetIndex is the model.
+                           index is a sparse file of `index_max_bytes`, mmap'd; its disk blocks are
+                           reserved (posix_fallocate) before entries go into them, so that a full disk is an
+                           error from append, not a SIGBUS from the mapping (_wal_common.index_reservation).
+                           At roll it is cut to its entries and fsync'd. Kafka's OffsetIndex is the model.
 
 Ownership: one thread (the storage facade's writer) calls append, roll, delete_before and close. sync may
 run on a second thread alongside append (the facade's syncer pipelines fsyncs with writes): it captures
@@ -30,7 +32,9 @@ from libc.errno cimport EINTR, errno
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
-from posix.fcntl cimport O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_RDONLY, O_RDWR, open as c_open
+from posix.fcntl cimport (
+    O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_RDONLY, O_RDWR, open as c_open, posix_fallocate,
+)
 from posix.mman cimport MAP_FAILED, MAP_SHARED, MS_SYNC, PROT_READ, PROT_WRITE, mmap, msync, munmap
 from posix.unistd cimport close as c_close, fdatasync, fsync, ftruncate, pread, pwrite
 
@@ -40,7 +44,8 @@ from danube_fast._frames cimport (
 )
 
 from danube_fast._wal_common import (
-    INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport, segment_name,
+    INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport, index_reservation,
+    segment_name,
 )
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
 
@@ -124,6 +129,7 @@ cdef class _Segment:
     cdef unsigned char* idx           # mmap'd entries
     cdef Py_ssize_t idx_capacity      # entries the mapping holds
     cdef Py_ssize_t idx_count         # valid entries
+    cdef Py_ssize_t idx_reserved      # bytes from the index file's start that have disk blocks (active only)
     cdef bint idx_writable
     cdef Py_ssize_t last_indexed      # file position of the newest entry
     cdef double opened                # monotonic seconds when the first batch went in (age roll)
@@ -160,6 +166,30 @@ cdef class _Segment:
         if m == MAP_FAILED:
             raise _os_error("cannot mmap index", self.idx_path)
         self.idx = <unsigned char*>m
+        return 0
+
+    cdef int reserve_index(self, Py_ssize_t entries) except -1:
+        """Give the first `entries` entries of the writable index disk blocks before they are stored, so that
+        a full disk raises OSError (ENOSPC) here instead of SIGBUS in the store (see index_reservation)."""
+        cdef Py_ssize_t needed = min(entries, self.idx_capacity) * ENTRY
+        cdef Py_ssize_t start = self.idx_reserved, end
+        cdef int fd, rc
+        if needed <= start:
+            return 0
+        end = index_reservation(start, needed, self.idx_capacity * ENTRY)
+        fd = c_open(os.fsencode(self.idx_path), O_RDWR | O_CLOEXEC)
+        if fd < 0:
+            raise _os_error("cannot open index", self.idx_path)
+        # posix_fallocate returns the error number; it does not set errno.
+        while True:
+            with nogil:
+                rc = posix_fallocate(fd, start, end - start)
+            if rc != EINTR:
+                break
+        c_close(fd)
+        if rc != 0:
+            raise OSError(rc, f"cannot reserve index space in {self.idx_path}: {os.strerror(rc)}")
+        self.idx_reserved = end
         return 0
 
     cdef inline uint32_t entry_rel(self, Py_ssize_t i) noexcept nogil:
@@ -264,7 +294,9 @@ cdef class SegmentedLog:
             os.close(fd)
 
     cdef _Segment _new_segment(self, uint64_t base):
-        """Create an empty active segment with a preallocated, mapped index, durable in the directory."""
+        """Create an empty active segment with a mapped, sparse index, durable in the directory. None of the
+        index is reserved yet: appends reserve what their entries need, so on a full disk it is the append
+        after a roll that is refused."""
         cdef _Segment seg = _Segment.__new__(_Segment)
         seg.base = base
         seg.log_path = self._path(base, LOG_SUFFIX)
@@ -282,6 +314,7 @@ cdef class SegmentedLog:
         with open(seg.idx_path, "wb") as f:
             f.truncate(self.index_max_bytes)
         seg.idx_count = 0
+        seg.idx_reserved = 0
         seg.last_indexed = 0
         seg.map_index(self.index_max_bytes // ENTRY, True)
 
@@ -425,6 +458,7 @@ cdef class SegmentedLog:
                     reason = f"batch at byte {pos} has base offset {info.base_offset}, expected {expected}"
                     break
                 if pos == 0 or pos - seg.last_indexed >= self.index_interval_bytes:
+                    seg.reserve_index(seg.idx_count + 1)
                     seg.add_entry(expected, pos)
                 expected += info.count
                 pos += info.length
@@ -522,6 +556,13 @@ cdef class SegmentedLog:
                     pos += load_u32(p + pos + OFF_LENGTH)
                 p += blen
             written_from = seg.size
+            # Disk blocks for the new entries before anything is written: a full disk refuses this append
+            # and leaves the log as it was.
+            try:
+                seg.reserve_index(seg.idx_count + nmarks)
+            except OSError as e:
+                raise WalWriteError(f"appending {total} bytes to {seg.log_path} failed: {e.strerror or e}; "
+                                    "nothing of this append was kept") from e
             try:
                 _write_all(seg.fd, out, total, written_from)
             except OSError as e:
@@ -589,7 +630,7 @@ cdef class SegmentedLog:
             if msync(seg.idx, seg.idx_capacity * ENTRY, MS_SYNC) != 0:
                 raise _os_error("cannot msync", seg.idx_path)
             count = seg.idx_count
-            with open(seg.idx_path, "r+b") as f:
+            with open(seg.idx_path, "r+b") as f:      # the cut gives back the reservation past the entries
                 f.truncate(count * ENTRY)
                 os.fsync(f.fileno())
             seg.map_index(count, False)

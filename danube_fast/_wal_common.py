@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
 INDEX_ENTRY_BYTES = 8  # relative offset u32 + file position u32, little-endian
+INDEX_RESERVE_MAX_STEP = 64 * 1024  # the index's reservation grows by at most this much at a time
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def index_reservation(reserved: int, needed: int, size: int) -> int:
+    """How far from its start the active index file must have disk blocks (posix_fallocate from `reserved`)
+    so that its first `needed` bytes can be written; at most `size`, the file's length.
+
+    The index is a sparse file written through a shared mapping, and a store into a page that has no block on
+    a full disk is answered with SIGBUS, which kills the process (issue 12). So the engines reserve the
+    blocks of every page before an entry goes into it, and ENOSPC becomes an error the caller gets. The whole
+    index is not reserved up front: that would cost `index_max_bytes` of disk per open segment (10 GB at
+    10,000 topics with the default 1 MiB). The reservation starts at one page, the one the first entry would
+    fault in anyway, and doubles, in whole pages (a store faults in a whole page), up to steps of
+    INDEX_RESERVE_MAX_STEP: a quiet topic holds what it did before, a busy one calls posix_fallocate a few
+    times per segment.
+    """
+    step = min(max(reserved, mmap.PAGESIZE), max(INDEX_RESERVE_MAX_STEP, mmap.PAGESIZE))
+    return min(size, -(-needed // step) * step)
 
 
 @dataclass

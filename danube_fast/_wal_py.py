@@ -34,6 +34,7 @@ from danube_fast._wal_common import (
     LOG_SUFFIX,
     AppendResult,
     RecoveryReport,
+    index_reservation,
     segment_name,
 )
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
@@ -107,6 +108,7 @@ class _Segment:
         self.next_offset = base  # offset after this segment's last record
         self.idx_capacity = 0  # entries the mapping holds
         self.idx_count = 0  # valid entries
+        self.idx_reserved = 0  # bytes from the index file's start that have disk blocks (active only)
         self.last_indexed = 0  # file position of the newest entry
         self.opened = 0.0  # monotonic seconds when the first batch went in (age roll)
 
@@ -141,6 +143,25 @@ class _Segment:
             raise _os_error("cannot mmap index", self.idx_path, e) from e
         finally:
             os.close(fd)
+
+    def reserve_index(self, entries: int) -> None:
+        """Give the first `entries` entries of the writable index disk blocks before they are stored, so that
+        a full disk raises OSError (ENOSPC) here instead of SIGBUS in the store (see index_reservation)."""
+        needed = min(entries, self.idx_capacity) * ENTRY
+        if needed <= self.idx_reserved:
+            return
+        end = index_reservation(self.idx_reserved, needed, self.idx_capacity * ENTRY)
+        try:
+            fd = os.open(self.idx_path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise _os_error("cannot open index", self.idx_path, e) from e
+        try:
+            os.posix_fallocate(fd, self.idx_reserved, end - self.idx_reserved)
+        except OSError as e:
+            raise _os_error("cannot reserve index space in", self.idx_path, e) from e
+        finally:
+            os.close(fd)
+        self.idx_reserved = end
 
     def entry(self, i: int) -> tuple[int, int]:
         """(relative offset, file position) of entry i."""
@@ -274,7 +295,8 @@ class SegmentedLog:
             os.close(fd)
 
     def _new_segment(self, base: int) -> _Segment:
-        """Create an empty active segment with a preallocated, mapped index, durable in the directory."""
+        """Create an empty active segment with a mapped, sparse index (see _wal.pyx), durable in the
+        directory."""
         seg = _Segment(self._directory, base)
         try:
             seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -293,6 +315,7 @@ class SegmentedLog:
         with open(seg.idx_path, "wb") as f:
             f.truncate(self._index_max_bytes)
         seg.idx_count = 0
+        seg.idx_reserved = 0
         seg.last_indexed = 0
         seg.map_index(self._index_max_bytes // ENTRY, writable=True)
 
@@ -451,6 +474,7 @@ class SegmentedLog:
                 return pos, expected, (f"batch at byte {pos} has base offset {header.base_offset}, "
                                        f"expected {expected}")
             if pos == 0 or pos - seg.last_indexed >= self._index_interval_bytes:
+                seg.reserve_index(seg.idx_count + 1)
                 seg.add_entry(expected, pos)
             expected += header.record_count
             pos += header.length
@@ -518,6 +542,13 @@ class SegmentedLog:
                 p += length
         data = bytes(out)
         written_from = seg.size
+        # Disk blocks for the new entries before anything is written: a full disk refuses this append and
+        # leaves the log as it was.
+        try:
+            seg.reserve_index(seg.idx_count + len(marks))
+        except OSError as e:
+            raise WalWriteError(f"appending {total} bytes to {seg.log_path} failed: {e.strerror or e}; "
+                                "nothing of this append was kept") from e
         try:
             _write_all(seg.fd, data, written_from)
         except OSError as e:
@@ -594,7 +625,8 @@ class SegmentedLog:
         except OSError as e:
             raise _os_error("cannot msync", seg.idx_path, e) from e
         count = seg.idx_count
-        with open(seg.idx_path, "r+b") as f:  # the mapping stays valid for the entries kept
+        # The mapping stays valid for the entries kept; the cut gives back the reservation past them.
+        with open(seg.idx_path, "r+b") as f:
             f.truncate(count * ENTRY)
             os.fsync(f.fileno())
         with self._lock:  # readers may be searching the mapping that is replaced

@@ -32,7 +32,8 @@ class WalCorrupt(StorageError):
 
 
 class WalWriteError(StorageError):
-    """A write or fsync failed (disk full, read-only or unwritable directory, I/O error).
+    """A write, an fsync or a reservation of disk space for the index failed (disk full, read-only or
+    unwritable directory, I/O error).
 
     After a failed fsync the log refuses further appends: what the kernel kept is unknown until the log is
     reopened and recovered.

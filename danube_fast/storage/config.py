@@ -46,6 +46,8 @@ class WalConfig:
     segment_bytes: int = 128 * 1024 * 1024
     segment_ms: int = 0  # roll a segment this old at the next append; 0 = by size only
     index_interval_bytes: int = 4096
+    # The active segment's index file is this long but sparse: its disk blocks are reserved as entries need
+    # them (a page, doubling up to 64 KiB steps), so an idle topic holds one page, not this much.
     index_max_bytes: int = 1024 * 1024
     cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
     # Segments already in the object tier stay on local disk up to this many bytes per topic (the newest

@@ -9,8 +9,10 @@ files under tmp_path with real fsyncs; a `Model` of the stamped batches says wha
 from __future__ import annotations
 
 import bisect
+import errno
 import importlib
 import itertools
+import mmap
 import os
 import random
 import resource
@@ -27,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, index_reservation
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
 
 WAL_MODULES = {"native": "danube_fast._wal", "pure": "danube_fast._wal_py"}
@@ -851,6 +854,95 @@ def test_failed_sync_refuses_appends_until_reopened_pure(
         log.append([gen.batch()])
     log.close()
     log = _wal_py.SegmentedLog(str(tmp_path / "wal"))
+    assert_all_readable(log, model)
+    log.close()
+
+
+def allocated(path: Path) -> int:
+    """Bytes of disk the file holds (its blocks), as opposed to its length."""
+    return path.stat().st_blocks * 512
+
+
+def test_index_reservation_starts_at_a_page_and_doubles_up_to_a_step() -> None:
+    page, size = mmap.PAGESIZE, 1 << 20
+    ends, reserved = [], 0
+    for needed in range(8, size + 1, 8):
+        if needed > reserved:
+            reserved = index_reservation(reserved, needed, size)
+            assert reserved % page == 0 and reserved >= needed
+            ends.append(reserved)
+    doubling = [page << i for i in range(20) if page << i <= max(INDEX_RESERVE_MAX_STEP, page)]
+    assert ends[:len(doubling)] == doubling
+    assert ends[len(doubling):] == list(range(doubling[-1] * 2, size + 1, doubling[-1]))
+    assert index_reservation(0, 16, 16) == 16  # never past the file's length
+    assert index_reservation(page, page + 8, page + 16) == page + 16
+
+
+def test_active_index_gets_disk_blocks_as_entries_need_them(
+        frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
+    """The active index is a sparse file written through a mapping: a page must have its blocks before an
+    entry goes into it (posix_fallocate), or a full disk turns the store into a SIGBUS (issue 12). Reserved
+    a page at a time at first, never the whole index up front."""
+    page = mmap.PAGESIZE
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as f:
+        f.truncate(1 << 20)
+        os.posix_fallocate(f.fileno(), 0, page)
+    if allocated(probe) != page:
+        pytest.skip("this file system does not report posix_fallocate's blocks exactly")
+    d = tmp_path / "wal"
+    gen, model = Batches(frames, 30), Model(frames)
+    log = open_log(index_interval_bytes=0)  # an entry per batch, in a 1 MiB index
+    idx = idx_path(d, 0)
+    assert idx.stat().st_size == 1 << 20 and allocated(idx) == 0
+    fill(log, gen, model, 1)
+    assert allocated(idx) == page
+    fill(log, gen, model, page // 8)  # the last of these is the first entry in the second page
+    assert allocated(idx) == 2 * page
+    log.close()
+    log = open_log(index_interval_bytes=0)  # recovery rebuilds the active index, reserving as it goes
+    assert allocated(idx) == 2 * page
+    assert_lookups(log, model, exact=True)
+    log.roll()  # the cut gives back the reservation past the entries
+    assert allocated(idx) == -(-len(model.batches) * 8 // page) * page
+    assert allocated(idx_path(d, model.end)) == 0
+    fill(log, gen, model, 1)
+    assert allocated(idx_path(d, model.batches[-1].base)) == page
+    assert_all_readable(log, model)
+
+
+def test_index_without_disk_space_refuses_the_append_pure(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only the pure engine's syscalls can be made to fail from Python; tests/faults runs both engines on a
+    full tmpfs."""
+    from danube_fast import _frames_py, _wal_py
+
+    gen, model = Batches(_frames_py, 31), Model(_frames_py)
+    options = {"index_interval_bytes": 0, "index_max_bytes": 64 * 1024}
+    log = _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
+    fill(log, gen, model, mmap.PAGESIZE // 8)  # the first page of the index is full
+    before = files(tmp_path / "wal")
+
+    def enospc(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "posix_fallocate", enospc)
+        with pytest.raises(WalWriteError, match=r"cannot reserve index space .*; nothing of this append was"):
+            log.append([gen.batch()])
+        assert log.next_offset == model.end
+        assert files(tmp_path / "wal") == before
+        log.roll()  # a new segment needs no space until its first append
+        with pytest.raises(WalWriteError, match="No space left on device"):
+            log.append([gen.batch()])
+    fill(log, gen, model, 3)  # space is back: the same log goes on
+    log.close()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "posix_fallocate", enospc)  # recovery rebuilds the active index
+        with pytest.raises(WalWriteError, match=r"cannot open the WAL .*: cannot reserve index space"):
+            _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
+    log = _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
+    assert log.recovery.truncated_segment is None
     assert_all_readable(log, model)
     log.close()
 
