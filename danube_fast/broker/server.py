@@ -29,6 +29,7 @@ from danube_fast.broker.services.fast import FastConsumerService, FastProducerSe
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
+from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics, new_id
@@ -97,11 +98,9 @@ class Broker:
         self.cache = cache  # /cluster/ and /namespaces/: the admin API's ClusterView and the cluster node
         self._forwarder = Forwarder()
         self.schemas = TopicSchemas(store, SchemaRegistry(store))
-        self._client = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)),
-            ("grpc.so_reuseport", 0),
-        ])
-        self._admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        receive = max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)
+        self._client = grpc.aio.server(options=server_options(receive))
+        self._admin = grpc.aio.server(options=server_options())
         self._metrics = MetricsServer(topics) if config.prom_exporter else None
         self.listening: Listening | None = None
         self.cluster: ClusterNode | None = None
@@ -163,32 +162,24 @@ class Broker:
         # Topics' schema configurations are in place before any producer can publish.
         await self.schemas.registry.load()
         await self.schemas.load(self.topics.topics.values())
-        # The generated registration functions carry no annotations (grpcio-tools writes none).
-        pb_grpc.add_ProducerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ProducerService(self.topics, self.schemas), self._client)
-        pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ConsumerService(self.topics), self._client)
-        pb_grpc.add_DiscoveryServicer_to_server(  # type: ignore[no-untyped-call]
-            DiscoveryService(self.topics, self.url), self._client)
-        pb_grpc.add_HealthCheckServicer_to_server(  # type: ignore[no-untyped-call]
-            HealthService(self.topics), self._client)
-        fast_grpc.add_FastProducerServicer_to_server(  # type: ignore[no-untyped-call]
-            FastProducerService(self.topics), self._client)
-        fast_grpc.add_FastConsumerServicer_to_server(  # type: ignore[no-untyped-call]
-            FastConsumerService(self.topics), self._client)
+        client, admin = self._client, self._admin
+        topics = self.topics
+        register(pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(topics, self.schemas), client)
+        register(pb_grpc.add_ConsumerServiceServicer_to_server, ConsumerService(self.topics), client)
+        register(pb_grpc.add_DiscoveryServicer_to_server, DiscoveryService(self.topics, self.url), client)
+        register(pb_grpc.add_HealthCheckServicer_to_server, HealthService(self.topics), client)
+        register(fast_grpc.add_FastProducerServicer_to_server, FastProducerService(self.topics), client)
+        register(fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(self.topics), client)
         view = ClusterView(self.cache)
         self.broker_admin = BrokerAdmin(view, self.store, self.topics.broker_id, self._forwarder, None)
-        admin_grpc.add_BrokerAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            self.broker_admin, self._admin)
-        admin_grpc.add_NamespaceAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterNamespaceAdmin(self.topics, view), self._admin)
-        admin_grpc.add_TopicAdminServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), self._admin)
+        register(admin_grpc.add_BrokerAdminServicer_to_server, self.broker_admin, admin)
+        register(admin_grpc.add_NamespaceAdminServicer_to_server, ClusterNamespaceAdmin(topics, view), admin)
+        register(admin_grpc.add_TopicAdminServicer_to_server,
+                 ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), admin)
         # SchemaRegistry is served on both ports, as v0.7.3 does (CONTRACT A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
-        for server in (self._client, self._admin):
-            schema_grpc.add_SchemaRegistryServicer_to_server(  # type: ignore[no-untyped-call]
-                registry, server)
+        for server in (client, admin):
+            register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server)
         client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr")
         admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr")
         await self._client.start()

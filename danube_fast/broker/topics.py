@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -57,7 +58,7 @@ from danube_fast.meta.resources import (
     Unassigned,
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
-from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
+from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
 
@@ -72,6 +73,7 @@ CACHE_WAIT = 5.0  # seconds to wait for the cache to see this broker's own write
 TOMBSTONE_SECONDS = 60.0
 MOVED_SECONDS = 600.0  # how long clients of a topic that moved away get UNAVAILABLE ("look it up") here
 STREAM_WAIT = 10.0  # seconds a subscribed consumer may go without opening its stream before it counts as gone
+MAX_KEY_FILTERS = 64  # Key-Shared filters per consumer: each is matched against every routing key
 
 
 def new_id(taken: Iterable[int] = ()) -> int:
@@ -104,6 +106,9 @@ class Topics:
         self.placement: Placement | None = None
         self.tier: Tier | None = None
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
+        # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
+        # are logged and refused with FAILED_PRECONDITION; every other topic is served.
+        self.broken: dict[str, str] = {}
 
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None
@@ -150,9 +155,40 @@ class Topics:
             with contextlib.suppress(ValueError):
                 found.add(keys.parse_topic_root(kv.key))
         for (ns, short) in sorted(found):
-            topic = await self.load_topic(TopicName(ns, short))
-            if topic is not None and topic.wal is not None and self.tier is not None:
-                await self.tier.attach(topic, None)
+            name = TopicName(ns, short)
+            try:
+                topic = await self.load_topic(name)
+                if topic is not None and topic.wal is not None and self.tier is not None:
+                    await self.tier.attach(topic, None)
+            except Exception as e:
+                if isinstance(e, MetadataError) and e.retriable:
+                    raise  # the store itself is down: no topic can load
+                # One topic's storage must not keep the broker from serving the others.
+                log.error("cannot load topic %s, serving the other topics without it: %s", name, e)
+                self.broken[name.full] = str(e)
+                await self._discard(name)
+        if self.broken:
+            log.error("%d topics could not be loaded: %s", len(self.broken), ", ".join(sorted(self.broken)))
+
+    async def _discard(self, name: TopicName) -> None:
+        """Forget what a failed load of `name` set up."""
+        topic = self.topics.pop(name.full, None)
+        if topic is None:
+            return
+        for entry in topic.producers.values():
+            self.producers.pop(entry.producer_id, None)
+        for sub in topic.subscriptions.values():
+            with contextlib.suppress(Exception):
+                await sub.dispatcher.close(save=False)
+        with contextlib.suppress(Exception):
+            await self._close_storage(topic)
+
+    def check_loadable(self, name: TopicName) -> None:
+        """FAILED_PRECONDITION for a topic whose load failed at start, saying why."""
+        why = self.broken.get(name.full)
+        if why is not None:
+            raise precondition(f"topic {name} could not be loaded on this broker ({names.clip(why)}); the "
+                               "broker serves its other topics: see its log")
 
     async def load_topic(self, name: TopicName, guard: TopicGuard | None = None, initial_offset: int = 0,
                          gaps: Sequence[Gap] = ()) -> Topic | None:
@@ -279,6 +315,8 @@ class Topics:
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, CONTRACT C.4)."""
         topic = self.topics.get(name.full)
+        if topic is None:
+            self.check_loadable(name)
         if topic is None and self.placement is not None and self.exists(name):
             raise self._elsewhere(name)
         if topic is None:
@@ -293,6 +331,8 @@ class Topics:
 
     def topic_for_consumer(self, name: TopicName) -> Topic:
         topic = self.topics.get(name.full)
+        if topic is None:
+            self.check_loadable(name)
         if topic is None and self._config.clustered and self.exists(name):
             raise self._elsewhere(name)
         if topic is None:
@@ -301,6 +341,9 @@ class Topics:
         return topic
 
     async def _create(self, name: TopicName, delivery: DeliveryMode) -> Topic:
+        """All or nothing: the metadata is written, then the WAL opened; should that fail, the metadata and
+        whatever the WAL left on disk are removed before the error is answered."""
+        names.check_topic(name)  # dead-letter and partition names are made here, not parsed
         ns, short = name.namespace, name.topic
         if not self.namespace_exists(ns):
             raise unavailable(f"Unable to find the namespace {ns}, the topic can be created only for an "
@@ -331,11 +374,31 @@ class Topics:
                 raise unavailable("The topic metadata was created, need to redo the lookup to find the "
                                   "correct broker")
             return topic
-        topic = await self._open_topic(name, delivery)
-        if topic.wal is not None and self.tier is not None:
-            await self.tier.attach(topic, None)
+        try:
+            topic = await self._open_topic(name, delivery)
+            if topic.wal is not None and self.tier is not None:
+                await self.tier.attach(topic, None)
+        except BaseException as e:
+            await self._undo_create(name, e)
+            raise
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
+
+    async def _undo_create(self, name: TopicName, cause: BaseException) -> None:
+        """Take back a creation whose storage failed, so that no restart trips over a half-made topic."""
+        log.error("creating topic %s failed, undoing it: %s", name, cause)
+        await self._discard(name)
+        ns, short = name.namespace, name.topic
+        try:
+            await self._store.transaction([], [
+                Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
+                Delete(keys.namespace_topic(ns, short)),
+                Delete(keys.broker_topic(self.broker_id, ns, short))], [])
+        except MetadataError as e:  # the topic then fails to load at the next start, alone (see _load)
+            log.error("undoing the creation of %s: its metadata stays: %s", name, e)
+        directory = self.wal_dir(name)
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(shutil.rmtree, directory, ignore_errors=True))
 
     def _elsewhere(self, name: TopicName) -> ApiError:
         return unavailable(f"The topic {name} exists but is served by another broker (or is being placed), "
@@ -382,7 +445,7 @@ class Topics:
     async def unsubscribe(self, topic: Topic, name: str) -> None:
         sub = topic.subscriptions.get(name)
         if sub is None:
-            raise not_found(f"subscription {name!r} does not exist on {topic.full}")
+            raise not_found(f"subscription {names.clip(name)!r} does not exist on {topic.full}")
         if any(c.active for c in sub.consumers):
             raise not_found(f"subscription {name!r} on {topic.full} has active consumers")
         await self._delete_subscription(topic, sub)
@@ -420,6 +483,7 @@ class Topics:
 
     async def add_producer(self, topic: Topic, producer_name: str, access_mode: int) -> int:
         """The producer's id; the existing one for a name already on the topic (CONTRACT C.5)."""
+        names.check_name(producer_name, "producer name")
         entry = topic.producers.get(producer_name)
         if entry is not None:
             return entry.producer_id
@@ -447,10 +511,14 @@ class Topics:
     # -- consumers -----------------------------------------------------------------------------------
 
     async def subscribe(self, topic: Topic, req: pb.ConsumerRequest) -> int:
-        if not req.subscription:
-            raise invalid("ConsumerRequest.subscription is empty: name the subscription")
-        if not req.consumer_name:
-            raise invalid("ConsumerRequest.consumer_name is empty: name the consumer")
+        names.check_name(req.subscription, "ConsumerRequest.subscription", slash=False)
+        names.check_name(req.consumer_name, "ConsumerRequest.consumer_name")
+        if len(req.key_filters) > MAX_KEY_FILTERS:
+            raise invalid(f"ConsumerRequest.key_filters has {len(req.key_filters)} filters: at most "
+                          f"{MAX_KEY_FILTERS}")
+        for pattern in req.key_filters:
+            if len(pattern) > names.MAX_NAME_BYTES:
+                raise invalid(f"a key filter of {len(pattern)} characters: at most {names.MAX_NAME_BYTES}")
         if req.subscription_type not in (0, 1, 2, 3):
             raise invalid(f"unknown subscription type {req.subscription_type} (0..3: Exclusive, Shared, "
                           "Failover, KeyShared)")
@@ -568,8 +636,8 @@ class Topics:
         per-message subscription is taken over (same cursor) when none of its consumers is active."""
         if topic.log is None:
             raise precondition(f"topic {topic.full} is NonReliable: the fast API consumes Reliable topics")
-        if not name or not consumer_name:
-            raise invalid("Subscribe.subscription and Subscribe.consumer_name must not be empty")
+        names.check_name(name, "Subscribe.subscription", slash=False)
+        names.check_name(consumer_name, "Subscribe.consumer_name")
         sub = topic.subscriptions.get(name)
         if sub is None:
             sub = await self._create_subscription(topic, name, SubscriptionType.EXCLUSIVE, consumer_name)

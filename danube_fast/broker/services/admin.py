@@ -13,7 +13,14 @@ from __future__ import annotations
 import json
 
 from danube_fast.broker.errors import invalid, not_found
-from danube_fast.broker.names import TopicName, parse_topic, partition_base
+from danube_fast.broker.names import (
+    TopicName,
+    check_namespace,
+    check_topic,
+    clip,
+    parse_topic,
+    partition_base,
+)
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
@@ -23,11 +30,11 @@ from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
 from danube_fast.schema import TopicSchemas
 from danube_fast.schema.topic_schema import SchemaTopic
 
+MAX_PARTITIONS = 1024  # per partitioned topic: each partition is a topic with its own WAL
+
 
 def namespace_name(name: str) -> str:
-    if not name or not all(c.isalnum() or c in "_-" for c in name):
-        raise invalid(f"namespace name {name!r} is invalid: use letters, digits, '_' and '-'")
-    return name
+    return check_namespace(name)
 
 
 def delivery_mode(value: int) -> DeliveryMode:
@@ -90,8 +97,8 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
 
     async def _require_subject(self, name: TopicName, subject: str | None) -> None:
         if subject is not None and await self._schemas.registry.subject_id(subject) is None:
-            raise not_found(f"Unable to create the topic {name} due to: schema subject {subject!r} is not "
-                            "registered")
+            raise not_found(f"Unable to create the topic {name} due to: schema subject {clip(subject)!r} is "
+                            "not registered")
 
     def _info(self, full: str) -> pb.TopicInfo:
         topic = self._topics.topics[full]
@@ -116,11 +123,15 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
     async def CreatePartitionedTopic(self, request: pb.PartitionedTopicRequest, context: Context
                                      ) -> pb.TopicResponse:
         base = parse_topic(request.base_name)
+        if not 1 <= request.partitions <= MAX_PARTITIONS:
+            raise invalid(f"{request.partitions} partitions asked for {base}: 1 to {MAX_PARTITIONS}")
+        # Every partition's name is checked before any is created: the last may be too long.
+        parts = [check_topic(TopicName(base.namespace, f"{base.topic}-part-{i}"))
+                 for i in range(request.partitions)]
         subject = request.schema_subject if request.HasField("schema_subject") else None
         await self._require_subject(base, subject)
-        for i in range(request.partitions):
-            await self._create(TopicName(base.namespace, f"{base.topic}-part-{i}"), request.dispatch_strategy,
-                               subject)
+        for name in parts:
+            await self._create(name, request.dispatch_strategy, subject)
         return pb.TopicResponse(success=True)
 
     @unary

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from danube_fast.broker.errors import ApiError, invalid, not_found
-from danube_fast.broker.names import parse_topic
+from danube_fast.broker.names import clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topics import Topics
@@ -84,7 +84,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
             raise _internal(f"Error {what} message: Topic {name} not found on this broker")
         sub = topic.subscriptions.get(subscription)
         if sub is None:
-            raise _internal(f"Error {what} message: Subscription {subscription!r} not found on {name}")
+            raise _internal(f"Error {what} message: Subscription {clip(subscription)!r} not found on {name}")
         return sub
 
     @unary

@@ -40,6 +40,7 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
             if registration is not None:
                 return self._answer(request, pb.TopicLookupResponse.Redirect, registration.broker_addr)
             if placement is None or waited >= placement.assign_wait or not self._topics.exists(name):
+                self._topics.check_loadable(name)
                 raise not_found(f"Unable to find the requested topic: {name}")
             await asyncio.sleep(LOOKUP_POLL)  # being placed, moved, or loaded here: look again
             waited += LOOKUP_POLL

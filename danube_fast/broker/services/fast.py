@@ -23,7 +23,7 @@ import grpc
 from danube_fast import frames
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.errors import ApiError, invalid
-from danube_fast.broker.names import parse_topic
+from danube_fast.broker.names import check_name, parse_topic
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics, new_id
@@ -78,8 +78,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
         if request.WhichOneof("kind") != "open":
             raise invalid("the first request of a Produce stream must be Open (topic, producer name)")
         req = request.open
-        if not req.producer_name:
-            raise invalid("Open.producer_name is empty: name the producer")
+        check_name(req.producer_name, "Open.producer_name")  # before the topic is created
         delivery = DeliveryMode.RELIABLE if req.reliable else DeliveryMode.NON_RELIABLE
         topic = await self._topics.topic_for_producer(parse_topic(req.topic), delivery)
         if topic.schema_gate is not None:

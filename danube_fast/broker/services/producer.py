@@ -7,7 +7,7 @@ SendMessage runs the topic's schema gate, which exists only when the topic's val
 from __future__ import annotations
 
 from danube_fast.broker.errors import denied, invalid, precondition
-from danube_fast.broker.names import parse_topic
+from danube_fast.broker.names import check_name, clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
 from danube_fast.meta.resources import DeliveryMode
@@ -24,8 +24,7 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
     @unary
     async def CreateProducer(self, request: pb.ProducerRequest, context: Context) -> pb.ProducerResponse:
         name = parse_topic(request.topic_name)
-        if not request.producer_name:
-            raise invalid("ProducerRequest.producer_name is empty: name the producer")
+        check_name(request.producer_name, "ProducerRequest.producer_name")  # before the topic is created
         if request.dispatch_strategy not in (0, 1):
             raise invalid(f"unknown dispatch strategy {request.dispatch_strategy} "
                           "(0 NonReliable, 1 Reliable)")
@@ -51,7 +50,7 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
         topic = entry.topic
         if request.msg_id.topic_name != topic.full:
             raise denied(f"Unable to publish the message: producer {request.msg_id.producer_id} is "
-                         f"attached to {topic.full}, not to {request.msg_id.topic_name!r}")
+                         f"attached to {topic.full}, not to {clip(request.msg_id.topic_name)!r}")
         limit = topic.policy.max_message_size
         if limit and len(request.payload) > limit:
             raise invalid(f"payload of {len(request.payload)} bytes exceeds the max_message_size policy of "
@@ -64,5 +63,5 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
 
     @staticmethod
     def _unregistered(subject: str, topic: str) -> Exception:
-        return precondition(f"Failed to assign schema subject '{subject}' to {topic}: the subject is not "
-                            "registered in the schema registry")
+        return precondition(f"Failed to assign schema subject '{clip(subject)}' to {topic}: the subject is "
+                            "not registered in the schema registry")

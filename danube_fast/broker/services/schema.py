@@ -23,6 +23,7 @@ GetLatestSchema answer the definition as registered, not v0.7.3's wrapped enum: 
 from __future__ import annotations
 
 from danube_fast.broker.errors import ApiError, not_found
+from danube_fast.broker.names import check_name, clip
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
@@ -58,12 +59,13 @@ class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
         name is simply not found)."""
         topic = self._topics.find(name)
         if topic is None:
-            raise not_found(f"Topic {name} not found on this broker")
+            raise not_found(f"Topic {clip(name)} not found on this broker")
         return topic
 
     @unary
     async def RegisterSchema(self, request: pb.RegisterSchemaRequest, context: Context
                              ) -> pb.RegisterSchemaResponse:
+        check_name(request.subject, "RegisterSchemaRequest.subject", slash=False)
         try:
             done = await self._registry.register(
                 request.subject, request.schema_type, request.schema_definition,
@@ -90,7 +92,7 @@ class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
         try:
             view = await self._registry.latest(request.subject)
         except SchemaError as e:
-            raise not_found(f"Schema not found for subject: {request.subject}") from e
+            raise not_found(f"Schema not found for subject: {clip(request.subject)}") from e
         return _schema_response(view)
 
     @unary
@@ -99,7 +101,7 @@ class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
         try:
             meta = await self._registry.metadata(request.subject)
         except SchemaError as e:
-            raise not_found(f"Schema not found for subject: {request.subject}") from e
+            raise not_found(f"Schema not found for subject: {clip(request.subject)}") from e
         return pb.ListVersionsResponse(versions=[
             pb.SchemaVersionInfo(version=v.version, created_at=v.created_at, created_by=v.created_by or "",
                                  description=v.description or "", fingerprint=v.fingerprint,
