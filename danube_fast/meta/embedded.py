@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from danube_fast.meta.embedded_db import EmbeddedDb, Txn
+from danube_fast.meta.embedded_db import EmbeddedDb, Txn, store_error
 from danube_fast.meta.store import (
     Compare,
     Delete,
@@ -42,6 +42,13 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 EXPIRY_RETRY_SECONDS = 1.0  # after the expiry task failed to revoke a lease (disk error)
 GROUP_MAX = 1024  # transactions per group commit: bounds one SQLite transaction's size and latency
+
+
+def _classified(path: str, unclassified: str, fn: Callable[..., T], *args: object) -> T:  # on the worker
+    try:
+        return fn(*args)
+    except sqlite3.Error as e:
+        raise store_error(e, path, unclassified) from e
 
 
 @dataclass(eq=False)
@@ -81,12 +88,14 @@ class EmbeddedStore:
         """`history_retention`: how many revisions of history watches can resume from. `wall_clock` dates
         lease deadlines on disk, so that leases that ran out while the store was closed expire on open."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="danube-meta")
+        file = os.fspath(path)
         try:
             db = await asyncio.get_running_loop().run_in_executor(
-                executor, EmbeddedDb, os.fspath(path), history_retention)
-        except sqlite3.Error as e:
+                executor, _classified, file, f"cannot open the embedded metadata store at {file}", EmbeddedDb,
+                file, history_retention)
+        except BaseException:
             executor.shutdown(wait=False)
-            raise MetadataError(f"cannot open the embedded metadata store at {path}: {e}") from e
+            raise
         store = cls(db, executor, wall_clock)
         try:
             now, wall = time.monotonic(), wall_clock()
@@ -126,12 +135,8 @@ class EmbeddedStore:
             raise MetadataUnavailable("the embedded metadata store is closed")
         return await self._loop.run_in_executor(self._executor, self._publishing, fn, *args)
 
-    @staticmethod
-    def _guarded(fn: Callable[..., T], *args: object) -> T:  # on the worker thread
-        try:
-            return fn(*args)
-        except sqlite3.Error as e:
-            raise MetadataError(f"the embedded metadata store failed: {e}") from e
+    def _guarded(self, fn: Callable[..., T], *args: object) -> T:  # on the worker thread
+        return _classified(self._db.path, "the embedded metadata store failed", fn, *args)
 
     def _publishing(self, fn: Callable[..., tuple[T, list[WatchEvent]]], *args: object) -> T:  # on the worker
         value, events = self._guarded(fn, *args)

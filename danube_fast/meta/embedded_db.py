@@ -4,11 +4,15 @@ State has one owner: an `EmbeddedDb` is created, used and closed by the store's 
 writes are serialized and never run on the event loop. Every write is one SQLite transaction (WAL journal,
 synchronous=FULL: a committed write survives a power cut), and one transaction that changes keys is one
 revision, as in etcd; a write that changes nothing (deleting a missing key) does not take a revision.
+
+A write that fails (a full disk, say) is rolled back whole: the store stays usable and holds what was
+committed before. `store_error` tells the caller what a sqlite3 error means for the store.
 """
 
 from __future__ import annotations
 
 import operator
+import os
 import secrets
 import sqlite3
 from collections.abc import Sequence
@@ -21,7 +25,11 @@ from danube_fast.meta.store import (
     InvalidRevision,
     KeyValue,
     LeaseNotFound,
+    MetadataCorrupt,
     MetadataError,
+    MetadataReadOnly,
+    MetadataStoreFull,
+    MetadataUnavailable,
     Op,
     Put,
     TxnResult,
@@ -46,16 +54,56 @@ _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt
 _TARGETS = {"version": 2, "create_revision": 3, "mod_revision": 4}  # column of _compare's select
 
 
+def store_error(e: sqlite3.Error, path: str, unclassified: str) -> MetadataError:
+    """What `e`, raised by SQLite for the store at `path`, means to the store's callers, by its result code
+    (https://www.sqlite.org/rescode.html; an extended code's low byte is its primary code); the caller chains
+    `e` as the cause. A full, read-only, locked or failing disk is MetadataUnavailable (retriable: the same
+    store works again once the operator fixed the disk), a damaged file is MetadataCorrupt, anything else a
+    MetadataError whose message starts with `unclassified`. Call it on the store's worker thread: it may ask
+    the file system whether it is mounted read-only, which SQLite reports as a failure to open or write."""
+    code = getattr(e, "sqlite_errorcode", None)  # None for errors of the sqlite3 module itself
+    name = getattr(e, "sqlite_errorname", None)
+    primary = -1 if code is None else code & 0xFF
+    if primary == sqlite3.SQLITE_FULL:
+        return MetadataStoreFull(f"the embedded metadata store's disk is full ({path}, {name}): nothing of "
+                                 "the write was kept; free space on that disk")
+    if primary == sqlite3.SQLITE_READONLY or (
+            primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR) and _on_read_only_file_system(path)):
+        return MetadataReadOnly(f"the embedded metadata store at {path} is read-only ({name}): remount its "
+                                "file system read-write (or make the file writable)")
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return MetadataUnavailable(f"the embedded metadata store at {path} is locked ({name}): another "
+                                   "connection or process holds its lock")
+    if primary == sqlite3.SQLITE_IOERR:
+        return MetadataUnavailable(f"the embedded metadata store at {path} had an I/O error ({name})")
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return MetadataCorrupt(f"the embedded metadata store file {path} is damaged or not a SQLite database "
+                               f"({name}): restore it from a backup")
+    return MetadataError(f"{unclassified}: {e}")
+
+
+def _on_read_only_file_system(path: str) -> bool:
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class EmbeddedDb:
     def __init__(self, path: str, history_retention: int) -> None:
+        self.path = path
         self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._add_missing_history_columns()
-        self._retention = history_retention
-        self.revision = self._meta("revision")
-        self.compact_revision = self._meta("compact_revision")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+            self._add_missing_history_columns()
+            self._retention = history_retention
+            self.revision = self._meta("revision")
+            self.compact_revision = self._meta("compact_revision")
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()
@@ -189,7 +237,8 @@ class EmbeddedDb:
         self.revision, self.compact_revision = revision, compact_revision
 
     def _rollback(self) -> None:
-        if self._db.in_transaction:  # a failed COMMIT may have rolled back already
+        # a COMMIT that failed with SQLITE_FULL rolled back already (tests/faults/test_meta_store_faults.py)
+        if self._db.in_transaction:
             self._db.execute("ROLLBACK")
 
     def compact(self, revision: int) -> None:

@@ -28,6 +28,7 @@ from danube_fast.meta.store import (
     KeyValue,
     LeaseNotFound,
     MetadataError,
+    MetadataStoreFull,
     MetadataUnavailable,
     Op,
     Put,
@@ -51,6 +52,9 @@ CHANNEL_OPTIONS = {
 }
 REQUIRE_LEADER = (("hasleader", "true"),)  # etcd refuses the call (UNAVAILABLE) when it has no leader
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# etcd's ErrGRPCNoSpace (api/v3rpc/rpctypes/error.go), whose text is how etcd's own client tells it apart from
+# its other RESOURCE_EXHAUSTED errors ("too many requests"): the backend reached --quota-backend-bytes.
+NO_SPACE = "mvcc: database space exceeded"
 _RESULTS = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.LESS,
             ">": rpc.Compare.GREATER}
 _TARGETS = {"value": rpc.Compare.VALUE, "version": rpc.Compare.VERSION, "create_revision": rpc.Compare.CREATE,
@@ -173,6 +177,9 @@ class EtcdStore:
         if code in UNREACHABLE:
             self._active = (self._active + 1) % len(self._clients)
             return MetadataUnavailable(f"etcd is unreachable at {', '.join(self._endpoints)}: {details}")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and NO_SPACE in details:
+            return MetadataStoreFull(f"etcd's space quota is full, its NOSPACE alarm refuses writes "
+                                     f"({details}): compact and defragment etcd, then disarm the alarm")
         if code == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
             return LeaseNotFound(f"etcd: {details}")
         if "request is too large" in details:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 ETCD_START_SECONDS = 15.0
@@ -26,15 +27,17 @@ def _free_port() -> int:
 class EtcdServer:
     """One etcd process on loopback. stop() and start() keep its data dir and ports: the same server
     comes back, as after a crash or a restart in production. The log goes to `etcd.log` next to the data
-    dir. The process belongs to whoever created this object: it must call stop()."""
+    dir. The process belongs to whoever created this object: it must call stop(). `extra_args` go to etcd
+    as they are (like `--quota-backend-bytes=N`)."""
 
-    def __init__(self, data_dir: Path, name: str = "contract") -> None:
+    def __init__(self, data_dir: Path, name: str = "contract", extra_args: Sequence[str] = ()) -> None:
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("the etcd binary is missing: run scripts/system-deps.sh (Debian: etcd-server)")
         self.binary = binary
         self.data_dir = data_dir
         self.name = name
+        self.extra_args = list(extra_args)
         self.client_port, self.peer_port = _free_port(), _free_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.log_path = data_dir.parent / "etcd.log"
@@ -48,7 +51,8 @@ class EtcdServer:
                 [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"{self.name}={peer}", "--logger", "zap", "--log-level", "warn"],
+                 "--initial-cluster", f"{self.name}={peer}", "--logger", "zap", "--log-level", "warn",
+                 *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ETCD_START_SECONDS
         while not self.healthy():
@@ -91,11 +95,11 @@ class EtcdServer:
         return "unknown"
 
 
-def start_etcd(data_dir: Path, name: str = "contract") -> EtcdServer:
+def start_etcd(data_dir: Path, name: str = "contract", extra_args: Sequence[str] = ()) -> EtcdServer:
     """A started server with its data in `data_dir` (created by etcd), trying fresh ports up to
     START_ATTEMPTS times. A failed attempt's data dir is removed: it records the ports of that attempt."""
     for attempt in range(START_ATTEMPTS):
-        server = EtcdServer(data_dir, name)
+        server = EtcdServer(data_dir, name, extra_args)
         try:
             server.start()
             return server

@@ -26,10 +26,28 @@ class MetadataError(DanubeError):
 
 
 class MetadataUnavailable(MetadataError):
-    """The store cannot be reached (etcd down, partitioned). Reads may still be served from a LocalCache."""
+    """The store cannot do it now: etcd down or partitioned, or the store's disk full, read-only, locked or
+    failing (the subclasses below). Try again later; reads may still be served from a LocalCache."""
 
     retriable = True
     grpc_code = "UNAVAILABLE"
+
+
+class MetadataStoreFull(MetadataUnavailable):
+    """No room for the write: the embedded store's disk is full, or etcd reached its space quota (its NOSPACE
+    alarm). Nothing of the write was kept and reads still work; writes work again once space is freed (etcd:
+    compact, defragment, then disarm the alarm)."""
+
+
+class MetadataReadOnly(MetadataUnavailable):
+    """The embedded store's file or file system is read-only. Reads may still work; writes work again once
+    it is writable (the file system remounted read-write)."""
+
+
+class MetadataCorrupt(MetadataError):
+    """The embedded store's file is not a SQLite database or is damaged: restore it from a backup."""
+
+    grpc_code = "DATA_LOSS"
 
 
 class InvalidKey(MetadataError, ValueError):

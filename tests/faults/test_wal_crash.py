@@ -129,20 +129,6 @@ def test_file_size_limit_fails_appends_cleanly(tmp_path: Path) -> None:
     log.close()
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MiB tmpfs: writes past it fail with ENOSPC. Needs root (CI runs as root)."""
-    if not IS_ROOT:
-        pytest.skip("mounting a tmpfs needs root; test_file_size_limit_fails_appends_cleanly covers the rest")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
 @pytest.mark.slow
 def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(small_tmpfs: Path) -> None:
     wal_dir = small_tmpfs / "wal"
