@@ -30,6 +30,7 @@ _HELP = {
     "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged."),
     "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream."),
     "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started."),
+    "danube_topic_load_failed": ("gauge", "1 for a topic of this broker whose storage could not be loaded."),
 }
 
 
@@ -63,6 +64,8 @@ def render(topics: Topics, started: float) -> str:
                 add("danube_subscription_redelivered_total", sl, d.redelivered)
                 add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
                 add("danube_subscription_unacked", sl, d.unacked)
+    for name in topics.broken:
+        add("danube_topic_load_failed", {"topic": name}, 1)
     samples["danube_broker_uptime_seconds"].append(
         f"danube_broker_uptime_seconds {time.monotonic() - started:.3f}")
 

@@ -241,9 +241,10 @@ async def serve(config: BrokerConfig) -> None:
     admin_host = config.admin_addr.rpartition(":")[0]
     metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
                if listening.metrics_port is not None else "off")
+    broken = f" ({len(broker.topics.broken)} could not be loaded: see above)" if broker.topics.broken else ""
     log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s, data in %s, "
-             "%d topics", host, listening.client_port, broker.url(), admin_host,
-             listening.admin_port, metrics, os.path.abspath(config.data_dir), len(broker.topics.topics))
+             "%d topics%s", host, listening.client_port, broker.url(), admin_host, listening.admin_port,
+             metrics, os.path.abspath(config.data_dir), len(broker.topics.topics), broken)
     await stopping.wait()
     log.info("stopping: ending streams, flushing cursors and WALs")
     await broker.stop()

@@ -163,12 +163,18 @@ class Topics:
             except Exception as e:
                 if isinstance(e, MetadataError) and e.retriable:
                     raise  # the store itself is down: no topic can load
-                # One topic's storage must not keep the broker from serving the others.
-                log.error("cannot load topic %s, serving the other topics without it: %s", name, e)
-                self.broken[name.full] = str(e)
-                await self._discard(name)
+                await self.mark_broken(name, e)
         if self.broken:
             log.error("%d topics could not be loaded: %s", len(self.broken), ", ".join(sorted(self.broken)))
+
+    async def mark_broken(self, name: TopicName, error: Exception) -> None:
+        """One topic's storage failed to load: it must not keep the broker from serving the others."""
+        log.error("cannot load topic %s, serving the other topics without it: %s", name, error)
+        self.broken[name.full] = str(error)
+        await self._discard(name)
+
+    def forget_broken(self, name: TopicName) -> None:
+        self.broken.pop(name.full, None)
 
     async def _discard(self, name: TopicName) -> None:
         """Forget what a failed load of `name` set up."""
@@ -221,6 +227,7 @@ class Topics:
             start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
             self._attach_subscription(topic, rec.subscription_name, rec.subscription_type, start)
         self.moved_topics.pop(topic.full, None)
+        self.broken.pop(topic.full, None)
         log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
                  len(topic.producers), len(topic.subscriptions),
                  f", WAL at offset {topic.wal.committed_offset}" if topic.wal else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -211,6 +212,9 @@ def test_a_topic_that_cannot_be_loaded_leaves_the_others_served(broker_factory: 
 
     run_async(check())
     assert "cannot load topic /default/cannot_load" in broker.log_tail()
+    assert "1 could not be loaded" in broker.log_tail()
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as response:
+        assert 'danube_topic_load_failed{topic="/default/cannot_load"} 1' in response.read().decode()
 
 
 def test_creating_a_topic_is_all_or_nothing(broker_factory: BrokerFactory) -> None:

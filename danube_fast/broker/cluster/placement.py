@@ -138,11 +138,16 @@ class Placement:
                 except MetadataError as e:
                     log.warning("placing %s: %s; retrying", keys.topic_name(ns, t), e)
                     await asyncio.sleep(RETRY_DELAY)
+                except Exception as e:  # this topic's storage: the broker serves its others
+                    await self._topics.mark_broken(TopicName(ns, t), e)
+                    break
             self._changed.set()
 
     async def _reconcile_once(self, name: TopicName) -> None:
         kv = self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic))
         topic = self._topics.find(name.full)
+        if kv is None:
+            self._topics.forget_broken(name)  # no longer this broker's to load
         if kv is not None:
             if topic is not None and topic.guard is not None and topic.guard.ownership.revision == \
                     kv.create_revision and topic.guard.ownership.key == kv.key:
