@@ -9,9 +9,9 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
+from danube_fast.broker.names import clip
+from danube_fast.broker.services.wire_guard import throttled
 from danube_fast.errors import DanubeError
-
-log = logging.getLogger("danube_fast.api")
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -21,7 +21,9 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 def unary(fn: Callable[[S, Req, Context], Awaitable[Resp]]
           ) -> Callable[[S, Req, Context], Awaitable[Resp]]:
-    """Answer a DanubeError with its status and message; anything else is a bug: INTERNAL, and logged."""
+    """Answer a DanubeError with its status and message; anything else is a bug: INTERNAL, and logged with
+    its traceback (at most once per wire_guard.LOG_INTERVAL per method: a client repeating the call that
+    trips it must not flood the log)."""
 
     @functools.wraps(fn)
     async def handler(self: S, request: Req, context: Context) -> Resp:
@@ -32,8 +34,8 @@ def unary(fn: Callable[[S, Req, Context], Awaitable[Resp]]
         except (grpc.aio.AbortError, grpc.aio.BaseError):
             raise
         except Exception as e:
-            log.exception("%s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed: {e!r}")
+            throttled(fn.__qualname__ + ":bug", logging.ERROR, f"{fn.__qualname__} failed", exc_info=True)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed: {clip(repr(e))}")
         raise AssertionError("unreachable: abort raises")
 
     return handler
