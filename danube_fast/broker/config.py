@@ -24,6 +24,13 @@ max_redeliveries = 5              # then the message goes to the dead-letter top
 cursor_flush_acks = 1000
 cursor_flush_ms = 5000
 buffer = 1000                     # non-reliable: messages buffered per consumer before drops
+window_bytes = 16777216           # per consumer, both APIs: bytes delivered and not acknowledged (reliable)
+                                  # or queued (non-reliable); one message bigger than this still goes, alone.
+                                  # A fast-API consumer asking a bigger window_bytes gets this one
+broker_bytes = 268435456          # every consumer together: bytes read for delivery and not yet acknowledged
+                                  # (non-reliable: queued). Beyond it reliable dispatch leaves the data in the
+                                  # WAL for later and non-reliable dispatch drops; a subscription holding
+                                  # nothing still gets one read (see broker/dispatch/budget.py)
 
 [cluster]                         # cluster mode (--mode cluster); standalone uses only object_store
 name = "danube"
@@ -77,6 +84,10 @@ class DispatchConfig:
     cursor_flush_ms: int = 5000
     buffer: int = 1000
     idle_subscription_ms: int = 60_000  # non-reliable subscriptions without consumers are reaped after this
+    # Memory follows bytes, not message counts: 1,000 messages of 1 MiB per stalled consumer took a broker
+    # to 1.5 GiB with two of them (issue 12 item 5).
+    window_bytes: int = 16 * 1024 * 1024
+    broker_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -204,8 +215,9 @@ def check(config: BrokerConfig) -> None:
         _host_port(getattr(config, name), name)
     if config.prom_exporter:
         _host_port(config.prom_exporter, "prom_exporter")
-    if config.dispatch.window < 1:
-        raise ConfigError("[dispatch] window must be at least 1")
+    for name in ("window", "window_bytes", "broker_bytes"):
+        if getattr(config.dispatch, name) < 1:
+            raise ConfigError(f"[dispatch] {name} must be at least 1")
     if not 0 < config.max_message_size <= 1 << 30:
         raise ConfigError("max_message_size must be in 1..1 GiB")
 

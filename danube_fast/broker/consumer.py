@@ -1,9 +1,10 @@
 """A consumer session: the messages on their way to one client stream, and whether a stream is attached.
 
-Ownership: the subscription's dispatcher pushes messages; the ReceiveMessages handler that holds the current
-stream token takes them. A new stream for the same consumer takes over and the old one ends with OK
-(wire/CONTRACT.md C.8); so does every stream when the consumer is removed, which is what makes the official
-client notice a health-check CLOSE (B.8, D.8).
+Ownership: the subscription's dispatcher pushes messages, with their size in bytes, and keeps the counts of
+what is in flight; the ReceiveMessages handler that holds the current stream token takes them, and the
+dispatcher hears how many bytes it took (`taken`). A new stream for the same consumer takes over and the
+old one ends with OK (wire/CONTRACT.md C.8); so does every stream when the consumer is removed, which is what
+makes the official client notice a health-check CLOSE (B.8, D.8).
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ class Consumer:
         self._filter = compile_filters(self._key_filters)
         self.window = window  # reliable: unacknowledged deliveries allowed
         self.inflight = 0  # reliable: delivered (or queued) and not yet acked or nacked
+        self.inflight_bytes = 0  # reliable: the bytes of those
         self.active = True  # a new consumer starts active: messages may queue before its stream opens (C.7)
         self.removed = False
         self._queue: deque[pb.StreamMessage] = deque()
+        self._sizes: deque[int] = deque()  # of the queued messages, in bytes
+        self.queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._stream = 0  # token of the attached stream (0: none)
         self._next_token = 0
@@ -68,14 +72,19 @@ class Consumer:
     def queued(self) -> int:
         return len(self._queue)
 
-    def push(self, msg: pb.StreamMessage) -> None:
+    def push(self, msg: pb.StreamMessage, size: int = 0) -> None:
+        """Queue `msg`, holding `size` bytes of the dispatcher's until the stream takes it."""
         self._queue.append(msg)
+        self._sizes.append(size)
+        self.queued_bytes += size
         self._wakeup.set()
 
     def drain_queue(self) -> list[pb.StreamMessage]:
-        """Take back what was queued and not yet written (the stream went away)."""
+        """Take back what was queued and not yet written (the stream went away); `queued_bytes` of them."""
         out = list(self._queue)
         self._queue.clear()
+        self._sizes.clear()
+        self.queued_bytes = 0
         return out
 
     # -- streams ---------------------------------------------------------------------------------------
@@ -120,9 +129,13 @@ class Consumer:
                 return []
             if self._queue:
                 n = min(limit, len(self._queue))
-                out = [self._queue.popleft() for _ in range(n)]
+                queue, sizes = self._queue, self._sizes
+                out = [queue.popleft() for _ in range(n)]
+                size = sum([sizes.popleft() for _ in range(n)])
+                self.queued_bytes -= size
                 self.delivered += n
                 self.subscription.delivered += n
+                self.subscription.dispatcher.taken(size)
                 return out
             self._wakeup.clear()
             await self._wakeup.wait()

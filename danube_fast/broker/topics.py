@@ -28,6 +28,7 @@ from danube_fast.broker.cluster.handoff import Gap
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.errors import (
@@ -106,6 +107,8 @@ class Topics:
         self.placement: Placement | None = None
         self.tier: Tier | None = None
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
+        # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
+        self.budget = ByteBudget(config.dispatch.broker_bytes)
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.
         self.broken: dict[str, str] = {}
@@ -612,7 +615,8 @@ class Topics:
         if topic.wal is not None:
             sub.dispatcher = self._reliable(topic, sub, start)
         else:
-            sub.dispatcher = LiveDispatcher(sub, self._config.dispatch.buffer)
+            dispatch = self._config.dispatch
+            sub.dispatcher = LiveDispatcher(sub, dispatch.buffer, dispatch.window_bytes, self.budget)
         topic.subscriptions[name] = sub
         return sub
 
@@ -636,7 +640,7 @@ class Topics:
 
         return ReliableDispatcher(sub, topic.log, self._config.dispatch, max(start, topic.log.start_offset),
                                   self._cursor_saver(topic, sub.name), dead_letter,
-                                  topic.policy.max_subscription_dispatch_rate)
+                                  topic.policy.max_subscription_dispatch_rate, self.budget)
 
     async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
         """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
@@ -663,7 +667,7 @@ class Topics:
         await current.close()
         start = max(current.cursor + 1, topic.log.start_offset)
         batches = BatchDispatcher(sub, topic.log, self._config.dispatch, start,
-                                  self._cursor_saver(topic, name))
+                                  self._cursor_saver(topic, name), self.budget)
         sub.dispatcher = batches
         return batches
 

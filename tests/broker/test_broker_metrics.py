@@ -11,6 +11,7 @@ from broker_support import Run, message, offsets, receive
 from danube_fast.broker import metrics
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.names import TopicName
@@ -28,6 +29,8 @@ def topics_of(*topics: Topic) -> Topics:
     """The registry `render` reads, holding just these topics (no store behind it)."""
     registry = Topics.__new__(Topics)
     registry.topics = {t.full: t for t in topics}
+    registry.broken = {}
+    registry.budget = ByteBudget(1 << 20)
     return registry
 
 
@@ -78,6 +81,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
             f"danube_subscription_consumers{{{sl}}}": 1,
             f"danube_subscription_dropped_total{{{sl}}}": 1,
             "danube_broker_uptime_seconds": got["danube_broker_uptime_seconds"],
+            "danube_dispatch_held_bytes": 0,  # the registry's budget: these dispatchers have their own
         }
         assert 1.5 <= got["danube_broker_uptime_seconds"] < 60
 
@@ -130,6 +134,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_subscription_redelivered_total{{{sl}}}": 1,
                 f"danube_subscription_dead_lettered_total{{{sl}}}": 0,
                 f"danube_subscription_unacked{{{sl}}}": 2,
+                "danube_dispatch_held_bytes": 0,  # the registry's budget: this dispatcher has its own
             }
         finally:
             await dispatcher.close()
@@ -141,7 +146,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
 def test_every_family_is_described_once_even_without_topics() -> None:
     text = metrics.render(topics_of(), time.monotonic())
     got = samples(text)
-    assert list(got) == ["danube_broker_uptime_seconds"]
+    assert list(got) == ["danube_broker_uptime_seconds", "danube_dispatch_held_bytes"]
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)) >= 12
     assert "# TYPE danube_subscription_redelivered_total counter" in text

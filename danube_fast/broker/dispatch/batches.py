@@ -5,6 +5,9 @@ It keeps the same cursor (the contiguous ack floor, under the seed's cursor key)
 ReliableDispatcher, so a subscription can move between the two APIs: Topics swaps the dispatcher when a
 consumer of the other kind subscribes while nobody of this kind is streaming.
 
+The window the client names is capped at [dispatch] window_bytes, and the unacknowledged bytes count in the
+broker's ByteBudget (budget.py): while it is spent, a stream with something unacknowledged waits for room.
+
 Ownership: the Consume stream that holds it (`holder`) calls `next_records` and `acknowledge`; both run on
 the event loop. Delivery is at least once: when the stream goes, delivery starts again at the floor, so
 records acknowledged individually above the floor come again (a batch is delivered whole).
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.errors import OffsetOutOfRange
 from danube_fast.storage.tiered import ReadableLog
 
@@ -32,8 +36,10 @@ READ_BYTES = 1024 * 1024
 
 class BatchDispatcher:
     def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
-                 save_cursor: Callable[[int], Awaitable[None]]) -> None:
+                 save_cursor: Callable[[int], Awaitable[None]], budget: ByteBudget | None = None) -> None:
+        """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription
+        self._budget = budget if budget is not None else ByteBudget(config.broker_bytes)
         self._wal = wal
         self._config = config
         self._save_cursor = save_cursor
@@ -70,8 +76,15 @@ class BatchDispatcher:
         self._next = self._low
         self._acked.clear()
         self._sent.clear()
-        self._unacked_bytes = 0
+        self._release(self._unacked_bytes)
         self._wake.set()
+
+    def taken(self, size: int) -> None:
+        """Consumer streams of the Danube API take nothing from a subscription served by batches."""
+
+    def _release(self, size: int) -> None:
+        self._unacked_bytes -= size
+        self._budget.give(size)
 
     def ack(self, offset: int) -> bool:
         return self.acknowledge(None, [offset]) > 0
@@ -92,7 +105,7 @@ class BatchDispatcher:
         self.redelivered += sum(1 for o in range(offset, self._next) if o not in self._acked)
         self._position += 1  # a read in progress for the old position is dropped
         while self._sent and self._sent[-1][0] >= offset:
-            self._unacked_bytes -= self._sent.pop()[1]
+            self._release(self._sent.pop()[1])
         self._next = offset if not self._sent else max(offset, self._sent[-1][0] + 1)
         self._wake.set()
 
@@ -108,12 +121,20 @@ class BatchDispatcher:
     def unacked(self) -> int:
         return max(0, self._next - self._low - len(self._acked))
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes sent and not acknowledged."""
+        return self._unacked_bytes
+
     def stop_streams(self) -> None:
         self.stopped = True
         self._wake.set()
 
     async def close(self, *, save: bool = True) -> None:
         self.stop_streams()
+        self._budget.forget(self._wake.set)
+        self._sent.clear()
+        self._release(self._unacked_bytes)
         if save:
             await self.save_cursor()
 
@@ -142,16 +163,18 @@ class BatchDispatcher:
             self._acked.discard(self._low)
             self._low += 1
         while self._sent and self._sent[0][0] < self._low:
-            self._unacked_bytes -= self._sent.popleft()[1]
+            self._release(self._sent.popleft()[1])
         done = self._low + len(self._acked) - before
         self._acks_since_save += done
         self._wake.set()
         return done
 
     async def next_records(self, window: int) -> tuple[bytes, int, int] | None:
-        """The next whole batches to send (data, first offset, last offset), once the window has room and
-        the WAL has something committed past what was sent; saves the cursor when it is due. None once
-        the dispatcher is stopped or closed: the stream must end."""
+        """The next whole batches to send (data, first offset, last offset), once the window (at most
+        [dispatch] window_bytes) and the broker's budget have room and the WAL has something committed past
+        what was sent; saves the cursor when it is due. None once the dispatcher is stopped or closed: the
+        stream must end."""
+        window = min(window, self._config.window_bytes)
         epoch = self._epoch
         while True:
             self._wake.clear()
@@ -160,7 +183,11 @@ class BatchDispatcher:
             if self._acks_since_save >= self._config.cursor_flush_acks or \
                     self._loop.time() >= self._next_save:
                 await self.save_cursor()
-            if self._unacked_bytes < window and self._next < self._wal.committed_offset:
+            waiting = self._unacked_bytes >= window or self._next >= self._wal.committed_offset
+            if not waiting and self._unacked_bytes and self._budget.spent:
+                self._budget.wait(self._wake.set)
+                waiting = True
+            if not waiting:
                 position = self._position
                 try:
                     got = await self._wal.read(self._next, min(READ_BYTES, window))
@@ -188,6 +215,7 @@ class BatchDispatcher:
                         next_offset = more[1]
                     self._sent.append((next_offset - 1, size))
                     self._unacked_bytes += size
+                    self._budget.take(size)
                     self._next = next_offset
                     return b"".join(chunks), first, next_offset - 1
             timeout = max(0.001, self._next_save - self._loop.time())

@@ -15,7 +15,10 @@ Bookkeeping, by offset:
   `_low - 1`, the contiguous ack floor, so a restart resumes at `_low` and never skips an unacked message.
 
 Unlike v0.7.3 (one message in flight per subscription, CONTRACT C.9), each consumer may have
-`window` messages unacknowledged.
+`window` messages unacknowledged, and as many bytes of them as `window_bytes` allows (one message bigger
+than that goes alone). Every message read holds its bytes (`_held`, and the broker's ByteBudget, see
+budget.py) until it is acknowledged, dead-lettered or dropped; while the broker's budget is spent and this
+subscription holds something, nothing more is read: the data waits in the WAL.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
+from danube_fast import frames
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.errors import DanubeError, OffsetOutOfRange
@@ -46,11 +52,29 @@ log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 256 * 1024
 PARK_WINDOWS = 10  # Key-Shared: messages parked for busy or absent consumers, in windows, before reads stop
+_length = attrgetter("length")
+
+
+def record_sizes(data: messages.Buffer, start: int, count: int) -> list[int]:
+    """The bytes each of the `count` records at offsets >= `start` in `data` (whole batches) holds: its
+    batch's length shared equally among the batch's records (exact for the Danube API's one-record batches),
+    or all of `data` for a lone record. Fixed at the read, so what is released is exactly what was taken."""
+    if count == 1:  # a read following the tail: one group commit, one message; it holds what was read
+        return [len(data)]
+    headers = frames.scan_batches(data, verify=False)
+    if len(headers) == count and (not headers or headers[0].base_offset >= start):
+        return list(map(_length, headers))  # one record per batch: no Python per record
+    sizes: list[int] = []
+    for h in headers:
+        if h.last_offset >= start:
+            sizes += [h.length // h.record_count] * (h.last_offset - max(h.base_offset, start) + 1)
+    return sizes
 
 
 @dataclass(slots=True)
 class _Pending:
     msg: pb.StreamMessage
+    size: int
     consumer: Consumer | None
     deadline: float
     redeliveries: int = 0
@@ -60,7 +84,9 @@ class _Pending:
 class ReliableDispatcher:
     def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]],
-                 dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0) -> None:
+                 dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0,
+                 budget: ByteBudget | None = None) -> None:
+        """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription
         self._wal = wal
         self._config = config
@@ -69,8 +95,13 @@ class ReliableDispatcher:
         self._selector = Selector(subscription.kind)
         self._keyed = subscription.kind == SubscriptionType.KEY_SHARED
         self._loop = asyncio.get_running_loop()
+        self._budget = budget if budget is not None else ByteBudget(config.broker_bytes)
+        self._window_bytes = config.window_bytes
+        self._held = 0  # bytes of the messages in _ready, _pending and _waiting
+        self._parked = 0  # bytes of those in _waiting before their first delivery (Key-Shared)
+        self._size = 0  # bytes of the message being routed (what `_usable` checks)
         self._read_pos = start
-        self._ready: deque[pb.StreamMessage] = deque()
+        self._ready: deque[tuple[pb.StreamMessage, int]] = deque()  # (message, its bytes)
         self._pending: dict[int, _Pending] = {}
         self._waiting: dict[int, _Pending] = {}
         self._due: list[tuple[float, int]] = []
@@ -106,8 +137,12 @@ class ReliableDispatcher:
             entry = self._waiting.pop(offset, None)  # acked after a nack or timeout: no redelivery needed
             if entry is None:
                 return False
+            if not entry.delivered:
+                self._parked -= entry.size
         elif entry.consumer is not None:
             entry.consumer.inflight -= 1
+            entry.consumer.inflight_bytes -= entry.size
+        self._release(entry.size)
         self._acks_since_save += 1
         self._advance_low()
         self._wake.set()
@@ -119,6 +154,7 @@ class ReliableDispatcher:
             return False
         if entry.consumer is not None:
             entry.consumer.inflight -= 1
+            entry.consumer.inflight_bytes -= entry.size
         self._retry_later(offset, entry, delay_ms, count=True)
         self._wake.set()
         return True
@@ -132,7 +168,11 @@ class ReliableDispatcher:
             entry = self._pending.pop(off)
             self._retry_later(off, entry, 0, count=False)
         consumer.inflight = 0
+        consumer.inflight_bytes = 0
         self._wake.set()
+
+    def taken(self, size: int) -> None:
+        """A stream took queued messages: they stay held until acknowledged."""
 
     # -- state for metrics and tests -----------------------------------------------------------------
 
@@ -149,11 +189,26 @@ class ReliableDispatcher:
     def unacked(self) -> int:
         return len(self._pending) + len(self._waiting)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes read for delivery and not yet released: read ahead, in flight, waiting for redelivery."""
+        return self._held
+
     async def close(self, *, save: bool = True) -> None:
-        """Stop dispatching; persist the cursor unless the subscription is being deleted."""
+        """Stop dispatching and give back every byte held; persist the cursor unless the subscription is
+        being deleted."""
         self._closed = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        self._budget.forget(self._wake.set)
+        self._ready.clear()
+        self._pending.clear()
+        self._waiting.clear()
+        self._retry.clear()
+        self._due.clear()
+        self._dead.clear()
+        self._parked = 0
+        self._release(self._held)
         if save:
             await self.save_cursor()
 
@@ -207,19 +262,28 @@ class ReliableDispatcher:
         return max(0.001, until - now)
 
     def _usable(self, c: Consumer) -> bool:
-        return c.has_room
+        """Room in the consumer's window for the message being routed, by count and by bytes."""
+        held = c.inflight_bytes
+        return c.has_room and (not held or held + self._size <= self._window_bytes)
 
-    def _deliver(self, msg: pb.StreamMessage, c: Consumer, now: float, redeliveries: int) -> None:
+    def _release(self, size: int) -> None:
+        self._held -= size
+        self._budget.give(size)
+
+    def _deliver(self, msg: pb.StreamMessage, size: int, c: Consumer, now: float, redeliveries: int) -> None:
         if self._rate.per_second:
             self._throttle = self._rate.delay()
         offset = msg.msg_id.topic_offset
-        self._pending[offset] = _Pending(msg, c, now + self._config.ack_timeout_ms / 1000, redeliveries)
+        self._pending[offset] = _Pending(msg, size, c, now + self._config.ack_timeout_ms / 1000,
+                                         redeliveries)
         c.inflight += 1
-        c.push(msg)
+        c.inflight_bytes += size
+        c.push(msg, size)
 
-    def _route(self, msg: pb.StreamMessage) -> tuple[Consumer | None, bool]:
-        """(consumer, wait): a consumer to take `msg` now; else whether to wait (True) or drop it (False:
-        a Key-Shared key that no consumer's filters accept, as upstream does)."""
+    def _route(self, msg: pb.StreamMessage, size: int) -> tuple[Consumer | None, bool]:
+        """(consumer, wait): a consumer to take `msg` (of `size` bytes) now; else whether to wait (True) or
+        drop it (False: a Key-Shared key that no consumer's filters accept, as upstream does)."""
+        self._size = size
         consumers = self._sub.consumers
         key = messages.routing_key(msg) if self._keyed else ""
         c, routable = self._selector.pick(consumers, key, self._usable)
@@ -246,7 +310,7 @@ class ReliableDispatcher:
             if key in blocked:
                 keep.append(off)
                 continue
-            c, wait = self._route(entry.msg)
+            c, wait = self._route(entry.msg, entry.size)
             if c is None:
                 if wait:
                     keep.append(off)
@@ -256,12 +320,17 @@ class ReliableDispatcher:
                     blocked.add(key)
                     continue
                 del self._waiting[off]  # a key no consumer accepts any more
+                if not entry.delivered:
+                    self._parked -= entry.size
+                self._release(entry.size)
                 self._advance_low()
                 continue
             del self._waiting[off]
-            self._deliver(entry.msg, c, now, entry.redeliveries)
+            self._deliver(entry.msg, entry.size, c, now, entry.redeliveries)
             if entry.delivered:
                 self.redelivered += 1
+            else:
+                self._parked -= entry.size
             moved = True
         self._retry = keep
         return moved
@@ -269,29 +338,36 @@ class ReliableDispatcher:
     async def _send_new(self, now: float) -> bool:
         moved = False
         park_limit = self._config.window * PARK_WINDOWS
+        park_bytes = self._window_bytes * PARK_WINDOWS
         while True:
-            if not self._ready and not await self._read():
-                return moved
-            msg = self._ready[0]
+            if not self._ready:
+                if self._held and self._budget.spent:
+                    self._budget.wait(self._wake.set)  # the data waits in the WAL
+                    return moved
+                if not await self._read():
+                    return moved
+            msg, size = self._ready[0]
             if self._keyed and messages.routing_key(msg) in self._blocked_keys:
                 c, wait = None, True
             else:
-                c, wait = self._route(msg)
+                c, wait = self._route(msg, size)
             if c is None and wait:
-                if not self._keyed or len(self._retry) >= park_limit:
+                if not self._keyed or len(self._retry) >= park_limit or self._parked >= park_bytes:
                     return moved
-                self._park(self._ready.popleft())  # Key-Shared: let the other keys go on
+                self._park(*self._ready.popleft())  # Key-Shared: let the other keys go on
                 continue
             self._ready.popleft()
             if c is not None:
-                self._deliver(msg, c, now, 0)
+                self._deliver(msg, size, c, now, 0)
                 moved = True
             else:
+                self._release(size)
                 self._advance_low()
 
-    def _park(self, msg: pb.StreamMessage) -> None:
+    def _park(self, msg: pb.StreamMessage, size: int) -> None:
         off = msg.msg_id.topic_offset
-        self._waiting[off] = _Pending(msg, None, 0.0, 0, delivered=False)
+        self._waiting[off] = _Pending(msg, size, None, 0.0, 0, delivered=False)
+        self._parked += size
         self._retry.append(off)
         self._blocked_keys.add(messages.routing_key(msg))
 
@@ -309,7 +385,12 @@ class ReliableDispatcher:
         if got is None:
             return False
         data, next_offset = got
-        self._ready.extend(messages.decode(data, self._sub.topic_name, self._read_pos))
+        msgs = messages.decode(data, self._sub.topic_name, self._read_pos)
+        sizes = record_sizes(data, self._read_pos, len(msgs))
+        self._ready.extend(zip(msgs, sizes, strict=True))
+        size = sum(sizes)
+        self._held += size
+        self._budget.take(size)
         self._read_pos = next_offset
         return bool(self._ready)
 
@@ -349,6 +430,7 @@ class ReliableDispatcher:
             del self._pending[off]
             if entry.consumer is not None:
                 entry.consumer.inflight -= 1
+                entry.consumer.inflight_bytes -= entry.size
             self._retry_later(off, entry, 0, count=True)
 
     async def _bury_dead(self) -> None:
@@ -360,13 +442,14 @@ class ReliableDispatcher:
                 continue
             await self._dead_letter(entry.msg)
             self._dead.popleft()
-            self._waiting.pop(off, None)  # an ack may have come while the dead-letter publish ran
+            if self._waiting.pop(off, None) is not None:  # an ack may have come while the publish ran
+                self._release(entry.size)
             self.dead_lettered += 1
             self._acks_since_save += 1
             self._advance_low()
 
     def _advance_low(self) -> None:
-        limit = self._ready[0].msg_id.topic_offset if self._ready else self._read_pos
+        limit = self._ready[0][0].msg_id.topic_offset if self._ready else self._read_pos
         low = self._low
         pending, waiting = self._pending, self._waiting
         while low < limit and low not in pending and low not in waiting:
