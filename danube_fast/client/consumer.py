@@ -6,12 +6,14 @@ pyarrow RecordBatch), skipping offsets below `start_offset` (a batch is delivere
 that for you, one Record at a time. Acknowledge with `ack_cumulative(offset)` (everything up to it) or
 `ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes`.
 
-The consumer follows its topic: when the stream fails with a retriable status (the broker stops, or the
-topic moves to another broker in a cluster: UNAVAILABLE), it looks the topic up (Discovery, as the official
-client does), subscribes again on the broker that serves it and goes on from the subscription's saved
-cursor. Records not acknowledged before that come again (at least once); so may records whose ack was in
-flight. The stream ends for good (`batches()` returns) when the subscription is deleted or taken back by a
-Danube API consumer.
+The consumer follows its topic: when the stream fails with a retriable status (client/status.py: the broker
+stops, crashes or the topic moves to another broker in a cluster: UNAVAILABLE, or the INTERNAL that grpc
+gives an ack the dying connection could not write), it looks the topic up (Discovery, as the official client
+does), subscribes again on the broker that serves it and goes on from the subscription's saved cursor.
+Records not acknowledged before that come again (at least once); so may records whose ack was in flight.
+Subscribing again is retried `reconnect_tries` times (about 25 s of backoff) and stops at once on a refusal
+that is not retriable. The stream ends for good (`batches()` returns) when the subscription is deleted or
+taken back by a Danube API consumer.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import grpc
 
 from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.producer import RETRIABLE, ProduceRejected, first_answer
+from danube_fast.client.producer import ProduceRejected, first_answer, rejection
+from danube_fast.client.status import retriable
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -82,7 +85,7 @@ class FastConsumer:
             except grpc.aio.AioRpcError as e:
                 if self._closed:
                     return
-                if e.code() not in RETRIABLE:
+                if not retriable(e):
                     raise
                 try:
                     await self._open(resubscribing=True)
@@ -179,8 +182,7 @@ class FastConsumer:
             response = await first_answer(call, "subscribed", "subscribe the consumer")
         except grpc.aio.AioRpcError as e:  # the write failed: the broker is not there (yet)
             call.cancel()
-            raise ProduceRejected(e.code().name, e.details() or "subscribing failed", e.code() in RETRIABLE
-                                  ) from e
+            raise rejection(e, "subscribe the consumer") from e
         except BaseException:
             call.cancel()
             raise

@@ -6,11 +6,16 @@ once the broker acknowledged it, as durable as the topic promises). A batch ship
 ships a list as one batch. Back-pressure: at most `max_inflight_bytes` of unacknowledged batches; `send`
 waits beyond that. `flush()` ships what is open and waits for every ack.
 
-If the stream fails with a retriable status, or the broker rejects a batch with UNAVAILABLE (the broker
-restarted, or the topic is moving to another broker), the producer looks the
-topic up (Discovery, as the official client does), opens a new stream on the broker that serves it and sends
-every unacknowledged batch again, in order: delivery is at least once. Opening the producer retries the same
-way, so a topic that a cluster places on another broker is followed there.
+If the stream fails with a retriable status (client/status.py: UNAVAILABLE, or the INTERNAL that grpc gives a
+write the dying connection could not finish), or the broker rejects a batch with UNAVAILABLE (the broker
+restarted, or the topic is moving to another broker), the producer looks the topic up (Discovery, as the
+official client does), opens a new stream on the broker that serves it and sends every unacknowledged batch
+again, in order: delivery is at least once (a batch whose ack the crash took is stored twice; none is
+written twice on one stream, see `_written`). Opening the producer retries the same way, so a topic that a
+cluster places on another broker is followed there. A refusal of the new stream's Open that is not retriable
+fails the producer at once. Retries are bounded: `reconnect_tries` attempts, counted from the last answer
+the broker gave, so a broker gone for good (or one that drops every stream before answering) fails the
+unacknowledged batches with a retriable ProduceRejected after about 25 s of backoff.
 
 Ownership: one event loop. Writes to the stream are serialised by a lock (a gRPC call takes one write at a
 time); the reader task resolves futures in the order the broker answers, which is the order sent.
@@ -30,12 +35,10 @@ import grpc
 
 from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
+from danube_fast.client.status import retriable
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
-
-RETRIABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       grpc.StatusCode.DEADLINE_EXCEEDED})
 
 Offsets = tuple[int, int]
 
@@ -76,6 +79,7 @@ class FastProducer:
         self._linger = linger_ms / 1000
         self._max_inflight = max_inflight_bytes
         self._reconnect_tries = reconnect_tries
+        self._attempts = 0  # stream attempts since the broker last answered (the bound on reconnecting)
         self._loop = asyncio.get_running_loop()
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = fast_grpc.FastProducerStub(self._channel)  # type: ignore[no-untyped-call]
@@ -207,8 +211,12 @@ class FastProducer:
 
     async def _start_stream(self) -> None:
         call = self._stub.Produce()
-        await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
-                                                            reliable=self.reliable)))
+        try:
+            await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
+                                                                reliable=self.reliable)))
+        except grpc.aio.AioRpcError as e:  # the broker is not there (yet), or the connection broke
+            call.cancel()
+            raise rejection(e, "open the producer") from e
         response = await first_answer(call, "opened", "open the producer")
         self.producer_id = response.opened.producer_id
         self._call = call
@@ -220,6 +228,7 @@ class FastProducer:
                 response = await call.read()
                 if response is grpc.aio.EOF:
                     break
+                self._attempts = 0  # the broker answers on this stream
                 kind = response.WhichOneof("kind")
                 if kind == "ack":
                     self._settle(response.ack.seq, (response.ack.first_offset, response.ack.last_offset))
@@ -240,10 +249,10 @@ class FastProducer:
         except grpc.aio.AioRpcError as e:
             if self._closed:
                 return
-            if e.code() in RETRIABLE:
-                await self._reconnect(e)
+            if retriable(e):
+                await self._reconnect(rejection(e, "keep the stream"))
             else:
-                self._fail(ProduceRejected(e.code().name, e.details() or "the stream failed"))
+                self._fail(rejection(e, "keep the stream"))
 
     def _settle(self, seq: int, outcome: Offsets | ProduceRejected) -> None:
         shipped = self._unacked.pop(seq, None)
@@ -265,26 +274,40 @@ class FastProducer:
             self._channel = channel
             self._stub = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
 
-    async def _reconnect(self, cause: grpc.aio.AioRpcError | ProduceRejected) -> None:
+    async def _reconnect(self, cause: ProduceRejected) -> None:
         """Look the topic up, open a new stream and send every unacknowledged batch again (re-stamped with
-        the producer id the broker gives this time; the records are unchanged)."""
-        for attempt in range(self._reconnect_tries):
-            await asyncio.sleep(min(0.02 * attempt, 1.0))
+        the producer id the broker gives this time; the records are unchanged). Runs in the reader task of the
+        failed stream; once the new stream is open, its own reader owns what happens to it (a resend that
+        fails is noticed there), so at most one reconnect runs at a time."""
+        while self._attempts < self._reconnect_tries:
+            await asyncio.sleep(min(0.02 * self._attempts, 1.0))
+            self._attempts += 1
+            if self._closed:
+                return
             try:
                 await self._locate()
                 async with self._write_lock:
+                    if self._closed:
+                        return
                     await self._start_stream()
-                    for seq, shipped in list(self._unacked.items()):
-                        data = _with_producer_id(shipped.data, self.producer_id)
-                        shipped.data = data
-                        self._written = max(self._written, seq)
-                        await self._call.write(batch_request(seq, data))
+                    if not self._unacked:
+                        self._attempts = 0  # no answer to wait for: the open stream is the progress
+                    try:
+                        for seq, shipped in list(self._unacked.items()):
+                            data = _with_producer_id(shipped.data, self.producer_id)
+                            shipped.data = data
+                            self._written = max(self._written, seq)
+                            await self._call.write(batch_request(seq, data))
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        pass  # the new stream broke too: its reader reconnects
                 return
-            except (grpc.aio.AioRpcError, ProduceRejected):
-                continue
-        code, details = (cause.code().name, cause.details()) if isinstance(cause, grpc.aio.AioRpcError) else (
-            cause.grpc_code, str(cause))
-        self._fail(ProduceRejected(code, f"gave up reconnecting: {details}", True))
+            except ProduceRejected as e:
+                if not e.retriable:
+                    self._fail(e)  # the broker refuses the producer now (deleted topic, another strategy)
+                    return
+                cause = e
+        why = f"gave up reconnecting after {self._reconnect_tries} tries: {cause}"
+        self._fail(ProduceRejected(cause.grpc_code, why, True))
 
     def _fail(self, error: ProduceRejected) -> None:
         self._failed = error
@@ -302,11 +325,15 @@ async def first_answer(call: Any, kind: str, what: str) -> Any:
     try:
         response = await call.read()
     except grpc.aio.AioRpcError as e:
-        raise ProduceRejected(e.code().name, e.details() or f"the broker did not {what}",
-                              e.code() in RETRIABLE) from e
+        raise rejection(e, what) from e
     if response is grpc.aio.EOF or response.WhichOneof("kind") != kind:
         raise ProduceRejected("UNKNOWN", f"the broker ended the stream without answering: could not {what}")
     return response
+
+
+def rejection(error: grpc.aio.AioRpcError, what: str) -> ProduceRejected:
+    """`error` (the call's status) as a ProduceRejected, retriable by client/status.py's rule."""
+    return ProduceRejected(error.code().name, error.details() or f"could not {what}", retriable(error))
 
 
 def batch_request(seq: int, data: bytes) -> fast.ProduceRequest:

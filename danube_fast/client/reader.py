@@ -1,0 +1,175 @@
+"""TopicReader: a Reliable topic's records by offset range, read-only (FastReader in proto/FastApi.proto).
+
+Why: a Spark data source plans a query on a fixed range of offsets and must see every record committed when
+the query starts, also those not uploaded to the object tier yet; tools must be able to look at a topic
+without changing it. A consumer cannot do either: subscribing writes a subscription and moves a cursor.
+
+What it guarantees:
+* Nothing is written on any broker: no subscription, no cursor, no metadata.
+* `offsets(topic)` is (start, next): the first offset still stored anywhere, one past the last committed
+  (durable and acknowledged to its producer) offset.
+* `read(topic, start, end)` yields `(data, first_offset, last_offset)` per response: whole record batches
+  (docs/FORMAT.md; decode with `danube_fast.frames`) in offset order, each offset once, covering every
+  stored offset of [start, end) that is committed when the read starts; the first and the last batch may
+  hold offsets outside the range: skip them (`records_in` does). `end` 0 is `offsets(topic)[1]`, asked once
+  when the read starts, so a retried read covers the same range. Offsets that retention deleted inside the
+  range are missing (the broker skips what no tier holds); `start` below the first stored offset fails with
+  OUT_OF_RANGE instead of silently starting later.
+* It follows the topic: the first use of a topic looks it up (Discovery, as the official client does) and
+  goes to the broker serving it. A call that fails retriably (client/status.py: UNAVAILABLE when the topic
+  moved or the broker stops, a broken transport) is looked up again and retried, at most `retries` times
+  in a row with a backoff; a read resumes after the last offset it yielded. Any other status
+  (INVALID_ARGUMENT: bad name or no such topic; FAILED_PRECONDITION: a NonReliable topic; OUT_OF_RANGE;
+  NOT_FOUND; ...) fails at once. Failures are `ReadFailed`, chained from the call's AioRpcError.
+
+Owner: the event loop that opened it; `read()`s of several topics may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from danube_fast import frames
+from danube_fast.client.lookup import CHANNEL_OPTIONS, lookup
+from danube_fast.client.status import retriable
+from danube_fast.errors import DanubeError
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+
+T = TypeVar("T")
+
+OFFSETS_TIMEOUT = 10.0  # seconds per Offsets call
+# A channel whose broker went away reconnects within this backoff (gRPC's default starts at 1 s and grows to
+# 120 s, longer than a broker restart); its own subchannel pool, so another client's connection in a long
+# backoff is not shared.
+READER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
+                          ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                          ("grpc.max_reconnect_backoff_ms", 2000)]
+
+Records = tuple[bytes, int, int]  # data, first offset, last offset
+
+
+class ReadFailed(DanubeError):
+    """A FastReader call failed for good: `grpc_code` is the status name the broker (or the transport)
+    gave; `retriable` is True when it gave up retrying."""
+
+    def __init__(self, code: str, message: str, retriable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.grpc_code = code
+        self.retriable = retriable
+
+
+class TopicReader:
+    """`async with TopicReader("host:port") as reader:` on any broker of the cluster (its client API; an
+    `http://` in front, as in a broker's advertised URL, is dropped)."""
+
+    def __init__(self, target: str, *, retries: int = 10, backoff: float = 0.1, max_backoff: float = 2.0
+                 ) -> None:
+        self._bootstrap = target.removeprefix("http://")
+        self._retries = retries
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._where: dict[str, str] = {}  # topic -> host:port of the broker last found serving it
+        self.retried = 0  # calls made again after a retriable failure
+
+    async def __aenter__(self) -> TopicReader:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every channel; reads still running fail."""
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+    async def offsets(self, topic: str) -> tuple[int, int]:
+        """(start_offset, next_offset): the first offset still stored, one past the last committed one."""
+        async def ask(stub: Any) -> tuple[int, int]:
+            r = await stub.Offsets(fast.OffsetsRequest(topic=topic), timeout=OFFSETS_TIMEOUT)
+            return r.start_offset, r.next_offset
+
+        return await self._retrying(topic, "read the offsets of", ask)
+
+    async def read(self, topic: str, start: int, end: int, max_bytes: int = 0) -> AsyncIterator[Records]:
+        """(data, first_offset, last_offset) of each Records holding offsets [start, end), in order (module
+        docstring). `end` 0: what is committed now; `max_bytes` per response, 0 = the broker's default."""
+        if end == 0:
+            end = (await self.offsets(topic))[1]
+        low = start  # the next offset not yielded yet
+        failures = 0
+        while low < end:
+            stub = await self._stub(topic, located=failures == 0 and topic in self._where)
+            request = fast.ReadRequest(topic=topic, from_offset=low, to_offset=end, max_bytes=max_bytes)
+            call = stub.Read(request)
+            try:
+                async for response in call:
+                    r = response.records
+                    if r.last_offset < low:
+                        continue  # nothing new (cannot happen with a correct broker; never yield twice)
+                    failures = 0
+                    yield r.data, r.first_offset, r.last_offset
+                    low = r.last_offset + 1
+                return  # the broker ended the stream with OK: nothing more in the range
+            except grpc.aio.AioRpcError as e:
+                failures = await self._failed(e, topic, "read", failures)
+            finally:
+                call.cancel()
+
+    # -- following the topic --------------------------------------------------------------------------
+
+    async def _retrying(self, topic: str, what: str, attempt: Callable[[Any], Awaitable[T]]) -> T:
+        failures = 0
+        while True:
+            stub = await self._stub(topic, located=failures == 0 and topic in self._where)
+            try:
+                return await attempt(stub)
+            except grpc.aio.AioRpcError as e:
+                failures = await self._failed(e, topic, what, failures)
+
+    async def _failed(self, error: grpc.aio.AioRpcError, topic: str, what: str, failures: int) -> int:
+        """After a failed call: raise ReadFailed unless the failure is retriable and tries are left; else
+        wait the backoff and return the failures in a row so far."""
+        code = error.code().name
+        details = error.details() or f"could not {what} {topic}"
+        if not retriable(error):
+            raise ReadFailed(code, details) from error
+        if failures >= self._retries:
+            raise ReadFailed(code, f"gave up after {failures + 1} tries to {what} {topic}: {details}",
+                             True) from error
+        await asyncio.sleep(min(self._backoff * 2 ** failures, self._max_backoff))
+        self.retried += 1
+        return failures + 1
+
+    async def _stub(self, topic: str, *, located: bool) -> Any:
+        """A FastReader stub on the broker serving `topic`: looked up unless `located` (known and no call to
+        it failed since); when the lookup says nothing (the broker asked is down, the topic is being
+        placed), the broker last known, else the one this reader was opened on."""
+        if not located:
+            found = None
+            for target in dict.fromkeys((self._where.get(topic, self._bootstrap), self._bootstrap)):
+                found = await lookup(self._channel(target), topic)
+                if found is not None:
+                    break
+            self._where[topic] = found or self._where.get(topic, self._bootstrap)
+        return fast_grpc.FastReaderStub(self._channel(self._where[topic]))  # type: ignore[no-untyped-call]
+
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(target, options=READER_CHANNEL_OPTIONS)
+            self._channels[target] = channel
+        return channel
+
+
+def records_in(data: bytes, start: int, end: int) -> list[frames.Record]:
+    """The records of `data` (one `read` item) whose offsets lie in [start, end)."""
+    return [r for r in frames.decode_records(data) if start <= r.offset < end]
