@@ -26,6 +26,7 @@ from danube_fast.broker.services.cluster_admin import BrokerAdmin, ClusterNamesp
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
+from danube_fast.broker.services.fast_reader import FastReaderService
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
@@ -170,6 +171,7 @@ class Broker:
         register(pb_grpc.add_HealthCheckServicer_to_server, HealthService(self.topics), client)
         register(fast_grpc.add_FastProducerServicer_to_server, FastProducerService(self.topics), client)
         register(fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(self.topics), client)
+        register(fast_grpc.add_FastReaderServicer_to_server, FastReaderService(self.topics), client)
         view = ClusterView(self.cache)
         self.broker_admin = BrokerAdmin(view, self.store, self.topics.broker_id, self._forwarder, None)
         register(admin_grpc.add_BrokerAdminServicer_to_server, self.broker_admin, admin)

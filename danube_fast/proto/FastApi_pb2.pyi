@@ -133,3 +133,35 @@ class ConsumeResponse(_message.Message):
     subscribed: Subscribed
     records: Records
     def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., records: _Optional[_Union[Records, _Mapping]] = ...) -> None: ...
+
+class OffsetsRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class OffsetsResponse(_message.Message):
+    __slots__ = ("start_offset", "next_offset")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    next_offset: int
+    def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("topic", "from_offset", "to_offset", "max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    from_offset: int
+    to_offset: int
+    max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., from_offset: _Optional[int] = ..., to_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: Records
+    def __init__(self, records: _Optional[_Union[Records, _Mapping]] = ...) -> None: ...

@@ -177,3 +177,139 @@ class FastConsumer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class FastReaderStub:
+    """Read-only access to a Reliable topic's records by offset (a Spark data source, inspection tools): no
+    subscription, no cursor, nothing written. Both calls end with UNAVAILABLE when the topic is served by
+    another broker, left this one or the broker stops (look the topic up again, as a consumer does), with
+    FAILED_PRECONDITION on a NonReliable topic, INVALID_ARGUMENT on a bad name or an unknown topic.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Offsets = channel.unary_unary(
+                '/danube_fast.v1.FastReader/Offsets',
+                request_serializer=FastApi__pb2.OffsetsRequest.SerializeToString,
+                response_deserializer=FastApi__pb2.OffsetsResponse.FromString,
+                _registered_method=True)
+        self.Read = channel.unary_stream(
+                '/danube_fast.v1.FastReader/Read',
+                request_serializer=FastApi__pb2.ReadRequest.SerializeToString,
+                response_deserializer=FastApi__pb2.ReadResponse.FromString,
+                _registered_method=True)
+
+
+class FastReaderServicer:
+    """Read-only access to a Reliable topic's records by offset (a Spark data source, inspection tools): no
+    subscription, no cursor, nothing written. Both calls end with UNAVAILABLE when the topic is served by
+    another broker, left this one or the broker stops (look the topic up again, as a consumer does), with
+    FAILED_PRECONDITION on a NonReliable topic, INVALID_ARGUMENT on a bad name or an unknown topic.
+    """
+
+    def Offsets(self, request, context):
+        """The topic's readable range now: start_offset (the first offset still readable, in the WAL or the
+        object tier) and next_offset (one past the last committed, i.e. durable-and-acknowledged, offset).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Read(self, request, context):
+        """Whole record batches holding offsets [from_offset, to_offset) (the first and last batch may hold offsets
+        outside; the reader skips them), in order, then the stream ends with OK. to_offset 0 means next_offset at
+        the time of the call; a to_offset above next_offset reads up to next_offset (the stream never waits for
+        records). from_offset at or above the end: no Records. from_offset below start_offset: OUT_OF_RANGE.
+        Offsets that no tier holds any more (deleted by retention inside the range) are skipped. Each response
+        is at most max_bytes (0 = the broker's default, 1 MiB; at most 16 MiB), but always at least one whole
+        batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FastReaderServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Offsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.Offsets,
+                    request_deserializer=FastApi__pb2.OffsetsRequest.FromString,
+                    response_serializer=FastApi__pb2.OffsetsResponse.SerializeToString,
+            ),
+            'Read': grpc.unary_stream_rpc_method_handler(
+                    servicer.Read,
+                    request_deserializer=FastApi__pb2.ReadRequest.FromString,
+                    response_serializer=FastApi__pb2.ReadResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'danube_fast.v1.FastReader', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('danube_fast.v1.FastReader', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FastReader:
+    """Read-only access to a Reliable topic's records by offset (a Spark data source, inspection tools): no
+    subscription, no cursor, nothing written. Both calls end with UNAVAILABLE when the topic is served by
+    another broker, left this one or the broker stops (look the topic up again, as a consumer does), with
+    FAILED_PRECONDITION on a NonReliable topic, INVALID_ARGUMENT on a bad name or an unknown topic.
+    """
+
+    @staticmethod
+    def Offsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.v1.FastReader/Offsets',
+            FastApi__pb2.OffsetsRequest.SerializeToString,
+            FastApi__pb2.OffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Read(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/danube_fast.v1.FastReader/Read',
+            FastApi__pb2.ReadRequest.SerializeToString,
+            FastApi__pb2.ReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,134 @@
+"""danube_fast.v1.FastReader: a Reliable topic's record batches by offset range, read-only
+(proto/FastApi.proto).
+
+For a Spark data source and for tools that must look without touching: no subscription, no cursor, no
+metadata write. A read goes through the topic's `log` (storage/tiered.py: object tier -> WAL -> the
+committed tail), the same `read`/`cached` path the batch dispatcher uses (dispatch/batches.py), so it sees
+exactly what a consumer would: everything committed, whether uploaded yet or not, and nothing more.
+
+Bounds: the end of a Read is fixed when the call starts (at most the committed offset then), so a Read never
+waits for records. The handler is an async generator: gRPC pulls the next response only once the previous
+one was sent, so one stream holds at most one response (max_bytes, capped at MAX_READ_BYTES, or one batch
+larger than that) and the read it is built from. Disk reads run in the WAL's executor and object reads in
+the object store's, as for consumers; joining what else is committed only takes what the WAL's cache
+holds. Between two responses the handler checks that the topic is still this broker's and the broker is
+not stopping; if not, the stream ends with UNAVAILABLE, as a fast consumer's does, and the client resumes
+after the last offset it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from danube_fast import frames
+from danube_fast.broker.errors import ApiError, invalid, precondition
+from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topic import Topic
+from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError, OffsetOutOfRange
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.storage.objects.format import clip_batches
+from danube_fast.storage.tiered import READ_BYTES, ReadableLog
+
+# Bytes per response when ReadRequest.max_bytes is 0: the dispatchers' read size, well under a plain gRPC
+# client's 4 MiB receive limit (a 4 MiB default would overflow it by the message's own few bytes).
+DEFAULT_READ_BYTES = READ_BYTES
+MAX_READ_BYTES = 16 * 1024 * 1024  # a client asking more gets this: one stream holds one response at a time
+
+
+class FastReaderService(fast_grpc.FastReaderServicer):
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+
+    @unary
+    async def Offsets(self, request: fast.OffsetsRequest, context: Context) -> fast.OffsetsResponse:
+        log = self._readable(request.topic)[1]
+        return fast.OffsetsResponse(start_offset=log.start_offset, next_offset=log.committed_offset)
+
+    async def Read(self, request: fast.ReadRequest, context: Context) -> AsyncIterator[fast.ReadResponse]:
+        try:
+            topic, log = self._readable(request.topic)
+            low, end = _range(request, log)
+        except DanubeError as e:
+            await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+            return
+        room = min(request.max_bytes or DEFAULT_READ_BYTES, MAX_READ_BYTES)
+        while low < end:
+            if self._topics.stopping or self._topics.find(topic.full) is not topic:
+                # As for a fast consumer: not the end of the read, the client looks the topic up again.
+                why = "the broker is stopping" if self._topics.stopping else "the topic left this broker"
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"{why}: look {topic.full} up again and read on from offset {low}")
+            got = await _next_records(log, low, end, room)
+            if got is None:
+                return
+            data, first, next_offset = got
+            response = fast.ReadResponse()  # field by field: see client.producer.batch_request
+            response.records.data = data
+            response.records.first_offset = first
+            response.records.last_offset = next_offset - 1
+            yield response
+            low = next_offset
+
+    def _readable(self, name: str) -> tuple[Topic, ReadableLog]:
+        """The topic and what it is read through; INVALID_ARGUMENT for a bad name or an unknown topic,
+        UNAVAILABLE when another broker serves it, FAILED_PRECONDITION when it is NonReliable."""
+        topic = self._topics.topic_for_consumer(parse_topic(name))
+        if topic.log is None:
+            raise precondition(f"topic {topic.full} is NonReliable: it keeps no records to read "
+                               "(FastReader reads Reliable topics)")
+        return topic, topic.log
+
+
+def _range(request: fast.ReadRequest, log: ReadableLog) -> tuple[int, int]:
+    """[low, end) to send: `end` is to_offset (0: the committed offset), never past the committed offset."""
+    committed = log.committed_offset
+    low = request.from_offset
+    if request.to_offset and request.to_offset < low:
+        raise invalid(f"ReadRequest.to_offset {request.to_offset} is below from_offset {low}: "
+                      "the range is [from_offset, to_offset), to_offset 0 meaning the committed end")
+    end = min(request.to_offset or committed, committed)
+    start = log.start_offset
+    if low < start and low < end:
+        raise _out_of_range(low, start)
+    return low, end
+
+
+def _out_of_range(offset: int, start: int) -> ApiError:
+    return ApiError("OUT_OF_RANGE", f"offset {offset} is no longer stored: the first readable offset is "
+                                    f"{start} (retention deleted what came before)")
+
+
+async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tuple[bytes, int, int] | None:
+    """The whole batches holding offsets from `low` (or the next offset a tier holds) below `end`, within
+    `room` bytes but at least one batch: (data, first offset of its first batch, offset after its last
+    record). None when nothing of [low, end) is left to send."""
+    try:
+        got = await log.read(low, room)
+    except OffsetOutOfRange as e:  # retention deleted it since the call started (no object tier below)
+        raise _out_of_range(low, log.start_offset) from e
+    if got is None:
+        return None
+    chunk, next_offset = clip_batches(got[0], low, end, room, whole=True)
+    if not chunk:
+        return None  # what the read found starts at or past `end` (the range's rest was a hole)
+    chunks = [chunk]
+    size = len(chunk)
+    # A read at the tail answers one group commit: join what more the cache holds (no disk read here), as
+    # the batch dispatcher does, so that one response carries up to `room`.
+    while size < room and next_offset < end:
+        more = log.cached(next_offset, room - size)
+        if more is None:
+            break
+        chunk, after = clip_batches(more[0], next_offset, end, room - size, whole=False)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        next_offset = after
+    first = frames.parse_header(chunks[0]).base_offset
+    return b"".join(chunks), first, next_offset
