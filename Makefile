@@ -11,7 +11,10 @@ $(STAMP): pyproject.toml setup.py
 	./scripts/system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,spark]'
+	# PySpark finds data sources with pkgutil.iter_modules, which does not see modules of an editable
+	# install (an import hook): put spark/ on the venv's path so that format("danube") resolves here too.
+	echo "$(CURDIR)/spark" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/danube-fast-spark-dev.pth"
 	touch $(STAMP)
 
 install: $(STAMP) build
@@ -39,7 +42,7 @@ test-pure: install
 	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
 
 lint: install
-	$(BIN)/ruff check danube_fast bench tests
+	$(BIN)/ruff check danube_fast spark bench tests
 	$(BIN)/mypy
 
 bench: install

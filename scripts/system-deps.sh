@@ -11,6 +11,8 @@ command -v make >/dev/null || need+=(make)
 # The contract tests start their own etcd (free loopback ports, temporary data dir); Debian's etcd-server puts
 # it at /usr/bin/etcd. The package's own service is not used by anything here.
 command -v etcd >/dev/null || need+=(etcd-server)
+# PySpark (the spark/ data source and its tests) runs Spark on a JVM: Java 17.
+dpkg -s openjdk-17-jre-headless >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""

@@ -13,7 +13,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    r = _run("ruff", "check", "danube_fast", "bench", "tests")
+    r = _run("ruff", "check", "danube_fast", "spark", "bench", "tests")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -8,12 +8,17 @@ only read.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import CurrentObject, ObjectDescriptor
-from danube_fast.meta.store import MetadataStore, Op, Put
+from danube_fast.meta.store import Op, Put
+
+if TYPE_CHECKING:
+    from danube_fast.meta.reader import MetadataReader  # a MetadataStore is one
 
 
-async def load_descriptors(meta: MetadataStore, namespace: str, topic: str) -> list[ObjectDescriptor]:
+async def load_descriptors(meta: MetadataReader, namespace: str, topic: str) -> list[ObjectDescriptor]:
     """The topic's completed object descriptors, in offset order (their keys sort that way)."""
     cur = keys.objects_cur(namespace, topic)
     found = []

@@ -1,0 +1,79 @@
+"""The DataFrame's columns, and the Arrow batches that fill them.
+
+Spark's Kafka source's columns, so that notebooks written for it carry over, then ours:
+
+| column           | Spark type            | from (docs/FORMAT.md, "Arrow view")                          |
+|------------------|-----------------------|--------------------------------------------------------------|
+| `key`            | binary, nullable      | the routing key's UTF-8 bytes; null when the record has none |
+| `value`          | binary                | the payload                                                  |
+| `topic`          | string                | the topic; a partitioned topic's base name                   |
+| `partition`      | int                   | N of a `-part-N` topic, -1 for a topic without partitions    |
+| `offset`         | long                  | the record's offset in its (partition) topic                 |
+| `timestamp`      | timestamp (UTC)       | the publish time                                             |
+| `timestampType`  | int                   | 0: CreateTime, the producer's publish time (Kafka's code)    |
+| `producer_name`  | string                | the batch's producer name                                    |
+| `attributes`     | map<string,string>    | null when the record has none                                |
+| `schema_id`      | long, nullable        | null when absent (the format's presence bit)                 |
+| `schema_version` | long, nullable        | null when absent                                             |
+
+`to_spark` turns what the native codec decoded (`frames.decode_arrow`) into a batch of exactly the Arrow
+schema Spark expects for these columns: casts that reuse the decoded buffers (key, schema ids), one widening
+of the timestamps (ms to Spark's us), and the two constant columns. No per-record Python.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+CREATE_TIME = 0  # Kafka's timestampType for a producer-set time
+
+SCHEMA = StructType([
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("topic", StringType(), True),
+    StructField("partition", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("timestampType", IntegerType(), True),
+    StructField("producer_name", StringType(), True),
+    StructField("attributes", MapType(StringType(), StringType(), True), True),
+    StructField("schema_id", LongType(), True),
+    StructField("schema_version", LongType(), True),
+])
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark checks returned batches against (pyspark's own conversion)."""
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def to_spark(decoded: pa.RecordBatch, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """`decoded` (frames.decode_arrow's columns) as a batch of `schema` (arrow_schema(SCHEMA))."""
+    n = decoded.num_rows
+    columns = {
+        "key": decoded.column("key").cast(pa.binary()),
+        "value": decoded.column("value"),
+        "topic": pa.repeat(topic, n),
+        "partition": pa.repeat(pa.scalar(partition, pa.int32()), n),
+        "offset": decoded.column("offset"),
+        "timestamp": decoded.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+        "timestampType": pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
+        "producer_name": decoded.column("producer"),
+        "attributes": decoded.column("attributes"),
+        "schema_id": decoded.column("schema_id"),
+        "schema_version": decoded.column("schema_version"),
+    }
+    arrays = [columns[f.name].cast(f.type) if columns[f.name].type != f.type else columns[f.name]
+              for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
