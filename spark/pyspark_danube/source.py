@@ -1,4 +1,5 @@
-"""`format("danube")`: the DataSource, and its batch readers.
+"""`format("danube")`: the DataSource, and its batch readers (the stream reader is in stream.py, the
+writers in writer.py).
 
 Planning runs on the driver's Python worker (`partitions()`): options, metadata, offsets and, when a time
 bound is set, the footers of candidate objects. Executors only fetch and decode (fetch.py). Every error the
@@ -24,7 +25,15 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    Filter,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from pyspark_danube import columns, options
@@ -50,6 +59,21 @@ class DanubeDataSource(DataSource):
         if _called_from(PUSHDOWN_WORKER) and pushdown_safe(parsed):
             return PushdownReader(parsed, schema)
         return BatchReader(parsed, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from pyspark_danube.stream import DanubeStreamReader
+
+        return DanubeStreamReader(options.parse(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from pyspark_danube.writer import DanubeWriter
+
+        return DanubeWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from pyspark_danube.writer import DanubeStreamWriter
+
+        return DanubeStreamWriter(self.options, schema, overwrite)
 
 
 class BatchReader(DataSourceReader):
