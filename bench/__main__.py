@@ -1,4 +1,4 @@
-"""`python -m bench storage|meta|broker|fast|e2e|cluster [--json] [--runs N] [--quick] [--dir DIR]
+"""`python -m bench storage|meta|broker|fast|spark|e2e|cluster [--json] [--runs N] [--quick] [--dir DIR]
 [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
                                         "grpc.aio server answering the same stream")
     _common_options(fa, FAST_SECTION, "200 batches per figure instead of 1,000, and 1 run unless --runs says "
                                       "otherwise", default_runs=None)
+    sp = suites.add_parser("spark", help="our Spark data source against Spark's Parquet scan of the same "
+                                         "records and the codec alone: full scan, offset and time pruning")
+    _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
+                                       "1 run unless --runs says otherwise", default_runs=None)
+    sp.add_argument("--records", type=_positive_int, help=f"records to produce (default {SPARK_RECORDS:,})")
     _e2e_options(suites.add_parser(
         "e2e", help="the same workload against our broker, NATS JetStream and Redis Streams: throughput, "
                     "latency at a fixed rate, CPU per side, throughput by record size"))
@@ -108,6 +113,9 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
 
 
 FAST_SECTION = "Fast API"
+SPARK_SECTION = "Spark"
+SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
+QUICK_SPARK_RECORDS = 400_000
 BROKER_SECTION = "Broker (Danube API)"
 BROKER_RUNS = 3  # the broker suite's default --runs (1 with --quick)
 
@@ -164,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         title = FAST_SECTION
         extra.append(fast.load_line())
         found = fast.run_fast(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "spark":
+        from bench import spark  # here: only this suite needs pyspark and a JVM
+
+        title = SPARK_SECTION
+        records = args.records or (QUICK_SPARK_RECORDS if args.quick else SPARK_RECORDS)
+        extra.append(spark.load_line(records))
+        found = spark.run_spark(Options(args.runs, args.quick, args.dir), records)
     else:
         from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 

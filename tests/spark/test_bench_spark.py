@@ -1,0 +1,28 @@
+"""`python -m bench spark` on a tiny run: it produces, uploads, writes Parquet, runs every query on every
+system, cross-checks their answers (a bench whose systems disagree must fail, not report) and prints one JSON
+object per figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "bench", "spark", "--records", "20000", "--runs", "1", "--json",
+            "--dir", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = {f["name"]: f for f in map(json.loads, done.stdout.splitlines())}
+    for query in ("full", "offset5", "one_object"):
+        assert figures[f"parquet_{query}"]["value"] > 0
+        ours = figures[f"danube_{query}"]
+        assert ours["value"] > 0 and ours["baseline"] == figures[f"parquet_{query}"]["value"]
+        assert ours["ratio"] > 0 and ours["target"]
+    assert figures["codec_full"]["value"] > 0
+    assert figures["danube_full_rate"]["unit"] == "records/s"
+    assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"
