@@ -20,6 +20,7 @@ import fnmatch
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
@@ -32,6 +33,9 @@ from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer
 from danube_fast.storage.objects.store import ObjectStore, object_key
 from pyspark_danube.options import EARLIEST, LATEST, Options
 from pyspark_danube.pushdown import Bounds
+
+if TYPE_CHECKING:
+    from danube_fast.client.reader import TopicReader
 
 log = logging.getLogger("pyspark_danube")
 
@@ -345,6 +349,33 @@ class CommittedOffsets:
             return None
 
 
+class OpenCommittedOffsets(CommittedOffsets):
+    """CommittedOffsets over one TopicReader per broker kept open until `close()`, for a stream that asks
+    at every micro-batch (a reader reconnects by itself after its broker restarts). Owner: the event loop
+    that first calls it."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self._readers: dict[str, TopicReader] = {}  # by host:port
+
+    async def __call__(self, broker: str, topic: str) -> tuple[int, int] | None:
+        from danube_fast.client.reader import TopicReader
+
+        reader = self._readers.get(broker)
+        if reader is None:
+            reader = self._readers[broker] = TopicReader(broker)
+        try:
+            return await asyncio.wait_for(reader.offsets(topic), self._timeout)
+        except Exception as e:
+            log.warning("%s: cannot ask broker %s for its committed offset: %s", topic, broker, e)
+            return None
+
+    async def close(self) -> None:
+        readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
+            await reader.close()
+
+
 async def plan(meta: MetadataReader, store: ObjectStore, options: Options, committed_of: CommittedOffsets,
                bounds: Bounds) -> list[Chunk]:
     """Every chunk of the query, in topic, partition and offset order, within the pushed filters' bounds."""
@@ -363,9 +394,14 @@ async def plan(meta: MetadataReader, store: ObjectStore, options: Options, commi
             committed = await committed_of(broker, s.name) if broker else None
         span = narrow(resolve(s, descriptors, committed, options), bounds)
         out.extend(await chunks(span, descriptors, store, broker, options))
+    return sized(out, options)
+
+
+def sized(parts: list[Chunk], options: Options) -> list[Chunk]:
+    """`parts` cut to maxRecordsPerPartition offsets each, then split further to reach minPartitions."""
     if options.max_records_per_partition is not None:
-        out = [piece for c in out for piece in _at_most(c, options.max_records_per_partition)]
-    return at_least(out, options.min_partitions)
+        parts = [piece for c in parts for piece in _at_most(c, options.max_records_per_partition)]
+    return at_least(parts, options.min_partitions)
 
 
 def _at_most(c: Chunk, limit: int) -> list[Chunk]:
