@@ -259,11 +259,12 @@ def test_creating_a_topic_is_all_or_nothing(broker_factory: BrokerFactory) -> No
 UNARY = ["/danube.ProducerService/CreateProducer", "/danube.ProducerService/SendMessage",
          "/danube.ConsumerService/Subscribe", "/danube.ConsumerService/Ack", "/danube.ConsumerService/Nack",
          "/danube.Discovery/TopicLookup", "/danube.Discovery/TopicPartitions",
-         "/danube.HealthCheck/HealthCheck", "/danube_schema.SchemaRegistry/RegisterSchema"]
+         "/danube.HealthCheck/HealthCheck", "/danube_schema.SchemaRegistry/RegisterSchema",
+         "/danube_fast.v1.FastReader/Offsets"]
 ADMIN_UNARY = ["/danube_admin.TopicAdmin/CreateTopic", "/danube_admin.NamespaceAdmin/CreateNamespace",
                "/danube_admin.BrokerAdmin/ListBrokers"]
 STREAMING = ["/danube.ConsumerService/ReceiveMessages", "/danube_fast.v1.FastProducer/Produce",
-             "/danube_fast.v1.FastConsumer/Consume"]
+             "/danube_fast.v1.FastConsumer/Consume", "/danube_fast.v1.FastReader/Read"]
 GARBAGE = b"\x0a\xff\xff\xff\x0f"  # field 1, a length far past the end
 
 
