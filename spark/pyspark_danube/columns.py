@@ -5,7 +5,8 @@ Spark's Kafka source's columns, so that notebooks written for it carry over, the
 | column           | Spark type            | from (docs/FORMAT.md, "Arrow view")                          |
 |------------------|-----------------------|--------------------------------------------------------------|
 | `key`            | binary, nullable      | the routing key's UTF-8 bytes; null when the record has none |
-| `value`          | binary                | the payload                                                  |
+| `value`          | binary                | the payload; with valueFormat avro or json, decoded with the |
+|                  |                       | topics' schema subject (values.py) into its Spark type       |
 | `topic`          | string                | the topic; a partitioned topic's base name                   |
 | `partition`      | int                   | N of a `-part-N` topic, -1 for a topic without partitions    |
 | `offset`         | long                  | the record's offset in its (partition) topic                 |
@@ -18,7 +19,8 @@ Spark's Kafka source's columns, so that notebooks written for it carry over, the
 
 `to_spark` turns what the native codec decoded (`frames.decode_arrow`) into a batch of exactly the Arrow
 schema Spark expects for these columns: casts that reuse the decoded buffers (key, schema ids), one widening
-of the timestamps (ms to Spark's us), and the two constant columns. No per-record Python.
+of the timestamps (ms to Spark's us), and the two constant columns. No per-record Python (a decoded `value`
+comes from values.py, which says what it costs).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
+    DataType,
     IntegerType,
     LongType,
     MapType,
@@ -53,17 +56,24 @@ SCHEMA = StructType([
 ])
 
 
+def with_value(value: DataType) -> StructType:
+    """SCHEMA with `value` of type `value` (a decoded value: null where it did not decode)."""
+    return StructType([StructField("value", value, True) if f.name == "value" else f for f in SCHEMA])
+
+
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark checks returned batches against (pyspark's own conversion)."""
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def to_spark(decoded: pa.RecordBatch, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
-    """`decoded` (frames.decode_arrow's columns) as a batch of `schema` (arrow_schema(SCHEMA))."""
+def to_spark(decoded: pa.RecordBatch, topic: str, partition: int, schema: pa.Schema,
+             value: pa.Array | None = None) -> pa.RecordBatch:
+    """`decoded` (frames.decode_arrow's columns) as a batch of `schema` (arrow_schema(SCHEMA), or of
+    with_value(...) with `value` the decoded values)."""
     n = decoded.num_rows
     columns = {
         "key": decoded.column("key").cast(pa.binary()),
-        "value": decoded.column("value"),
+        "value": decoded.column("value") if value is None else value,
         "topic": pa.repeat(topic, n),
         "partition": pa.repeat(pa.scalar(partition, pa.int32()), n),
         "offset": decoded.column("offset"),

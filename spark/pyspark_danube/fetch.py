@@ -7,7 +7,8 @@ of batches at a time, so an executor holds about that much besides the fetched r
 
 Data loss (failOnDataLoss): an object that is gone, or bytes that fail their checks, stop the task with an
 error naming the object and the offset when the option is true (the default); when false, what cannot be
-read is skipped and counted in a warning.
+read is skipped and counted in a warning. A value that does not decode with valueFormat avro or json is not
+data loss: it is null in the value column, counted in a warning (values.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from danube_fast import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt, ObjectNotFound
 from danube_fast.storage.objects.format import check_header, parse_footer
 from danube_fast.storage.objects.store import ObjectStore, object_key, open_object_store
-from pyspark_danube import columns
+from pyspark_danube import columns, values
 from pyspark_danube.plan import Chunk
 
 log = logging.getLogger("pyspark_danube")
@@ -93,7 +94,9 @@ async def _object_body(store: ObjectStore, chunk: Chunk) -> memoryview | None:
 
 def _decode(data: memoryview | bytes, chunk: Chunk, schema: pa.Schema,
             where: str) -> Iterator[pa.RecordBatch]:
-    """Decode whole batches DECODE_BYTES at a time; keep the chunk's offsets and times."""
+    """Decode whole batches DECODE_BYTES at a time; keep the chunk's offsets and times; with valueFormat
+    avro or json, decode their values too (values.py)."""
+    values_decoder = values.decoder(chunk.options, schema.field("value").type)
     view = memoryview(data)
     try:
         headers = frames.scan_batches(view, verify=False)
@@ -120,7 +123,20 @@ def _decode(data: memoryview | bytes, chunk: Chunk, schema: pa.Schema,
                 continue
         batch = _cut(decoded, chunk)
         if batch.num_rows:
-            yield columns.to_spark(batch, chunk.stored.topic, chunk.stored.partition, schema)
+            value = None if values_decoder is None else _values(values_decoder, batch, chunk, where)
+            yield columns.to_spark(batch, chunk.stored.topic, chunk.stored.partition, schema, value)
+
+
+def _values(decoder: values.AvroDecoder | values.JsonDecoder, batch: pa.RecordBatch, chunk: Chunk,
+            where: str) -> pa.Array:
+    """The batch's values decoded; those that do not decode are null, counted in a warning."""
+    decoded = decoder.decode(batch)
+    if decoded.failed:
+        offsets = batch.column("offset")
+        log.warning("%d of %d values of %s (offsets %d..%d) did not decode as %s: null in the value column "
+                    "(%s)", decoded.failed, batch.num_rows, where, offsets[0].as_py(), offsets[-1].as_py(),
+                    chunk.options.value_format, decoded.reason)
+    return decoded.values
 
 
 def _decode_good(view: memoryview, headers: list[frames.BatchHeader], chunk: Chunk,

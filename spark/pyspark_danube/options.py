@@ -57,6 +57,7 @@ class Options:
     max_records_per_partition: int | None = None
     max_offsets_per_trigger: int | None = None
     value_format: Literal["binary", "avro", "json"] = "binary"
+    value_schema: str | None = None  # avro/json: the subject as DataSource.schema() resolved it (values.py)
     broker_timeout: float = 10.0  # seconds for the broker calls of the planning (offsets, tail)
     filter_pushdown: Literal["auto", "true", "false"] = "auto"  # see source.py: pushdown_safe
 
@@ -67,12 +68,19 @@ _NAMES = ("metadataStore", "objectStore", "s3Endpoint", "s3Region", "s3AccessKey
           "endingTimestamp", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
           "maxOffsetsPerTrigger", "valueFormat", "brokerTimeoutMs", "filterPushdown")
 _CANONICAL = {n.lower(): n for n in _NAMES}
+# Not the user's: DataSource.schema() stores the value schema it resolved (values.Resolved) under this name,
+# and the readers Spark makes from that DataSource instance parse it with the rest.
+RESOLVED_VALUE_SCHEMA = "_danube_resolved_value_schema"
 
 
 def parse(raw: Mapping[str, str], *, streaming: bool = False) -> Options:
     """Options from what the user passed to `.option(...)`; OptionError naming the first problem."""
     given: dict[str, str] = {}
+    resolved = None
     for key, value in raw.items():
+        if key.lower() == RESOLVED_VALUE_SCHEMA:
+            resolved = value
+            continue
         name = _CANONICAL.get(key.lower())
         if name is None:
             if key.lower() == "path":  # load("...") passes the path: the topic, in this source
@@ -120,6 +128,7 @@ def parse(raw: Mapping[str, str], *, streaming: bool = False) -> Options:
         max_records_per_partition=_int(given, "maxRecordsPerPartition", 1),
         max_offsets_per_trigger=_int(given, "maxOffsetsPerTrigger", 1),
         value_format=value_format,  # type: ignore[arg-type]
+        value_schema=None if value_format == "binary" else resolved,
         broker_timeout=(_int(given, "brokerTimeoutMs", 1) or 10_000) / 1000,
         filter_pushdown=_word(given, "filterPushdown", ("auto", "true", "false")),  # type: ignore[arg-type]
     )

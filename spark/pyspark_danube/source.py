@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pyspark_danube import columns, options
+from pyspark_danube import columns, options, values
 from pyspark_danube.fetch import read_chunk
 from pyspark_danube.plan import Chunk, CommittedOffsets, plan
 from pyspark_danube.pushdown import Bounds, push
@@ -52,7 +52,9 @@ class DanubeDataSource(DataSource):
         return "danube"
 
     def schema(self) -> StructType:
-        return columns.SCHEMA
+        # valueFormat avro/json: `value` typed by the topics' schema subject, resolved here on the driver; the
+        # resolution rides in self.options to the readers Spark makes from this (pickled) instance.
+        return values.declared_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         parsed = options.parse(self.options)
