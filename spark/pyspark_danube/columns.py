@@ -68,22 +68,38 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 def to_spark(decoded: pa.RecordBatch, topic: str, partition: int, schema: pa.Schema,
              value: pa.Array | None = None) -> pa.RecordBatch:
-    """`decoded` (frames.decode_arrow's columns) as a batch of `schema` (arrow_schema(SCHEMA), or of
-    with_value(...) with `value` the decoded values)."""
+    """`decoded` (frames.decode_arrow's columns) as a batch of `schema`: arrow_schema(SCHEMA), of
+    with_value(...) with `value` the decoded values, or of a subset of the columns (a user's `.schema(...)`:
+    only those columns are built and shipped to Spark)."""
     n = decoded.num_rows
-    columns = {
-        "key": decoded.column("key").cast(pa.binary()),
-        "value": decoded.column("value") if value is None else value,
-        "topic": pa.repeat(topic, n),
-        "partition": pa.repeat(pa.scalar(partition, pa.int32()), n),
-        "offset": decoded.column("offset"),
-        "timestamp": decoded.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-        "timestampType": pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
-        "producer_name": decoded.column("producer"),
-        "attributes": decoded.column("attributes"),
-        "schema_id": decoded.column("schema_id"),
-        "schema_version": decoded.column("schema_version"),
+    build = {
+        "key": lambda: decoded.column("key").cast(pa.binary()),
+        "value": lambda: decoded.column("value") if value is None else value,
+        "topic": lambda: pa.repeat(topic, n),
+        "partition": lambda: pa.repeat(pa.scalar(partition, pa.int32()), n),
+        "offset": lambda: decoded.column("offset"),
+        "timestamp": lambda: decoded.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+        "timestampType": lambda: pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
+        "producer_name": lambda: decoded.column("producer"),
+        "attributes": lambda: decoded.column("attributes"),
+        "schema_id": lambda: decoded.column("schema_id"),
+        "schema_version": lambda: decoded.column("schema_version"),
     }
-    arrays = [columns[f.name].cast(f.type) if columns[f.name].type != f.type else columns[f.name]
-              for f in schema]
+    arrays = []
+    for f in schema:
+        column = build[f.name]()
+        arrays.append(column if column.type == f.type else column.cast(f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def check_projection(schema: StructType, full: StructType) -> None:
+    """A schema the user gave (`.schema(...)`) must be some of `full`'s columns with their types: fewer
+    columns are read and shipped to Spark. ValueError naming the first column that is not."""
+    known = {f.name: f.dataType for f in full}
+    for f in schema:
+        if f.name not in known:
+            raise ValueError(f"column {f.name!r} of the given schema is not one of format('danube')'s: "
+                             f"{', '.join(known)}")
+        if f.name != "value" and f.dataType != known[f.name]:
+            raise ValueError(f"column {f.name!r} of the given schema is {f.dataType.simpleString()}; "
+                             f"format('danube') gives {known[f.name].simpleString()}")

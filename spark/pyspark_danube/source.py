@@ -58,6 +58,10 @@ class DanubeDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         parsed = options.parse(self.options)
+        try:
+            columns.check_projection(schema, columns.SCHEMA)
+        except ValueError as e:
+            raise options.OptionError(str(e)) from None
         if _called_from(PUSHDOWN_WORKER) and pushdown_safe(parsed):
             return PushdownReader(parsed, schema)
         return BatchReader(parsed, schema)

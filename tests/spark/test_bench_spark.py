@@ -23,6 +23,7 @@ def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
         ours = figures[f"danube_{query}"]
         assert ours["value"] > 0 and ours["baseline"] == figures[f"parquet_{query}"]["value"]
         assert ours["ratio"] > 0 and ours["target"]
+        assert figures[f"danube_projected_{query}"]["baseline"] == ours["baseline"]
     assert figures["codec_full"]["value"] > 0
     assert figures["danube_full_rate"]["unit"] == "records/s"
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"

@@ -222,3 +222,19 @@ def test_a_nonreliable_topic_is_refused(spark: SparkSession, broker: Broker, dat
     with pytest.raises((PySparkException, Py4JJavaError)) as raised:
         load(spark, broker, topic="/default/live_only").count()
     assert "NonReliable" in str(raised.value)
+
+
+def test_a_given_schema_reads_only_its_columns(spark: SparkSession, broker: Broker,
+                                               data: dict[str, Any]) -> None:
+    """`.schema(...)` with some of the columns: only those are built and shipped; others refused clearly."""
+    df = spark.read.format("danube").schema("offset long, value binary").options(
+        **reader_options(broker, topic=BULK)).load()
+    assert df.columns == ["offset", "value"]
+    rows = df.where("offset >= 100 and offset < 200").orderBy("offset").collect()
+    assert [(r.offset, bytes(r.value)) for r in rows] == [(i, payload(BULK, i)) for i in range(100, 200)]
+    for bad, words in (("offset long, nope string", ["nope", "not one of"]),
+                       ("offset string", ["offset", "bigint"])):
+        with pytest.raises((PySparkException, Py4JJavaError)) as raised:
+            reader = spark.read.format("danube").schema(bad).options(**reader_options(broker, topic=BULK))
+            reader.load().count()
+        assert all(w in str(raised.value) for w in words), str(raised.value)[:2000]
