@@ -92,14 +92,18 @@ def _produce(data_dir: Path, scratch: Path, count: int) -> list[Path]:
 async def _send(target: str, count: int) -> None:
     producer = await FastProducer.connect(target, TOPIC, "bench")
     try:
-        payloads = [b"s" * RECORD_BYTES] * BATCH_RECORDS
-        for _ in range(count // BATCH_RECORDS):
-            await producer.send_batch(payloads)
-        if count % BATCH_RECORDS:
-            await producer.send_batch(payloads[:count % BATCH_RECORDS])
+        for start in range(0, count, BATCH_RECORDS):
+            await producer.send_batch(_payloads(min(BATCH_RECORDS, count - start)))
         await producer.flush()
     finally:
         await producer.close()
+
+
+def _payloads(n: int) -> list[bytes]:
+    """`n` distinct random payloads: identical ones would let Parquet's dictionary encoding store the
+    column as one value (a first run here had Parquet scan 8 M such records in 0.4 s)."""
+    blob = os.urandom(RECORD_BYTES * n)
+    return [blob[i * RECORD_BYTES:(i + 1) * RECORD_BYTES] for i in range(n)]
 
 
 async def _uploaded(data_dir: Path) -> int:
