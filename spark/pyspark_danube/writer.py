@@ -14,10 +14,9 @@ Columns: `value` (binary or string, required, never null), `key` (string or bina
 the routing key) and `attributes` (map<string,string>, optional). The others a read gives (offset, timestamp,
 producer_name, ...) belong to the topic and are refused, so are unknown ones.
 
-Two publishers, one protocol. Rows of `value` alone go through `FastProducer`, which follows the topic and
-resends what was not acknowledged after a broker restart or a topic move. FastProducer's API takes payloads
-only, so rows with a key or attributes are encoded here (frames.encode_batch) and sent by `RecordStream` on a
-Produce stream of its own, which does not reconnect: a broken stream fails the task and Spark runs it again.
+Two publishers, one protocol, both on `FastProducer`, which follows the topic and resends what was not
+acknowledged after a broker restart or a topic move: rows of `value` alone as payloads (`send_batch`), rows
+with a key or attributes as records (`send_records`).
 
 Producer names: `{producerName}-{write}-p{partition}-a{attempt}`, where `write` is an id the driver draws
 per batch write, or a streaming query's id (kept across restarts). A stream therefore reuses the same few
@@ -28,14 +27,13 @@ deleted, so names must not grow with the batches.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import unicodedata
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 import pyarrow as pa
@@ -46,10 +44,8 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from danube_fast import frames
 from danube_fast.client import FastProducer
-from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.producer import Offsets, ProduceRejected, batch_request, first_answer, rejection
-from danube_fast.proto import FastApi_pb2 as fast
-from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.client.lookup import CHANNEL_OPTIONS
+from danube_fast.client.producer import Offsets
 from pyspark_danube.options import OptionError
 
 log = logging.getLogger("pyspark_danube")
@@ -78,7 +74,7 @@ class WriteOptions:
     reliable: bool = True
     producer_prefix: str = "spark"
     timeout: float = 10.0  # seconds: the driver's check that the broker answers, and a stream's Open
-    records: bool = False  # the rows carry a key or attributes: RecordStream, else FastProducer
+    records: bool = False  # the rows carry a key or attributes: sent as records, else as payloads
 
 
 def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> WriteOptions:
@@ -248,8 +244,7 @@ async def _publish(batches: Iterator[pa.RecordBatch], opts: WriteOptions, name: 
             if not batch.num_rows:
                 continue
             if publisher is None:
-                publisher = await (RecordStream.open(opts, name) if opts.records else
-                                   Payloads.open(opts, name))
+                publisher = await (Records.open(opts, name) if opts.records else Payloads.open(opts, name))
             batch = _normalized(batch)
             for low, high in _cuts(batch.column("value")):
                 await publisher.publish(batch.slice(low, high - low))
@@ -338,106 +333,44 @@ class Payloads:
         self._futures.append(await self._producer.send_batch(rows.column("value").to_pylist()))
 
     async def finish(self) -> list[Offsets]:
-        await self._producer.flush()
-        offsets = []
-        for outcome in await asyncio.gather(*self._futures, return_exceptions=True):
-            if isinstance(outcome, BaseException):
-                raise outcome  # a batch the broker refused
-            offsets.append(outcome)
-        return offsets
+        return await _acknowledged(self._producer, self._futures)
 
     async def close(self) -> None:
         await self._producer.close()
 
 
-class RecordStream:
-    """Rows with a key or attributes: batches encoded here, on one Produce stream (proto/FastApi.proto).
+class Records:
+    """Rows with a key or attributes: encoded as records, through FastProducer.send_records (reconnects and
+    resends like Payloads)."""
 
-    No reconnect: any failure of the stream fails the task, and Spark's retry publishes its rows again. The
-    broker answers in the order sent; a reader task collects the answers."""
-
-    def __init__(self, channel: grpc.aio.Channel, call: Any, name: str, producer_id: int) -> None:
-        self._channel = channel
-        self._call = call
-        self._name = name
-        self._producer_id = producer_id
-        self._sent = 0
-        self._acked: list[Offsets] = []
-        self._error: ProduceRejected | None = None
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+    def __init__(self, producer: FastProducer) -> None:
+        self._producer = producer
+        self._futures: list[asyncio.Future[Offsets]] = []
 
     @classmethod
-    async def open(cls, opts: WriteOptions, name: str) -> RecordStream:
-        channel = grpc.aio.insecure_channel(opts.broker, options=CHANNEL_OPTIONS)
-        call = None
-        try:
-            channel, _target = await follow(channel, opts.broker, opts.topic)
-            call = fast_grpc.FastProducerStub(channel).Produce()  # type: ignore[no-untyped-call]
-            open_ = fast.ProduceRequest(open=fast.Open(topic=opts.topic, producer_name=name,
-                                                       reliable=opts.reliable))
-            try:
-                await call.write(open_)
-            except grpc.aio.AioRpcError as e:
-                raise rejection(e, f"open producer {name} on {opts.topic}") from e
-            try:
-                opened = await asyncio.wait_for(first_answer(call, "opened", f"open producer {name} on "
-                                                                             f"{opts.topic}"), opts.timeout)
-            except TimeoutError:
-                raise ProduceRejected("DEADLINE_EXCEEDED", f"{opts.broker} did not answer the Open of "
-                                      f"producer {name} on {opts.topic} within {opts.timeout:g} s "
-                                      "(brokerTimeoutMs)", True) from None
-            return cls(channel, call, name, opened.opened.producer_id)
-        except BaseException:
-            if call is not None:
-                call.cancel()
-            await channel.close()
-            raise
+    async def open(cls, opts: WriteOptions, name: str) -> Records:
+        return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable))
 
     async def publish(self, rows: pa.RecordBatch) -> None:
-        if self._error is not None:
-            raise self._error
-        now = int(time.time() * 1000)
-        data = frames.encode_batch(_to_records(rows, now), producer_id=self._producer_id,
-                                   producer_name=self._name)
-        self._sent += 1
-        try:
-            await self._call.write(batch_request(self._sent, data))
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
-            await asyncio.wait([self._reader], timeout=1.0)  # the broker's own status, when it sent one
-            raise self._error or ProduceRejected("UNAVAILABLE", f"the stream broke: {e}", True) from e
+        records = _to_records(rows, int(time.time() * 1000))
+        self._futures.append(await self._producer.send_records(records))
 
     async def finish(self) -> list[Offsets]:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await self._call.done_writing()  # a broken stream: its reader has the error
-        await self._reader
-        if self._error is not None:
-            raise self._error
-        if len(self._acked) != self._sent:
-            raise ProduceRejected("UNKNOWN", f"the broker ended the stream after answering "
-                                             f"{len(self._acked)} of {self._sent} batches")
-        return self._acked
+        return await _acknowledged(self._producer, self._futures)
 
     async def close(self) -> None:
-        self._call.cancel()
-        self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
-        await self._channel.close()
+        await self._producer.close()
 
-    async def _read(self) -> None:
-        try:
-            while (response := await self._call.read()) is not grpc.aio.EOF:
-                kind = response.WhichOneof("kind")
-                if kind == "ack":
-                    self._acked.append((response.ack.first_offset, response.ack.last_offset))
-                elif kind == "rejected" and self._error is None:
-                    r = response.rejected
-                    self._error = ProduceRejected(r.code, r.message, r.retriable)
-            code = await self._call.code()
-            if code != grpc.StatusCode.OK and self._error is None:
-                self._error = ProduceRejected(code.name, await self._call.details() or "the stream failed")
-        except grpc.aio.AioRpcError as e:
-            if self._error is None:
-                self._error = rejection(e, "keep the stream")
+
+async def _acknowledged(producer: FastProducer, futures: list[asyncio.Future[Offsets]]) -> list[Offsets]:
+    """Wait until every batch is acknowledged: their (first, last) offsets, or the first refusal."""
+    await producer.flush()
+    offsets = []
+    for outcome in await asyncio.gather(*futures, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome  # a batch the broker refused
+        offsets.append(outcome)
+    return offsets
 
 
 def _to_records(rows: pa.RecordBatch, publish_time: int) -> list[frames.Record]:
