@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from danube_fast.broker.errors import ApiError
+from danube_fast.broker.names import parse_topic
+
 EARLIEST = -2
 LATEST = -1
 
@@ -97,9 +100,9 @@ def parse(raw: Mapping[str, str], *, streaming: bool = False) -> Options:
     topics: tuple[str, ...] = ()
     pattern = None
     if "topic" in given:
-        topics = (_topic_name(given["topic"], "topic"),)
+        topics = (topic_name(given["topic"], "topic"),)
     elif "topics" in given:
-        topics = tuple(_topic_name(t.strip(), "topics") for t in given["topics"].split(",") if t.strip())
+        topics = tuple(topic_name(t.strip(), "topics") for t in given["topics"].split(",") if t.strip())
         if not topics:
             raise OptionError("option topics is empty: write topics=/ns/a,/ns/b")
     else:
@@ -141,11 +144,13 @@ def _required(given: Mapping[str, str], name: str, expected: str) -> str:
     return value
 
 
-def _topic_name(text: str, option: str) -> str:
-    parts = text.split("/")
-    if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
-        raise OptionError(f"option {option}: {text!r} is not a topic name /namespace/topic")
-    return text
+def topic_name(text: str, option: str) -> str:
+    """`text` if it is a valid topic name by the broker's own rules (broker/names.py), else OptionError."""
+    try:
+        return parse_topic(text).full
+    except ApiError as e:
+        raise OptionError(f"option {option}: {text[:100]!r} is not a topic name /namespace/topic: "
+                          f"{e}") from None
 
 
 def _int(given: Mapping[str, str], name: str, minimum: int) -> int | None:
@@ -190,7 +195,7 @@ def _bound(text: str, name: str, words: tuple[str, ...]) -> Bound:
                           "-1 latest)")
     offsets: dict[tuple[str, int], int] = {}
     for topic, partitions in parsed.items():
-        _topic_name(topic, name)
+        topic_name(topic, name)
         if not isinstance(partitions, dict) or not partitions:
             raise OptionError(f"option {name}: topic {topic!r} maps to {partitions!r}, expected "
                               '{"partition": offset}')

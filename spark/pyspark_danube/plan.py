@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
+from danube_fast.broker import names
 from danube_fast.meta import keys
 from danube_fast.meta.reader import MetadataReader
 from danube_fast.meta.resources import BrokerRegistration, DeliveryMode, TopicDelivery
@@ -150,10 +151,9 @@ async def _namespace_topics(meta: MetadataReader, ns: str) -> set[str]:
 
 
 def _base(ns: str, short: str) -> tuple[str, int]:
-    head, sep, index = short.rpartition("-part-")
-    if sep and head and index.isdigit() and (index == "0" or not index.startswith("0")):
-        return f"/{ns}/{head}", int(index)
-    return f"/{ns}/{short}", -1
+    """(the topic column, the partition column) of stored topic /ns/short: the broker's own partition rule."""
+    base = names.partition_base(short)
+    return (f"/{ns}/{short}", -1) if base is None else (f"/{ns}/{base}", names.partition_index(short))
 
 
 # -- brokers -------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from danube_fast import frames
 from danube_fast.client import FastProducer
 from danube_fast.client.lookup import CHANNEL_OPTIONS
 from danube_fast.client.producer import Offsets
-from pyspark_danube.options import OptionError
+from pyspark_danube.options import OptionError, topic_name
 
 log = logging.getLogger("pyspark_danube")
 
@@ -95,9 +95,9 @@ def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> Wri
         raise OptionError("option broker is required: host:port of a broker's client API (any broker of the "
                           f"cluster), got {given.get('broker', '')!r}")
     topic = given.get("topic", "").strip()
-    parts = topic.split("/")
-    if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
-        raise OptionError(f"option topic is required: a topic name /namespace/topic, got {topic!r}")
+    if not topic:
+        raise OptionError("option topic is required: a topic name /namespace/topic")
+    topic = topic_name(topic, "topic")
     reliable = given.get("reliable", "true").strip().lower()
     if reliable not in ("true", "false"):
         raise OptionError(f"option reliable is {given['reliable']!r}: expected true (the topic keeps every "

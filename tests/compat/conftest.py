@@ -12,38 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Generator, Iterator
-from pathlib import Path
+from collections.abc import Generator
 
 import pytest
+from broker_fixtures import broker, broker_factory, shared_broker
 from compat_support import Broker, BrokerFactory
 
-
-@pytest.fixture(scope="module")
-def shared_broker(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    broker = Broker(tmp_path_factory.mktemp("broker"), getattr(request.module, "BROKER_CONFIG", None))
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.close()
-
-
-@pytest.fixture
-def broker(shared_broker: Broker) -> Iterator[Broker]:
-    assert shared_broker.running, f"the module's broker died before this test:\n{shared_broker.log_tail()}"
-    yield shared_broker
-    assert shared_broker.running, f"the broker died during this test:\n{shared_broker.log_tail()}"
-
-
-@pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
-    factory = BrokerFactory(tmp_path)
-    try:
-        yield factory
-    finally:
-        factory.close()
+__all__ = ["broker", "broker_factory", "shared_broker"]  # fixtures, shared with tests/spark
 
 
 @pytest.fixture

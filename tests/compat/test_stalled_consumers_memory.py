@@ -98,12 +98,13 @@ def test_stalled_consumers_hold_bounded_bytes_and_get_the_rest_later(broker_fact
                     await send(i)
                 await settled(pid)
 
+            # Subscriptions start at the end: they get what comes next, queued for them from Subscribe on
+            # whether or not their streams are open yet (a consumer starts active).
             streams = {}
-            for name in ("stalled", "slow"):  # subscriptions start at the end: they get what comes next
+            for name in ("stalled", "slow"):
                 consumer = await api.subscribe(topic, name, name)
                 request = pb.ReceiveRequest(request_id=1, consumer_id=consumer.consumer_id)
                 streams[name] = api.consumer.ReceiveMessages(request)
-            await asyncio.sleep(0.2)  # the streams reach the broker
             async with peak_rss(pid) as peak:
                 for i in range(MESSAGES, 2 * MESSAGES):
                     await send(i)

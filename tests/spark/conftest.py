@@ -16,36 +16,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "compat"))
-from compat_support import Broker, BrokerFactory
+from broker_fixtures import broker, broker_factory, shared_broker
 
+__all__ = ["broker", "broker_factory", "shared_broker"]  # the broker fixtures of tests/compat
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # every Spark port on loopback
-
-
-@pytest.fixture(scope="module")
-def shared_broker(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """One broker per module (its BROKER_CONFIG), as in tests/compat."""
-    broker = Broker(tmp_path_factory.mktemp("broker"), getattr(request.module, "BROKER_CONFIG", None))
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.close()
-
-
-@pytest.fixture
-def broker(shared_broker: Broker) -> Broker:
-    assert shared_broker.running, f"the module's broker died:\n{shared_broker.log_tail()}"
-    return shared_broker
-
-
-@pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
-    factory = BrokerFactory(tmp_path)
-    try:
-        yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="module")

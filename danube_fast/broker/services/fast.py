@@ -144,6 +144,14 @@ def _check(data: bytes, topic: Topic, producer_id: int) -> int:
     return records
 
 
+def fill_records(records: fast.Records, data: bytes, first_offset: int, last_offset: int) -> None:
+    """A response's Records set field by field: passing a message to a protobuf constructor takes a slow
+    merge path (see client.producer.batch_request)."""
+    records.data = data
+    records.first_offset = first_offset
+    records.last_offset = last_offset
+
+
 DEFAULT_WINDOW = 8 * 1024 * 1024  # unacknowledged bytes per consumer stream when Subscribe names none
 
 
@@ -187,11 +195,8 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 got = records.result()
                 if got is None:
                     break
-                data, first_offset, last_offset = got
-                response = fast.ConsumeResponse()  # field by field: see client.producer.batch_request
-                response.records.data = data
-                response.records.first_offset = first_offset
-                response.records.last_offset = last_offset
+                response = fast.ConsumeResponse()
+                fill_records(response.records, *got)
                 yield response
             if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DanubeError):
                 error = reader.exception()

@@ -25,6 +25,7 @@ import grpc
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError, invalid, precondition
 from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.fast import fill_records
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
@@ -67,10 +68,8 @@ class FastReaderService(fast_grpc.FastReaderServicer):
             if got is None:
                 return
             data, first, next_offset = got
-            response = fast.ReadResponse()  # field by field: see client.producer.batch_request
-            response.records.data = data
-            response.records.first_offset = first
-            response.records.last_offset = next_offset - 1
+            response = fast.ReadResponse()
+            fill_records(response.records, data, first, next_offset - 1)
             yield response
             low = next_offset
 

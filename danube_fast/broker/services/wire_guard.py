@@ -127,6 +127,25 @@ async def _answer(error: BaseException, method: str, context: Any) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {clip(repr(error))}")
 
 
+Responses = Callable[[AsyncIterator[bytes], Any], Awaitable[AsyncIterator[Any]]]
+
+
+def _relaying(responses: Responses, method: str) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[Any]]:
+    """A streaming handler yielding what `responses(requests, context)` gives (one generator between grpc and
+    the servicer, as before), with the status for an exception that escapes it."""
+
+    async def handler(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+        try:
+            async for response in await responses(requests, context):
+                yield response
+        except (grpc.aio.AbortError, grpc.aio.BaseError):
+            raise
+        except Exception as e:
+            await _answer(e, method, context)
+
+    return handler
+
+
 def _guard(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     decode: Decode = handler.request_deserializer
     serialize = handler.response_serializer
@@ -141,29 +160,18 @@ def _guard(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler
         unary_stream: Callable[[Any, Any], AsyncIterator[Any]] = handler.unary_stream
 
         async def one_in(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-            request = await _one(requests, decode, method, context)
-            try:
-                async for response in unary_stream(request, context):
-                    yield response
-            except (grpc.aio.AbortError, grpc.aio.BaseError):
-                raise
-            except Exception as e:
-                await _answer(e, method, context)
+            return unary_stream(await _one(requests, decode, method, context), context)
 
-        return grpc.stream_stream_rpc_method_handler(one_in, response_serializer=serialize)
+        return grpc.stream_stream_rpc_method_handler(_relaying(one_in, method),
+                                                     response_serializer=serialize)
     if handler.stream_stream is not None:
         stream_stream: Callable[[Any, Any], AsyncIterator[Any]] = handler.stream_stream
 
         async def streams(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-            try:
-                async for response in stream_stream(_decoded(requests, decode, method), context):
-                    yield response
-            except (grpc.aio.AbortError, grpc.aio.BaseError):
-                raise
-            except Exception as e:
-                await _answer(e, method, context)
+            return stream_stream(_decoded(requests, decode, method), context)
 
-        return grpc.stream_stream_rpc_method_handler(streams, response_serializer=serialize)
+        return grpc.stream_stream_rpc_method_handler(_relaying(streams, method),
+                                                     response_serializer=serialize)
     raise TypeError(f"{method}: client-streaming unary methods are not served by this broker")
 
 
