@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -264,32 +265,59 @@ def test_a_lone_sequential_producer_never_waits_for_the_linger(tmp_path: Path, r
     run(main())
 
 
-class SlowSyncLog(CountingLog):
-    """The real engine with a slow disk: each fdatasync takes 100 ms more."""
+class GatedSyncLog(CountingLog):
+    """The real engine with a disk whose every fdatasync waits until the test lets it finish, so the test,
+    not the scheduler, decides what arrives during a flush."""
+
+    gate: threading.Semaphore
+    started: list[int]  # the offset written up to when each fdatasync began
 
     def sync(self) -> int:
-        time.sleep(0.1)
+        self.started.append(self.next_offset)
+        assert self.gate.acquire(timeout=10), "the test never let an fdatasync finish"
         return super().sync()
 
 
-@pytest.mark.parametrize(("linger_us", "groups"), [(60_000, [1, 5]), (0, [1, 4, 5])])
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the writer thread never got there"
+        await asyncio.sleep(0.001)
+
+
+def hold_the_loop_until(condition: Callable[[], bool]) -> None:
+    """Block the event loop (so no acknowledgement is processed) until the writer thread gets somewhere."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the writer thread never got there"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize(("linger_us", "groups"), [(500_000, [1, 5]), (0, [1, 4, 5])])
 def test_the_linger_lets_a_late_append_join_the_group(tmp_path: Path, run: Run, linger_us: int,
                                                       groups: list[int]) -> None:
     """A is written and fsynced alone (nothing else in flight). B, C, D arrive during that fsync; E arrives
-    20 ms after it ends. With a 60 ms linger E joins B-D in one write and one fsync; without, it waits for
-    an fsync of its own. Acknowledgements stay exact either way."""
+    after A is acknowledged. With a linger the writer, seeing A still unanswered when its fsync ends, waits
+    and E joins B-D in one write and one fsync; without, E waits for an fsync of its own. Acknowledgements
+    stay exact either way."""
 
     async def main() -> None:
         config = WalConfig(linger_us=linger_us)
-        engine = SlowSyncLog(str(tmp_path), segment_bytes=config.segment_bytes)
-        engine.synced_up_to = []
+        engine = GatedSyncLog(str(tmp_path), segment_bytes=config.segment_bytes)
+        engine.synced_up_to, engine.started, engine.gate = [], [], threading.Semaphore(0)
         wal = Wal(engine, config, asyncio.get_running_loop())
-        a = asyncio.ensure_future(wal.append(batch(0, count=1)))
-        await asyncio.sleep(0.01)
-        rest = [asyncio.ensure_future(wal.append(batch(i, count=1))) for i in (1, 2, 3)]
+        a = wal.submit(batch(0, count=1))
+        await until(lambda: engine.started == [1])
+        rest = [wal.submit(batch(i, count=1)) for i in (1, 2, 3)]
+        await asyncio.sleep(0)  # the hand-off to the writer
+        engine.gate.release()  # A's fsync ends
+        if linger_us:
+            hold_the_loop_until(lambda: wal._lingering)
+        else:
+            hold_the_loop_until(lambda: engine.started == [1, 4])
         await a
-        await asyncio.sleep(0.02)
-        rest.append(asyncio.ensure_future(wal.append(batch(4, count=1))))
+        rest.append(wal.submit(batch(4, count=1)))
+        engine.gate.release(2)
         assert [await f for f in rest] == [(1, 1), (2, 2), (3, 3), (4, 4)]
         assert engine.synced_up_to == groups
         await wal.close()
