@@ -1,19 +1,34 @@
-"""Extension list only; everything else is in pyproject.toml."""
+"""Extension list only; everything else is in pyproject.toml.
+
+DANUBE_FAST_DEBUG=1 builds the debug variant: bounds and wraparound checks on, line tracing (coverage and
+profilers see .pyx lines), no optimisation. `make test-debug` runs the core's tests on it.
+"""
+
+import os
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-COMPILE_ARGS = ["-O3", "-Wall"]
+DEBUG = os.environ.get("DANUBE_FAST_DEBUG") == "1"
+
+if DEBUG:
+    COMPILE_ARGS = ["-O0", "-g", "-Wall"]
+    MACROS = [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+    DIRECTIVES = {"boundscheck": True, "wraparound": True, "cdivision": False, "linetrace": True}
+else:
+    COMPILE_ARGS = ["-O3", "-Wall"]
+    MACROS = []
+    DIRECTIVES = {"boundscheck": False, "wraparound": False, "cdivision": True}
 
 extensions = [
-    Extension("danube_fast._frames", ["danube_fast/_frames.pyx"], extra_compile_args=COMPILE_ARGS),
-    Extension("danube_fast._wal", ["danube_fast/_wal.pyx"], extra_compile_args=COMPILE_ARGS),
+    Extension("danube_fast._frames", ["danube_fast/_frames.pyx"], extra_compile_args=COMPILE_ARGS,
+              define_macros=MACROS),
+    Extension("danube_fast._wal", ["danube_fast/_wal.pyx"], extra_compile_args=COMPILE_ARGS,
+              define_macros=MACROS),
 ]
 
 setup(
-    ext_modules=cythonize(
-        extensions,
-        language_level=3,
-        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
-    ),
+    ext_modules=cythonize(extensions, language_level=3, compiler_directives=DIRECTIVES,
+                          # the debug variant's C differs: regenerate rather than reuse the release's
+                          force=DEBUG),
 )

@@ -34,7 +34,8 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
 from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.storage.objects.store import ObjectStore, open_object_store, topic_objects_prefix
+from danube_fast.storage.objects.connect import open_object_store
+from danube_fast.storage.objects.store import ObjectStore, topic_objects_prefix
 from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig, WriteMeta
 from danube_fast.storage.wal import Buffer, Wal

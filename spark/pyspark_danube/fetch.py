@@ -22,8 +22,9 @@ import pyarrow.compute as pc
 
 from danube_fast import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt, ObjectNotFound
+from danube_fast.storage.objects.connect import open_object_store
 from danube_fast.storage.objects.format import check_header, parse_footer
-from danube_fast.storage.objects.store import ObjectStore, object_key, open_object_store
+from danube_fast.storage.objects.store import ObjectStore, object_key
 from pyspark_danube import columns, values
 from pyspark_danube.plan import Chunk
 

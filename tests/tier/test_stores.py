@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from danube_fast.errors import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable
+from danube_fast.storage.objects.connect import open_object_store
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.s3 import S3Store
-from danube_fast.storage.objects.store import ObjectStore, object_id, object_key, open_object_store
+from danube_fast.storage.objects.store import ObjectStore, object_id, object_key
 from tests.tier.conftest import CREDENTIALS, REGION, Backend, MotoServer
 
 pytestmark = pytest.mark.timeout(60)

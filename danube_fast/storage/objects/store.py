@@ -1,4 +1,5 @@
-"""The ObjectStore protocol (S3 or a local folder), object naming, and `open_object_store(url)`.
+"""The ObjectStore protocol (S3 or a local folder) and object naming (`connect.open_object_store(url)` opens
+a store).
 
 Every external dependency sits behind a small Protocol with a real and a local implementation, and one test
 suite runs over both (STYLE 7): `S3Store` (aiobotocore) and `FolderStore`. Errors are the project's:
@@ -13,8 +14,7 @@ are `danube_fast.meta.keys`'s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
-from urllib.parse import unquote, urlsplit
+from typing import Protocol, runtime_checkable
 
 from danube_fast.errors import ObjectStoreError
 from danube_fast.storage.objects.format import Buffer
@@ -79,31 +79,3 @@ def check_key(key: str) -> str:
         raise ObjectStoreError(f"invalid object key {key!r}: a relative path without empty, '.' or '..' "
                                f"parts")
     return key
-
-
-async def open_object_store(url: str, **options: Any) -> ObjectStore:
-    """Open the store a URL names:
-    - `s3://bucket[/prefix]`: S3Store; options are S3Store's (endpoint_url, region, access_key, secret_key,
-      connect_timeout, read_timeout, max_attempts);
-    - `file:///abs/path` or a plain path: FolderStore (created if missing); no options.
-    """
-    parts = urlsplit(url)
-    if parts.scheme == "s3":
-        from danube_fast.storage.objects.s3 import S3Store  # aiobotocore only when S3 is used
-
-        if not parts.netloc:
-            raise ValueError(f"an S3 URL names a bucket: s3://bucket/prefix, not {url!r}")
-        return await S3Store.open(parts.netloc, unquote(parts.path).strip("/"), **options)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"a file URL names a local path (file:///path), not {url!r}")
-        path = unquote(parts.path)
-    elif parts.scheme == "":
-        path = url
-    else:
-        raise ValueError(f"unknown object store URL scheme {parts.scheme!r} in {url!r}: use s3:// or a path")
-    if options:
-        raise TypeError(f"a folder store takes no options, got {sorted(options)}")
-    from danube_fast.storage.objects.folder import FolderStore
-
-    return await FolderStore.open(path)
