@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install build broker test test-native test-pure lint bench proto clean
+.PHONY: install build broker test test-native test-pure test-debug lint bench proto clean
 
 $(STAMP): pyproject.toml setup.py
 	./scripts/system-deps.sh
@@ -37,9 +37,24 @@ PURE_TESTS := tests/storage tests/faults tests/test_selected_core.py
 test: install
 	$(BIN)/python -m pytest
 	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
+	$(MAKE) test-debug
 
 test-pure: install
 	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
+
+# The core's tests on the debug build (DANUBE_FAST_DEBUG=1: bounds and wraparound checks, line tracing, -O0),
+# built in a copy of the tree so the release build in place is untouched; the import check makes sure the
+# tests ran on the copy's extensions.
+DEBUG_TREE := build/debug-tree
+DEBUG_TESTS := tests/unit tests/storage tests/faults tests/test_selected_core.py
+test-debug: install
+	rm -rf $(DEBUG_TREE) && mkdir -p $(DEBUG_TREE)
+	cp -r danube_fast tests pyproject.toml setup.py README.md $(DEBUG_TREE)/
+	rm -f $(DEBUG_TREE)/danube_fast/*.so $(DEBUG_TREE)/danube_fast/_frames.c $(DEBUG_TREE)/danube_fast/_wal.c
+	cd $(DEBUG_TREE) && DANUBE_FAST_DEBUG=1 $(CURDIR)/$(BIN)/python setup.py -q build_ext --inplace
+	cd $(DEBUG_TREE) && $(CURDIR)/$(BIN)/python -c 'import danube_fast._frames as f, danube_fast._wal as w, os; \
+		assert all(m.__file__.startswith(os.getcwd()) for m in (f, w)), (f.__file__, w.__file__)'
+	cd $(DEBUG_TREE) && $(CURDIR)/$(BIN)/python -m pytest -q -p no:cacheprovider $(DEBUG_TESTS)
 
 lint: install
 	$(BIN)/ruff check danube_fast spark bench tests
