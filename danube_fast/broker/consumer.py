@@ -12,12 +12,26 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from danube_fast.proto import DanubeApi_pb2 as pb
 
-if TYPE_CHECKING:
-    from danube_fast.broker.subscription import Subscription
+
+class Home(Protocol):
+    """What a consumer session and its stream handlers tell the subscription it belongs to
+    (broker/subscription.py; a protocol so that the subscription may import this module and not back)."""
+
+    def taken(self, messages: int, size: int) -> None:
+        """A stream took `messages` queued messages of `size` bytes."""
+        ...
+
+    def stream_started(self, consumer: Consumer) -> None: ...
+
+    def stream_replaced(self, consumer: Consumer) -> None: ...
+
+    def stream_ended(self, consumer: Consumer) -> None: ...
+
+    def remove(self, consumer: Consumer) -> None: ...
 
 
 def compile_filters(patterns: list[str]) -> re.Pattern[str] | None:
@@ -32,7 +46,7 @@ def compile_filters(patterns: list[str]) -> re.Pattern[str] | None:
 
 
 class Consumer:
-    def __init__(self, consumer_id: int, name: str, subscription: Subscription, key_filters: list[str],
+    def __init__(self, consumer_id: int, name: str, subscription: Home, key_filters: list[str],
                  window: int) -> None:
         self.id = consumer_id
         self.name = name
@@ -134,8 +148,7 @@ class Consumer:
                 size = sum([sizes.popleft() for _ in range(n)])
                 self.queued_bytes -= size
                 self.delivered += n
-                self.subscription.delivered += n
-                self.subscription.dispatcher.taken(size)
+                self.subscription.taken(n, size)
                 return out
             self._wakeup.clear()
             await self._wakeup.wait()

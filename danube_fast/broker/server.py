@@ -17,12 +17,14 @@ from dataclasses import dataclass
 
 import grpc
 
+from danube_fast.broker.cluster.admin_service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.metrics import MetricsServer
-from danube_fast.broker.services.cluster_admin import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.ownership import LocalPlacement
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
@@ -118,19 +120,24 @@ class Broker:
             store = await EmbeddedStore.open(config.metadata_path)
         tier = cache = None
         try:
-            tier = await Tier.open(config, store, broker_id)
-            topics = await Topics.open(config, store, broker_id, tier)
             cache = await LocalCache.start(store, CACHE_PREFIXES)
+            cluster_placement = ClusterPlacement(config, cache, broker_id) if config.clustered else None
+            placement = cluster_placement or LocalPlacement(broker_id)
+            tier = await Tier.open(config, store, broker_id)
+            topics = await Topics.open(config, store, broker_id, tier, placement)
         except BaseException:
             if tier is not None:
                 await tier.close()
+            if cache is not None:
+                await cache.close()
             await store.close()
             raise
         broker = cls(config, store, topics, cache)
         try:
             await broker._listen()
             # Registered once the listeners are bound (their ports are what the registration says).
-            broker.cluster = ClusterNode(config, store, topics, cache, broker.registration())
+            broker.cluster = ClusterNode(config, store, topics, cache, broker.registration(),
+                                         cluster_placement)
             broker.cluster.on_loaded = broker._loaded
             await broker.cluster.start()
             assert broker.broker_admin is not None
@@ -167,7 +174,8 @@ class Broker:
         topics = self.topics
         register(pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(topics, self.schemas), client)
         register(pb_grpc.add_ConsumerServiceServicer_to_server, ConsumerService(self.topics), client)
-        register(pb_grpc.add_DiscoveryServicer_to_server, DiscoveryService(self.topics, self.url), client)
+        register(pb_grpc.add_DiscoveryServicer_to_server,
+                 DiscoveryService(self.topics, self.topics.placement, self.url), client)
         register(pb_grpc.add_HealthCheckServicer_to_server, HealthService(self.topics), client)
         register(fast_grpc.add_FastProducerServicer_to_server, FastProducerService(self.topics), client)
         register(fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(self.topics), client)

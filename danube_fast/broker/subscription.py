@@ -61,6 +61,10 @@ class Subscription:
         if not self.consumers:
             self.idle_since = time.monotonic()
 
+    def taken(self, messages: int, size: int) -> None:
+        self.delivered += messages
+        self.dispatcher.taken(size)
+
     def stream_started(self, consumer: Consumer) -> None:
         self.idle_since = None
         self.dispatcher.consumer_changed()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from danube_fast.broker import messages
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ownership import Fence
 from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
@@ -20,7 +21,6 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
 
 if TYPE_CHECKING:
-    from danube_fast.broker.cluster.guard import TopicGuard
     from danube_fast.schema.topic_schema import SchemaGate
     from danube_fast.storage.tiered import ReadableLog
     from danube_fast.storage.uploader import Uploader
@@ -34,7 +34,8 @@ class ProducerEntry:
 
 
 class Topic:
-    def __init__(self, name: TopicName, delivery: DeliveryMode, policy: Policy, wal: Wal | None) -> None:
+    def __init__(self, name: TopicName, delivery: DeliveryMode, policy: Policy, wal: Wal | None,
+                 fence: Fence) -> None:
         self.name = name
         self.full = name.full
         self.delivery = delivery
@@ -52,8 +53,9 @@ class Topic:
         # defaults, nothing stored) and the publish check it implies (None: nothing can be refused).
         self.schema_config: TopicSchemaConfig | None = None
         self.schema_gate: SchemaGate | None = None
-        # Cluster mode: the fence every append and acknowledgement passes (None in standalone mode).
-        self.guard: TopicGuard | None = None
+        # What every append, acknowledgement and metadata write passes (broker/ownership.py): a no-op
+        # standalone, the assignment's fence in cluster mode.
+        self.fence = fence
 
     @property
     def reliable(self) -> bool:
@@ -62,24 +64,20 @@ class Topic:
     async def publish(self, msg: pb.StreamMessage) -> None:
         if self.publish_rate.per_second:
             await self.publish_rate.acquire()
+        fence = self.fence
         if self.wal is not None:
-            guard = self.guard
-            if guard is None:
+            await fence.admit(1)
+            try:
                 await self.wal.append(messages.encode(msg))
-            else:
-                await guard.admit(1)
-                try:
-                    await self.wal.append(messages.encode(msg))
-                finally:
-                    guard.done()
-                await guard.confirm()
+            finally:
+                fence.done()
+            await fence.confirm()
             self.messages_in += 1
             self.bytes_in += len(msg.payload)
             for sub in self.subscriptions.values():
                 sub.dispatcher.notify()
             return
-        if self.guard is not None:
-            await self.guard.confirm()
+        await fence.confirm()
         self.messages_in += 1
         self.bytes_in += len(msg.payload)
         for sub in self.subscriptions.values():
@@ -94,16 +92,13 @@ class Topic:
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)
         if self.wal is not None:
-            guard = self.guard
-            if guard is None:
+            fence = self.fence
+            await fence.admit(records)
+            try:
                 first, last = await self.wal.submit(data)
-            else:
-                await guard.admit(records)
-                try:
-                    first, last = await self.wal.submit(data)
-                finally:
-                    guard.done()
-                await guard.confirm()
+            finally:
+                fence.done()
+            await fence.confirm()
             self.messages_in += records
             self.bytes_in += len(data)
             for sub in self.subscriptions.values():

@@ -23,8 +23,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from danube_fast.broker import names
-from danube_fast.broker.cluster.guard import TopicGuard
-from danube_fast.broker.cluster.handoff import Gap
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
@@ -41,6 +39,7 @@ from danube_fast.broker.errors import (
     unavailable,
 )
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ownership import Fence, LocalPlacement, Placement, Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import ProducerEntry, Topic
 from danube_fast.meta import keys
@@ -48,7 +47,6 @@ from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.resources import (
     NULL,
     DeliveryMode,
-    Marker,
     Policy,
     Producer,
     ProducerAccessMode,
@@ -56,15 +54,14 @@ from danube_fast.meta.resources import (
     SubscriptionType,
     TopicDelivery,
     TopicRoot,
-    Unassigned,
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage.gaps import Gap
 from danube_fast.storage.wal import Wal
 
 if TYPE_CHECKING:
-    from danube_fast.broker.cluster.placement import Placement
     from danube_fast.broker.tiering import Tier
 
 log = logging.getLogger("danube_fast.broker")
@@ -87,7 +84,8 @@ def new_id(taken: Iterable[int] = ()) -> int:
 
 
 class Topics:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, broker_id: int) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, broker_id: int,
+                 placement: Placement) -> None:
         self._config = config
         self._store = store
         self._cache = cache
@@ -101,10 +99,10 @@ class Topics:
         self._creating: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
         # Cluster mode: topics this broker let go of and their producers, by when (their clients get
-        # UNAVAILABLE and look the topic up again); `placement` waits for a new topic's assignment.
+        # UNAVAILABLE and look the topic up again).
         self.moved_topics: dict[str, float] = {}
         self.moved_producers: dict[int, float] = {}
-        self.placement: Placement | None = None
+        self.placement = placement  # where topics live (broker/ownership.py)
         self.tier: Tier | None = None
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
         # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
@@ -114,18 +112,18 @@ class Topics:
         self.broken: dict[str, str] = {}
 
     @classmethod
-    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None
-                   ) -> Topics:
-        """Standalone mode loads every topic of the store here; in cluster mode the placement loads the
-        topics assigned to this broker once it is a member."""
+    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None,
+                   placement: Placement | None = None) -> Topics:
+        """Standalone mode (`LocalPlacement`, the default) loads every topic of the store here; in cluster
+        mode the placement loads the topics assigned to this broker once it is a member."""
         for ns in BOOTSTRAP_NAMESPACES:
             await store.transaction([Compare(keys.namespace_policy(ns), "version", "==", 0)],
                                     [Put(keys.namespace_policy(ns), config.policy.to_json())], [])
         cache = await LocalCache.start(store, [keys.namespaces_prefix()])
-        self = cls(config, store, cache, broker_id)
+        self = cls(config, store, cache, broker_id, placement or LocalPlacement(broker_id))
         self.tier = tier
         try:
-            if not config.clustered:
+            if not self.placement.clustered:
                 await self._load()
         except BaseException:
             await self.close()
@@ -199,7 +197,7 @@ class Topics:
             raise precondition(f"topic {name} could not be loaded on this broker ({names.clip(why)}); the "
                                "broker serves its other topics: see its log")
 
-    async def load_topic(self, name: TopicName, guard: TopicGuard | None = None, initial_offset: int = 0,
+    async def load_topic(self, name: TopicName, fence: Fence | None = None, initial_offset: int = 0,
                          gaps: Sequence[Gap] = ()) -> Topic | None:
         """Serve `name` from its metadata: the WAL (recovered, or new at `initial_offset`), its producers,
         subscriptions and cursors. None when the topic has no delivery key (a half-made topic)."""
@@ -211,7 +209,7 @@ class Topics:
         delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
         producers = await self._store.get_prefix(keys.topic_producers_prefix(ns, short))
         subscriptions = await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short))
-        topic = await self._open_topic(name, delivery, guard, initial_offset, gaps)
+        topic = await self._open_topic(name, delivery, fence, initial_offset, gaps)
         for kv in producers:
             p = Producer.from_json(kv.value, key=kv.key)
             entry = ProducerEntry(p.producer_id, p.producer_name, topic)
@@ -239,31 +237,31 @@ class Topics:
     def wal_dir(self, name: TopicName) -> str:
         return os.path.join(self._config.wal_root, name.namespace, name.topic)
 
-    async def _open_topic(self, name: TopicName, delivery: DeliveryMode, guard: TopicGuard | None = None,
+    async def _open_topic(self, name: TopicName, delivery: DeliveryMode, fence: Fence | None = None,
                           initial_offset: int = 0, gaps: Sequence[Gap] = ()) -> Topic:
+        """`fence` None: standalone's (Unfenced)."""
         wal = None
         if delivery == DeliveryMode.RELIABLE:
             wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset)
             report = wal.recovery
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
-        topic = Topic(name, delivery, self._policy(name), wal)
+        fence = fence or Unfenced(self._store)
+        if wal is not None:
+            fence.next = wal.committed_offset
+        topic = Topic(name, delivery, self._policy(name), wal, fence)
         if wal is not None and self.tier is not None:
             topic.log = await self.tier.log_for(name, wal, gaps)
-        topic.guard = guard
-        if guard is not None and wal is not None:
-            guard.next = wal.committed_offset
         self.topics[name.full] = topic
         return topic
 
     async def unload_topic(self, topic: Topic, seal: Callable[[Topic], Awaitable[None]] | None) -> None:
         """Stop serving `topic` here. Clients are told to look it up again: producers' sends get UNAVAILABLE,
         consumers' health checks CLOSE and their streams end. With `seal` (a graceful move), cursors are
-        flushed through the topic's guard and `seal` runs before the WAL is deleted; without it (the
+        flushed through the topic's fence and `seal` runs before the WAL is deleted; without it (the
         ownership was lost) nothing is written and the WAL stays on disk for orphan recovery."""
-        if topic.guard is not None:
-            topic.guard.close()
-            await topic.guard.settle()
+        topic.fence.close()
+        await topic.fence.settle()
         self.topics.pop(topic.full, None)
         now = time.monotonic()
         self.moved_topics = {k: t for k, t in self.moved_topics.items() if now - t < MOVED_SECONDS}
@@ -327,8 +325,8 @@ class Topics:
         topic = self.topics.get(name.full)
         if topic is None:
             self.check_loadable(name)
-        if topic is None and self.placement is not None and self.exists(name):
-            raise self._elsewhere(name)
+        if topic is None and self.placement.clustered and self.exists(name):
+            raise self.placement.taken(name)
         if topic is None:
             lock = self._creating.setdefault(name.full, asyncio.Lock())
             async with lock:
@@ -343,8 +341,8 @@ class Topics:
         topic = self.topics.get(name.full)
         if topic is None:
             self.check_loadable(name)
-        if topic is None and self._config.clustered and self.exists(name):
-            raise self._elsewhere(name)
+        if topic is None and self.placement.clustered and self.exists(name):
+            raise self.placement.taken(name)
         if topic is None:
             raise invalid(f"topic {name} does not exist: consumers never create topics (create it with a "
                           "producer or the admin API first)")
@@ -367,30 +365,25 @@ class Topics:
                                              "name already exist")
         root = keys.topic_root(ns, short)
         # Standalone assigns the topic to itself; in a cluster the leader's load manager places it (C.4).
-        place = Put(keys.unassigned(ns, short), Unassigned().to_json()) if self.placement is not None \
-            else Put(keys.broker_topic(self.broker_id, ns, short), Marker().to_json())
+        place = self.placement.place_new(name)
         txn = await self._store.transaction(
             [Compare(root, "version", "==", 0)],
             [Put(root, TopicRoot(0).to_json()), Put(keys.namespace_topic(ns, short), NULL),
              Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()), place], [])
         if not txn.succeeded:
-            if self.placement is not None:
-                raise self._elsewhere(name)
-            raise ApiError("ALREADY_EXISTS", f"topic {name} exists in the metadata store but is not loaded")
-        if self.placement is not None:
-            log.info("created topic %s (%s); waiting for its assignment", name, delivery.value)
-            topic = await self.placement.wait_loaded(name)
-            if topic is None:
-                raise unavailable("The topic metadata was created, need to redo the lookup to find the "
-                                  "correct broker")
+            raise self.placement.taken(name)
+
+        async def open_here() -> Topic:
+            try:
+                topic = await self._open_topic(name, delivery)
+                if topic.wal is not None and self.tier is not None:
+                    await self.tier.attach(topic, None)
+            except BaseException as e:
+                await self._undo_create(name, e)
+                raise
             return topic
-        try:
-            topic = await self._open_topic(name, delivery)
-            if topic.wal is not None and self.tier is not None:
-                await self.tier.attach(topic, None)
-        except BaseException as e:
-            await self._undo_create(name, e)
-            raise
+
+        topic = await self.placement.created(name, open_here, self.topics.get)
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
 
@@ -409,10 +402,6 @@ class Topics:
         directory = self.wal_dir(name)
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(shutil.rmtree, directory, ignore_errors=True))
-
-    def _elsewhere(self, name: TopicName) -> ApiError:
-        return unavailable(f"The topic {name} exists but is served by another broker (or is being placed), "
-                           "redo the Lookup request")
 
     async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""
@@ -625,10 +614,7 @@ class Topics:
 
         async def save_cursor(offset: int) -> None:
             value = SubscriptionCursor(offset).to_json()
-            if topic.guard is not None:  # fenced: a deposed owner cannot move the cursor
-                await topic.guard.write([Put(cursor_key, value)])
-            else:
-                await self._store.put(cursor_key, value)
+            await topic.fence.write([Put(cursor_key, value)])  # fenced: a deposed owner cannot move it
 
         return save_cursor
 

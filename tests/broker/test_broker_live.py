@@ -8,13 +8,14 @@ from broker_support import Run, message, payloads, receive
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import Topic
 from danube_fast.meta.resources import DeliveryMode, Policy, SubscriptionType
 
 
 def topic() -> Topic:
-    return Topic(TopicName("default", "live"), DeliveryMode.NON_RELIABLE, Policy(), None)
+    return Topic(TopicName("default", "live"), DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(None))
 
 
 def subscribe(t: Topic, name: str, kind: SubscriptionType, buffer: int = 100) -> Subscription:

@@ -15,6 +15,7 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import ProducerEntry, Topic
 from danube_fast.broker.topics import Topics
@@ -57,7 +58,8 @@ def samples(text: str) -> dict[str, float]:
 
 def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
     async def main() -> None:
-        t = Topic(TopicName("default", 'we"ird\\name'), DeliveryMode.NON_RELIABLE, Policy(), None)
+        t = Topic(TopicName("default", 'we"ird\\name'), DeliveryMode.NON_RELIABLE, Policy(), None,
+                  Unfenced(None))
         t.producers["p"] = ProducerEntry(1, "p", t)
         sub = Subscription(t.full, "sub\nline", SubscriptionType.EXCLUSIVE)
         sub.dispatcher = LiveDispatcher(sub, 2)
@@ -91,7 +93,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
 def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         wal = await Wal.open(tmp_path / "w", WalConfig(sync=SyncPolicy("none")))
-        t = Topic(TopicName("default", "rel"), DeliveryMode.RELIABLE, Policy(), wal)
+        t = Topic(TopicName("default", "rel"), DeliveryMode.RELIABLE, Policy(), wal, Unfenced(None))
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
 
         async def save_cursor(offset: int) -> None:
@@ -157,7 +159,7 @@ def test_delivered_counter_does_not_go_down_when_a_consumer_leaves(run: Run) -> 
     """A counter may only grow (a drop reads as a counter reset to `rate()`)."""
 
     async def main() -> None:
-        t = Topic(TopicName("default", "t"), DeliveryMode.NON_RELIABLE, Policy(), None)
+        t = Topic(TopicName("default", "t"), DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(None))
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
         sub.dispatcher = LiveDispatcher(sub, 10)
         t.subscriptions[sub.name] = sub

@@ -15,10 +15,10 @@ from typing import Any
 import grpc
 from cluster_support import lead, register
 
+from danube_fast.broker.cluster.admin_service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.cluster.moves import Move
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.services.cluster_admin import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.topics import Topics
 from danube_fast.meta.cache import LocalCache

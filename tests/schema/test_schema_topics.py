@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from danube_fast.broker.names import TopicName
+from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.topic import Topic
 from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore
@@ -45,7 +46,7 @@ class Env:
         """A topic as the broker has it, with its root key in the store."""
         name = TopicName("default", short)
         await self.store.put(keys.topic_root("default", short), TopicRoot(0).to_json())
-        return Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None)
+        return Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(self.store))
 
 
 @asynccontextmanager
@@ -208,8 +209,9 @@ def test_configuration_survives_a_restart(run: Run, tmp_path: Path) -> None:
             await env.topic("plain")
         async with env_at(tmp_path) as env:
             name = TopicName("default", "t")
-            topic = Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None)
-            plain = Topic(TopicName("default", "plain"), DeliveryMode.NON_RELIABLE, Policy(), None)
+            topic = Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(env.store))
+            plain = Topic(TopicName("default", "plain"), DeliveryMode.NON_RELIABLE, Policy(), None,
+                          Unfenced(env.store))
             await env.schemas.load([topic, plain])
             assert env.schemas.config(topic) == TopicSchemaConfig("people", ValidationPolicy.ENFORCE, True)
             assert topic.schema_gate is not None and topic.schema_gate.subject_id == 1

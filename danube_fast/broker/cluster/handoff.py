@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from danube_fast.meta import keys
 from danube_fast.meta.resources import JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
+from danube_fast.storage.gaps import Gap, open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
 
-Gap = tuple[int, int, int]  # first, last offset, the broker whose WAL holds them
 FencedWrite = Callable[[Sequence[Op]], Awaitable[TxnResult]]
 
 
@@ -40,19 +40,6 @@ def uploaded_through(found: Sequence[ObjectDescriptor]) -> int:
             break
         last = max(last, d.end_offset)
     return last
-
-
-def open_gaps(gaps: Sequence[Gap], found: Sequence[ObjectDescriptor]) -> list[Gap]:
-    """The gaps not yet covered end to end by descriptors."""
-    still = []
-    for first, last, broker in gaps:
-        covered = first
-        for d in found:
-            if d.start_offset <= covered <= d.end_offset:
-                covered = d.end_offset + 1
-        if covered <= last:
-            still.append((covered, last, broker))
-    return still
 
 
 def state_gaps(state: SealedState | None) -> list[Gap]:

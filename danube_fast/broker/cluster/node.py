@@ -1,7 +1,7 @@
 """One broker's cluster machinery, started and stopped in order: the `/cluster/` cache, membership (lease,
-registration, leadership, load reports), placement (the topics assigned here) and the load manager (acting
-while this broker leads). Standalone mode runs membership only: a cluster of one, its own leader, so the
-admin API reads the same keys in both modes.
+registration, leadership, load reports), the reconciler (loads and unloads the topics assigned here) and
+the load manager (acting while this broker leads). Standalone mode runs membership only: a cluster of one,
+its own leader, so the admin API reads the same keys in both modes.
 
 Stop: `drain()` first in cluster mode (SIGTERM): the broker marks itself draining and unloads its topics
 through the sealed-state protocol, so the others continue them without a gap; then `close()`.
@@ -14,9 +14,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.load_manager import LoadManager
 from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
-from danube_fast.broker.cluster.placement import Placement
+from danube_fast.broker.cluster.orphans import Orphans
+from danube_fast.broker.cluster.placement import Reconciler
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
@@ -32,7 +34,8 @@ DRAIN_TIMEOUT = 15.0  # seconds a stopping broker waits for its topics to be sea
 
 class ClusterNode:
     def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics, cache: LocalCache,
-                 registration: BrokerRegistration) -> None:
+                 registration: BrokerRegistration, placement: ClusterPlacement | None) -> None:
+        """`placement`: the one Topics was built with in cluster mode; None standalone."""
         self.config = config
         self.store = store
         self.topics = topics
@@ -41,27 +44,29 @@ class ClusterNode:
                                      lambda: sorted(topics.topics))
         self.cache = cache  # mirrors /cluster/ at least; owned by the broker
         self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
-        self.placement: Placement | None = None
+        self.placement = placement
+        self.reconciler: Reconciler | None = None
         self.load_manager: LoadManager | None = None
 
     async def start(self) -> None:
         await self.membership.start()
-        if not self.config.clustered:
+        if self.placement is None:
             return
-        self.placement = Placement(self.config, self.store, self.cache, self.topics, self.membership)
+        reconciler = Reconciler(self.config, self.store, self.cache, self.topics, self.membership,
+                                self.placement)
         tier = self.topics.tier
         if tier is not None:
-            self.placement.attach, self.placement.drain, self.placement.recover = \
-                tier.attach, tier.drain, tier.recover
-        self.placement.on_loaded = self.on_loaded
-        self.topics.placement = self.placement
+            reconciler.attach, reconciler.drain = tier.attach, tier.drain
+            reconciler.recover = Orphans(self.config, self.store, tier, self.topics.broker_id).recover
+        reconciler.on_loaded = self.on_loaded
+        self.reconciler = reconciler
         self.load_manager = LoadManager(self.store, self.cache, self.membership.election, self.config.cluster)
-        await self.placement.start()
+        await reconciler.start()
         self.load_manager.start()
 
     async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
         """Hand every topic this broker serves to the others (sealed), when there are others."""
-        if self.placement is None or not self.topics.topics:
+        if self.reconciler is None or not self.topics.topics:
             return
         me = self.topics.broker_id
         others = [kv for kv in self.cache.get_prefix(keys.register_prefix())
@@ -88,7 +93,7 @@ class ClusterNode:
     async def close(self) -> None:
         if self.load_manager is not None:
             await self.load_manager.close()
-        if self.placement is not None:
-            await self.placement.close()
+        if self.reconciler is not None:
+            await self.reconciler.close()
         await self.membership.close()
 

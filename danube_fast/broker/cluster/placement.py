@@ -17,15 +17,14 @@ Owner: the broker's event loop. `start()` after the membership is up, `close()` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
 
 from danube_fast.broker.cluster import crashpoints, handoff
+from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
-from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import Topic
@@ -33,71 +32,37 @@ from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache, Subscription
 from danube_fast.meta.fencing import Ownership
-from danube_fast.meta.resources import UNLOAD, BrokerRegistration, Unassigned
+from danube_fast.meta.resources import UNLOAD, Unassigned
 from danube_fast.meta.store import MetadataError, MetadataStore
 
 log = logging.getLogger("danube_fast.cluster")
 
 RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
-POLL = 0.01  # seconds between looks at the cache while a new topic waits for its assignment
 
-# Hooks the object tier adds (danube_fast.broker.cluster.tiering): start serving a loaded topic's uploads
+# Hooks the object tier adds (broker/tiering.py, cluster/orphans.py): start serving a loaded topic's uploads
 # and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
 Attach = Callable[[Topic, int | None], Awaitable[None]]
 Drain = Callable[[Topic], Awaitable[None]]
 Recover = Callable[[TopicName, str], Awaitable[None]]
 
 
-class Placement:
+class Reconciler:
     def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: Topics,
-                 membership: Membership) -> None:
+                 membership: Membership, placement: ClusterPlacement) -> None:
         self._config = config
         self._store = store
         self._cache = cache
-        self.view = ClusterView(cache)
         self._topics = topics
         self._membership = membership
+        self._placement = placement
         self.me = membership.broker_id
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._follower: asyncio.Task[None] | None = None
         self.attach: Attach | None = None
         self.drain: Drain | None = None
         self.recover: Recover | None = None
         self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
-
-    # -- queries -------------------------------------------------------------------------------------------
-
-    def owner(self, name: TopicName) -> int | None:
-        """The registered broker the topic is assigned to (a dead broker's assignment does not count)."""
-        owner = self.view.owner(name.namespace, name.topic)
-        return owner if owner is not None and self.view.registration(owner) is not None else None
-
-    def registration(self, broker: int) -> BrokerRegistration | None:
-        return self.view.registration(broker)
-
-    @property
-    def assign_wait(self) -> float:
-        """Seconds a caller waits for a topic without an owner to get one."""
-        return self._config.cluster.assign_wait_ms / 1000
-
-    async def wait_loaded(self, name: TopicName) -> Topic | None:
-        """The topic once this broker serves it; None if it went to another broker or nothing happened
-        within `assign_wait_ms` (the client then looks it up again)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._config.cluster.assign_wait_ms / 1000):
-                while True:
-                    topic = self._topics.find(name.full)
-                    if topic is not None:
-                        return topic
-                    owner = self.owner(name)
-                    if owner is not None and owner != self.me:
-                        return None
-                    self._changed.clear()  # set by this broker's loads; others' assignments are polled
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), POLL)
-        return None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -141,7 +106,7 @@ class Placement:
                 except Exception as e:  # this topic's storage: the broker serves its others
                     await self._topics.mark_broken(TopicName(ns, t), e)
                     break
-            self._changed.set()
+            self._placement.changed()
 
     async def _reconcile_once(self, name: TopicName) -> None:
         kv = self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic))
@@ -149,8 +114,9 @@ class Placement:
         if kv is None:
             self._topics.forget_broken(name)  # no longer this broker's to load
         if kv is not None:
-            if topic is not None and topic.guard is not None and topic.guard.ownership.revision == \
-                    kv.create_revision and topic.guard.ownership.key == kv.key:
+            guard = topic.fence if topic is not None else None
+            if isinstance(guard, TopicGuard) and guard.ownership.revision == kv.create_revision \
+                    and guard.ownership.key == kv.key:
                 return
             if topic is not None:  # assigned anew while still served: the old term is over
                 await self._lose(topic)
@@ -199,8 +165,8 @@ class Placement:
 
     async def _seal(self, topic: Topic, marker_key: str, marker_revision: int) -> None:
         """Seed 004's unload, every write fenced on the unload marker that names this broker."""
-        guard = topic.guard
-        assert guard is not None
+        guard = topic.fence
+        assert isinstance(guard, TopicGuard)
         guard.ownership = self._ownership(marker_key, marker_revision)
         ns, t = topic.name.namespace, topic.name.topic
 

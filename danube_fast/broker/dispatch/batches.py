@@ -19,23 +19,20 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.members import Members
 from danube_fast.errors import OffsetOutOfRange
 from danube_fast.storage.tiered import ReadableLog
-
-if TYPE_CHECKING:
-    from danube_fast.broker.subscription import Subscription
 
 READ_BYTES = 1024 * 1024
 
 
 class BatchDispatcher:
-    def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
+    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]], budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription

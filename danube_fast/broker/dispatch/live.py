@@ -9,22 +9,18 @@ subscription with no active consumer drops the message (wire/CONTRACT.md C.9).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 
-if TYPE_CHECKING:
-    from danube_fast.broker.subscription import Subscription
-
 
 class LiveDispatcher:
-    def __init__(self, subscription: Subscription, buffer: int,
+    def __init__(self, subscription: Members, buffer: int,
                  window_bytes: int = DispatchConfig.window_bytes, budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription

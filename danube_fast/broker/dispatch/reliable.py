@@ -31,22 +31,19 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
 from danube_fast import frames
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.tiered import ReadableLog
-
-if TYPE_CHECKING:
-    from danube_fast.broker.subscription import Subscription
 
 log = logging.getLogger("danube_fast.dispatch")
 
@@ -82,7 +79,7 @@ class _Pending:
 
 
 class ReliableDispatcher:
-    def __init__(self, subscription: Subscription, wal: ReadableLog, config: DispatchConfig, start: int,
+    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, start: int,
                  save_cursor: Callable[[int], Awaitable[None]],
                  dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0,
                  budget: ByteBudget | None = None) -> None:

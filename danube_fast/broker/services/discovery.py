@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from danube_fast.broker.errors import invalid, not_found
 from danube_fast.broker.names import parse_topic
+from danube_fast.broker.ownership import Placement
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -16,8 +17,9 @@ LOOKUP_POLL = 0.02  # seconds between looks at a topic that has no owner right n
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):
-    def __init__(self, topics: Topics, url: Callable[[], str]) -> None:
+    def __init__(self, topics: Topics, placement: Placement, url: Callable[[], str]) -> None:
         self._topics = topics
+        self._placement = placement
         self._url = url  # dialable by the client: http://host:port (D.2)
 
     @unary
@@ -28,18 +30,18 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
         gives up a send whose lookup fails after its retries (CONTRACT B.5), and a move outlasting those
         1.5-3 s would otherwise surface as an error to the application."""
         name = parse_topic(request.topic)
-        placement = self._topics.placement
+        placement = self._placement
         waited = 0.0
         while True:
             if self._topics.find(name.full) is not None:
                 url = self._url()
                 return self._answer(request, pb.TopicLookupResponse.Connect, url)
-            owner = placement.owner(name) if placement is not None else None
-            registration = placement.registration(owner) if placement is not None and owner is not None \
+            owner = placement.owner(name)
+            registration = placement.registration(owner) if owner is not None \
                 and owner != self._topics.broker_id else None
             if registration is not None:
                 return self._answer(request, pb.TopicLookupResponse.Redirect, registration.broker_addr)
-            if placement is None or waited >= placement.assign_wait or not self._topics.exists(name):
+            if waited >= placement.assign_wait or not self._topics.exists(name):
                 self._topics.check_loadable(name)
                 raise not_found(f"Unable to find the requested topic: {name}")
             await asyncio.sleep(LOOKUP_POLL)  # being placed, moved, or loaded here: look again

@@ -1,0 +1,97 @@
+"""Orphan recovery: a WAL directory whose topic this broker no longer owns (it crashed, or lost its lease,
+and the topic went elsewhere) still holds records it may have acknowledged. They lie in this broker's
+offset reservation (handoff.py), which no later owner reuses, so `recover` uploads the records the object
+tier lacks, declares the rest of the reservation empty (a zero-size descriptor), and deletes the directory.
+Its descriptor writes only create keys: they never overwrite what another owner wrote.
+
+Owner: the broker's event loop; the reconciler (placement.py) calls `recover` for orphans it finds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from danube_fast.broker.cluster import handoff
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.tiering import DRAIN_TIMEOUT, Tier
+from danube_fast.meta import keys
+from danube_fast.meta.resources import ObjectDescriptor, SealedState
+from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
+from danube_fast.storage.gaps import open_gaps
+from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.uploader import Uploader
+from danube_fast.storage.wal import Wal
+
+log = logging.getLogger("danube_fast.tier")
+
+
+class Orphans:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, tier: Tier, broker_id: int) -> None:
+        self._config = config
+        self._store = store
+        self._tier = tier
+        self.broker_id = broker_id
+
+    async def recover(self, name: TopicName, directory: str) -> None:
+        ns, t = name.namespace, name.topic
+        me = self.broker_id
+        wal = await Wal.open(directory, self._config.wal)
+        try:
+            state = await handoff.read_state(self._store, ns, t)
+            found = await load_descriptors(self._store, ns, t)
+            bound = self._bound(state, me)
+            uncovered = open_gaps([(wal.start_offset, wal.committed_offset - 1, me)], found)
+            first = uncovered[0][0] if uncovered else None
+            if first is None:
+                last = wal.committed_offset - 1  # every record is in the object tier already
+            elif bound is None or first > bound:
+                log.warning("%s: orphan WAL holds offsets from %d that no reservation of broker %d covers; "
+                            "kept in %s for an operator", name, first, me, directory)
+                return
+            else:
+                last = await self._upload_from(wal, ns, t, first)
+            if bound is not None and last < bound:
+                empty = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
+                await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), empty.to_json())])
+            log.info("%s: orphan WAL recovered: records through %d in the object tier%s", name, last,
+                     f", {last + 1}..{bound} declared empty" if bound is not None and last < bound else "")
+        finally:
+            await wal.close()
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+
+    @staticmethod
+    def _bound(state: SealedState | None, me: int) -> int | None:
+        """The last offset this broker could have committed: its own reservation, or the gap a later owner
+        recorded for it."""
+        if state is None:
+            return None
+        if not state.sealed and state.broker_id == me:
+            return state.last_committed_offset
+        for _, last, broker in handoff.state_gaps(state):
+            if broker == me:
+                return last
+        return None
+
+    async def _upload_from(self, wal: Wal, ns: str, t: str, first: int) -> int:
+        if wal.committed_offset <= first:
+            return first - 1
+        uploader = Uploader(wal, self._tier.objects, self._store, ns, t, checkpoint=first - 1,
+                            write_meta=self._create_only,
+                            config=replace(self._tier.uploader_config, delete_local=False))
+        await uploader.start()
+        try:
+            return await uploader.drain(DRAIN_TIMEOUT)
+        finally:
+            await uploader.close()
+
+    async def _create_only(self, ops: Sequence[Op]) -> TxnResult:
+        """Descriptor puts that only create keys; objects/cur stays the current owner's."""
+        puts = [op for op in ops if isinstance(op, Put) and not op.key.endswith("/objects/cur")]
+        return await self._store.transaction([Compare(p.key, "version", "==", 0) for p in puts], puts, [])
+

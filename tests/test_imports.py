@@ -1,0 +1,118 @@
+"""The layering of `danube_fast/`, checked on the source (docs/ARCHITECTURE.md draws it).
+
+- No import cycles: every module can be understood, and tested, after the ones it imports.
+- The standalone broker core does not know about the cluster: only `broker/cluster/` and the composition
+  root (`broker/server.py`) import `danube_fast.broker.cluster`; the core defines the small protocols that
+  cluster mode implements.
+
+Imports under `if TYPE_CHECKING:` count too: a type-only cycle still ties two modules' designs together.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "danube_fast"
+CLUSTER = "danube_fast.broker.cluster"
+COMPOSITION_ROOTS = {"danube_fast.broker.server"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if "proto" not in p.relative_to(PACKAGE).parts}
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The danube_fast modules `name` imports: `from pkg import mod` names the module, `from mod import
+    attr` the module, never the parent packages Python also initialises on the way."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in known else base)
+    return {m for m in out if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imported(name, path, known) for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    edges = graph()
+    assert "danube_fast.broker.server" in edges
+    assert "danube_fast.storage.wal" in edges["danube_fast.broker.topics"] | set().union(*edges.values())
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(graph()) == []
+
+
+def test_only_the_cluster_and_the_composition_root_import_the_cluster() -> None:
+    edges = graph()
+    offenders = {
+        name: sorted(m for m in deps if m == CLUSTER or m.startswith(CLUSTER + "."))
+        for name, deps in edges.items()
+        if name.startswith("danube_fast.broker")
+        and not (name == CLUSTER or name.startswith(CLUSTER + "."))
+        and name not in COMPOSITION_ROOTS
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
