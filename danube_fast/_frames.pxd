@@ -1,4 +1,4 @@
-# C-level contract of the record-batch codec, cimported by _wal.pyx. Layout: top of _frames.pyx.
+# C-level contract of the record-batch codec, cimported by _wal.pyx. Layout: docs/FORMAT.md.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 

@@ -8,6 +8,7 @@ from typing_extensions import Buffer
 MAGIC: int
 VERSION: int
 HEADER_SIZE: int
+LAYOUT: dict[str, int]
 MAX_BATCH_BYTES: int
 ARROW_SCHEMA: pa.Schema
 

@@ -1,34 +1,11 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3
+# Release directives (no bounds or wraparound checks, C division) come from setup.py, which turns them on
+# for the DANUBE_FAST_DEBUG build; a directive here would override both.
 """Record-batch codec: the native hot path (twin: _frames_py.py, selected by DANUBE_FAST_PURE=1).
 
-Byte layout, little-endian, no padding (docs/FORMAT.md says the same with the reasons):
-
-Batch header, HEADER_BYTES = 56
-  pos size field               meaning
-    0    8 base_offset         u64, offset of record 0; stamped by the WAL; NOT covered by the CRC
-    8    4 crc                 u32, CRC32C of bytes [12, batch_length)
-   12    4 batch_length        u32, whole batch, header included
-   16    1 magic               u8, 0xDB
-   17    1 version             u8, 1
-   18    2 flags               u16, reserved, 0
-   20    4 record_count        u32, >= 1
-   24    8 base_timestamp      u64, smallest publish_time (Unix ms)
-   32    8 max_timestamp       u64, largest publish_time
-   40    8 producer_id         u64
-   48    2 producer_name_len   u16
-   50    2 broker_addr_len     u16
-   52    4 reserved            u32, 0
-   56      producer_name, broker_addr (UTF-8), then record_count records ending exactly at batch_length
-
-Record (offset = base_offset + its index in the batch)
-    4 length           u32, bytes after this field
-    1 flags            u8: 1 request_id, 2 schema_id, 4 schema_version, 8 routing_key, 16 attributes
-    4 timestamp_delta  u32, publish_time - base_timestamp
-    [8 request_id] [8 schema_id] [4 schema_version] [2 + k routing_key]
-    [2 count, then count x (2 + k key, 4 + v value)]   (present per flag, in this order)
-    payload            the rest of the record
-
-The field positions are the named constants of _frames.pxd.
+The byte layout is written once: field by field with the reasons in docs/FORMAT.md, and as the named
+positions of _frames.pxd, which this module and _wal.pyx use. The pure-Python twin derives its positions
+from its own structs; tests/unit/test_layout_pinned.py pins them to LAYOUT below.
 """
 
 import sys
@@ -66,6 +43,18 @@ MAGIC = BATCH_MAGIC
 VERSION = BATCH_VERSION
 HEADER_SIZE = HEADER_BYTES
 MAX_BATCH_BYTES = MAX_BATCH
+
+# Every position of _frames.pxd by field name, for the test that pins the twin to this module.
+LAYOUT = {
+    "base_offset": OFF_BASE_OFFSET, "crc": OFF_CRC, "batch_length": OFF_LENGTH, "magic": OFF_MAGIC,
+    "version": OFF_VERSION, "flags": OFF_FLAGS, "record_count": OFF_COUNT, "base_timestamp": OFF_BASE_TS,
+    "max_timestamp": OFF_MAX_TS, "producer_id": OFF_PRODUCER_ID, "producer_name_len": OFF_NAME_LEN,
+    "broker_addr_len": OFF_ADDR_LEN, "reserved": OFF_RESERVED, "header": HEADER_BYTES, "crc_from": CRC_FROM,
+    "record.length": REC_LENGTH, "record.flags": REC_FLAGS, "record.timestamp_delta": REC_TS_DELTA,
+    "record.fixed": REC_FIXED, "flag.request_id": F_REQUEST_ID, "flag.schema_id": F_SCHEMA_ID,
+    "flag.schema_version": F_SCHEMA_VERSION, "flag.routing_key": F_ROUTING_KEY,
+    "flag.attributes": F_ATTRIBUTES, "flag.known": F_KNOWN,
+}
 
 ARROW_SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), nullable=False),

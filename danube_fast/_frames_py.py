@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 __all__ = [
-    "ARROW_SCHEMA", "HEADER_SIZE", "MAGIC", "MAX_BATCH_BYTES", "VERSION", "BatchHeader", "Record", "crc32c",
-    "decode_arrow", "decode_records", "encode_batch", "encode_payloads", "iter_records", "parse_header",
+    "ARROW_SCHEMA", "HEADER_SIZE", "LAYOUT", "MAGIC", "MAX_BATCH_BYTES", "VERSION", "BatchHeader", "Record",
+    "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads", "iter_records",
+    "parse_header",
     "scan_batches", "stamp_base_offset", "verify_batch",
 ]
 
@@ -38,6 +39,9 @@ MAX_BATCH_BYTES = 1 << 26  # 64 MiB
 # Batch header, see docs/FORMAT.md: base_offset, crc, batch_length, magic, version, flags, record_count,
 # base_timestamp, max_timestamp, producer_id, producer_name_len, broker_addr_len, reserved.
 _HEADER = struct.Struct("<QIIBBHIQQQHHI")
+_HEADER_FIELDS = ("base_offset", "crc", "batch_length", "magic", "version", "flags", "record_count",
+                  "base_timestamp", "max_timestamp", "producer_id", "producer_name_len", "broker_addr_len",
+                  "reserved")
 HEADER_SIZE = _HEADER.size
 _CRC_POS = 8  # the u32 CRC sits right after base_offset ...
 _CRC_START = _CRC_POS + 4  # ... and covers everything after itself
@@ -55,6 +59,22 @@ _F_SCHEMA_VERSION = 0x04
 _F_ROUTING_KEY = 0x08
 _F_ATTRIBUTES = 0x10
 _KNOWN_FLAGS = 0x1F
+
+
+def _positions(layout: struct.Struct, names: Sequence[str], prefix: str = "") -> dict[str, int]:
+    """Each field's byte position in `layout` (no padding: the format starts with "<")."""
+    codes = layout.format[1:]
+    return {prefix + name: struct.calcsize("<" + codes[:i]) for i, name in enumerate(names)}
+
+
+# The positions by field name, as the native module's LAYOUT names them (tests/unit/test_layout_pinned.py).
+LAYOUT = {
+    **_positions(_HEADER, _HEADER_FIELDS), "header": HEADER_SIZE, "crc_from": _CRC_START,
+    **_positions(_RECORD_PREFIX, ("length", "flags", "timestamp_delta"), "record."),
+    "record.fixed": _RECORD_PREFIX.size, "flag.request_id": _F_REQUEST_ID, "flag.schema_id": _F_SCHEMA_ID,
+    "flag.schema_version": _F_SCHEMA_VERSION, "flag.routing_key": _F_ROUTING_KEY,
+    "flag.attributes": _F_ATTRIBUTES, "flag.known": _KNOWN_FLAGS,
+}
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

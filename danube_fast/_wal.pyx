@@ -1,4 +1,6 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3
+# Release directives (no bounds or wraparound checks, C division) come from setup.py, which turns them on
+# for the DANUBE_FAST_DEBUG build; a directive here would override both.
 """Segmented write-ahead log: the native storage engine (twin: _wal_py.py, selected by DANUBE_FAST_PURE=1).
 
 On disk, per topic, a folder of segments:

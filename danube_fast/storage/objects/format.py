@@ -1,34 +1,7 @@
 """The `.dnb1` object: a slice of a topic's WAL as uploaded to the object tier.
 
-Byte layout, little-endian, no padding (docs/FORMAT.md, section "Object tier", says the same with reasons):
-
-Header, HEADER_SIZE = 8
-  pos size field          meaning
-    0    4 magic          b"DNB1"
-    4    2 version        u16, 1
-    6    2 flags          u16, reserved, 0
-
-Body, bytes [HEADER_SIZE, body_end)
-  record batches exactly as the WAL stored them (offset-stamped, each covered by its own CRC32C), back to
-  back, offsets contiguous: batch k+1 starts at the offset after batch k's last record
-
-Footer, at body_end, FOOTER_FIXED_SIZE + 16 * index_count + 4 bytes
-    0    8 min_offset     u64, base offset of the first batch
-    8    8 max_offset     u64, offset of the last record of the last batch
-   16    8 min_time       u64, smallest base_timestamp of the batches (Unix ms)
-   24    8 max_time       u64, largest max_timestamp of the batches
-   32    8 body_end       u64, byte position of this footer in the object
-   40    4 batch_count    u32
-   44    4 index_count    u32, n >= 1
-   48  16n index          n x (u64 offset, u64 position): an indexed batch's base offset and its byte
-                          position in the object; the first batch always, then the first batch that starts
-                          at least `index_interval` bytes after the previously indexed one (Kafka's sparse
-                          OffsetIndex)
- 48+16n  4 crc            u32, CRC32C of footer bytes [0, 48 + 16n)
-
-Trailer, the last TRAILER_SIZE = 8 bytes
-    0    4 footer_length  u32, bytes of the footer, its CRC included
-    4    4 magic          b"DNB1"
+The byte layout (header, body of WAL batches, footer with a sparse index and a CRC, trailer) is written once,
+in docs/FORMAT.md, section "Object tier"; the constants below name its sizes.
 
 A reader finds the footer with one ranged GET of the object's tail (FOOTER_GUESS bytes hold the trailer and
 the footer of any object with up to ~4,000 index entries; a longer footer takes a second GET of exactly its
