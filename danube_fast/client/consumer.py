@@ -29,7 +29,7 @@ import grpc
 from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
-from danube_fast.client.status import retriable
+from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -124,8 +124,7 @@ class FastConsumer:
         """An ack on a stream that just failed is dropped: the records come again after the reconnect, and
         the broker ignores acks of offsets it has not sent on the new stream yet."""
         async with self._write_lock:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await self._call.write(fast.ConsumeRequest(ack=ack))
+            await write_or_broken(self._call, fast.ConsumeRequest(ack=ack))
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop, and return once the broker ended the stream: it has then applied every ack sent, saved the

@@ -1,4 +1,4 @@
-"""Where a topic is served: Discovery.TopicLookup, as the official client uses it (CONTRACT B.3, C.3).
+"""Where a topic is served: Discovery.TopicLookup, as the official client uses it (docs/WIRE.md B.3, C.3).
 
 Connect and Redirect both name the broker to talk to; NOT_FOUND (unknown, or not yet assigned) and an
 unreachable broker leave the caller where it was.

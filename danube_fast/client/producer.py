@@ -35,7 +35,7 @@ import grpc
 
 from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.status import retriable
+from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -217,9 +217,8 @@ class FastProducer:
             if seq <= self._written or seq not in self._unacked:
                 return  # a reconnect that ran while this waited for the lock has sent it already
             self._written = seq
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                # A broken stream is noticed by the reader, which resends everything unacknowledged.
-                await self._call.write(batch_request(seq, self._unacked[seq].data))
+            # A broken stream is noticed by the reader, which resends everything unacknowledged.
+            await write_or_broken(self._call, batch_request(seq, self._unacked[seq].data))
 
     # -- the stream ---------------------------------------------------------------------------------
 
@@ -306,14 +305,12 @@ class FastProducer:
                     await self._start_stream()
                     if not self._unacked:
                         self._attempts = 0  # no answer to wait for: the open stream is the progress
-                    try:
-                        for seq, shipped in list(self._unacked.items()):
-                            data = _with_producer_id(shipped.data, self.producer_id)
-                            shipped.data = data
-                            self._written = max(self._written, seq)
-                            await self._call.write(batch_request(seq, data))
-                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                        pass  # the new stream broke too: its reader reconnects
+                    for seq, shipped in list(self._unacked.items()):
+                        data = _with_producer_id(shipped.data, self.producer_id)
+                        shipped.data = data
+                        self._written = max(self._written, seq)
+                        if not await write_or_broken(self._call, batch_request(seq, data)):
+                            break  # the new stream broke too: its reader reconnects
                 return
             except ProduceRejected as e:
                 if not e.retriable:

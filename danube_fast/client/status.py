@@ -42,6 +42,9 @@ error. A transport INTERNAL with a text not listed here stays fatal: add the tex
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import grpc
 
 RETRIABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -68,3 +71,24 @@ def retriable(error: grpc.aio.AioRpcError) -> bool:
     if code in RETRIABLE_CODES:
         return True
     return code in TRANSPORT_CODES and (error.details() or "").startswith(TRANSPORT_FAILURES)
+
+
+async def write_or_broken(call: Any, request: Any) -> bool:
+    """Write `request` on the stream `call`; False when the stream is broken, which the stream's reader
+    notices and handles (reconnect and resend, or fail).
+
+    A write on a call this client cancelled (a reader that switches to a new stream cancels the old one
+    while another task waits in its write) raises asyncio.CancelledError, not an AioRpcError: grpc.aio's
+    `_raise_for_status` answers a locally cancelled call that way. That is a broken stream too; the
+    CancelledError is passed on only when the task itself is being cancelled. The cluster bench's moves
+    under traffic ended in that error before (a producer's send_batch raised CancelledError)."""
+    try:
+        await call.write(request)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        return False
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if (task is not None and task.cancelling()) or not call.done():  # (cancelled() is still False)
+            raise
+        return False
+    return True

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from danube_fast.client import FastConsumer, FastProducer, ProduceRejected
-from danube_fast.client.status import retriable
+from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -135,3 +135,65 @@ def test_an_internal_status_on_an_open_stream_fails_the_producer_at_once(run: Ca
 
     run(scenario(), timeout=20)
 
+
+
+async def opens_then_stops_reading(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    """Opens the producer, then reads nothing more: flow control soon holds the client's writes."""
+    await anext(aiter(requests))
+    yield fast.ProduceResponse(opened=fast.Opened(producer_id=7, reliable=True))
+    await asyncio.sleep(60)
+
+
+async def write_until_held(call: Any, write: Callable[..., Any]) -> tuple[asyncio.Task[Any], int]:
+    """Start writing 1 MiB batches on `call` with `write` until one is held by flow control (not done in
+    0.3 s); that write's task and how many went before it."""
+    batch = fast.ProduceRequest(batch=fast.Batch(seq=1, data=bytes(1 << 20)))
+    for written in range(200):
+        task = asyncio.create_task(write(call, batch))
+        done, _ = await asyncio.wait([task], timeout=0.3)
+        if not done:
+            return task, written
+        task.result()
+    raise AssertionError("200 MiB written and flow control never held a write")
+
+
+def test_a_write_on_a_stream_this_client_cancelled_is_a_broken_stream(run: Callable[..., Any]) -> None:
+    """A producer's reader cancels its stream when the topic moves, while another task may be waiting in a
+    write on it: grpc.aio raises CancelledError in that write (the cluster bench's moves under traffic ended
+    in it). write_or_broken reports a broken stream instead; a cancellation of the writing task itself still
+    goes through."""
+
+    async def raw_write(call: Any, request: Any) -> bool:
+        await call.write(request)
+        return True
+
+    async def scenario() -> None:
+        server, target = await serve(Broker(opens_then_stops_reading))
+        channel = grpc.aio.insecure_channel(target)
+        opening = fast.ProduceRequest(open=fast.Open(topic="/default/t", producer_name="p"))
+        try:
+            stub: Any = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
+            outcomes = []
+            for write in (raw_write, write_or_broken):
+                call = stub.Produce()
+                assert await write_or_broken(call, opening)
+                await call.read()
+                held, _ = await write_until_held(call, write)
+                call.cancel()  # as the reader does when it switches to a new stream
+                outcomes.append((await asyncio.gather(held, return_exceptions=True))[0])
+            assert isinstance(outcomes[0], asyncio.CancelledError), outcomes  # what grpc does
+            assert outcomes[1] is False, outcomes
+
+            call = stub.Produce()
+            assert await write_or_broken(call, opening)
+            await call.read()
+            held, _ = await write_until_held(call, write_or_broken)
+            held.cancel()  # the writing task itself is cancelled: that goes through
+            with pytest.raises(asyncio.CancelledError):
+                await held
+            call.cancel()
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    run(scenario(), timeout=60)
