@@ -15,7 +15,7 @@ import sys
 from datetime import UTC, datetime
 from types import FrameType
 
-from bench import results, storage
+from bench import results
 from bench.common import (
     Options,
     ProgressBar,
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     extra: list[str] = []  # lines the RESULTS.md section adds after the machine line
     runs_note = results.RUNS_NOTE
     if args.suite == "storage":
+        from bench.micro import storage
+
         title = "Storage"
         warning = storage.check_native()
         if warning:
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(spark.load_line(records))
         found = spark.run_spark(Options(args.runs, args.quick, args.dir), records)
     else:
-        from bench import meta  # here: the storage suite needs neither gRPC nor an etcd binary
+        from bench.micro import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 
         title = "Metadata"
         found, etcd_version = meta.run_meta(Options(args.runs, args.quick, args.dir))
@@ -210,7 +212,8 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def _e2e(args: argparse.Namespace, argv: list[str]) -> int:
-    from bench import e2e, e2e_report
+    from bench import e2e
+    from bench.e2e import report as e2e_report
 
     settings = e2e.Settings(
         size=args.size, records=args.records or (e2e.QUICK_RECORDS if args.quick else e2e.RECORDS),

@@ -118,6 +118,16 @@ def time_calls(fn: Callable[[], object], budget_s: float) -> tuple[int, float]:
     return calls, elapsed
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, every thread (Linux /proc; clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

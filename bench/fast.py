@@ -3,8 +3,8 @@ grpc.aio server answering the same stream shapes, in the same run with the same 
 
 Figures (records of RECORD_BYTES bytes in batches of BATCH_RECORDS, encoded once by the codec and sent as
 they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
-- `bare_batch_stream`: a raw stub writing the batches to the bare server's Produce (bench/bare_server.py).
-  The gRPC ceiling for these bytes on this machine.
+- `bare_batch_stream`: a raw stub writing the batches to the bare server's Produce
+  (bench/broker/bare_server.py). The gRPC ceiling for these bytes on this machine.
 - `fast_produce_reliable`: danube_fast.client.FastProducer.send_batch through the broker to a Reliable topic
   (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
@@ -28,13 +28,14 @@ from typing import Any
 import grpc
 import uvloop
 
-from bench.broker import Server, metered, percentile, start_bare_server, start_broker
+from bench.broker import metered, percentile, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, progress
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.producer import batch_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.testing.process import ServerProcess
 
 RECORD_BYTES = 256
 BATCH_RECORDS = 1000
@@ -51,7 +52,7 @@ def batches(count: int) -> list[bytes]:
     return [one] * count
 
 
-async def bare(server: Server, count: int) -> tuple[float, None, None]:
+async def bare(server: ServerProcess, count: int) -> tuple[float, None, None]:
     channel = grpc.aio.insecure_channel(server.target, options=[("grpc.max_send_message_length", 64 << 20)])
     try:
         stub: Any = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
@@ -78,7 +79,7 @@ async def bare(server: Server, count: int) -> tuple[float, None, None]:
         await channel.close()
 
 
-async def bare_consume(server: Server, count: int) -> tuple[float, None, None]:
+async def bare_consume(server: ServerProcess, count: int) -> tuple[float, None, None]:
     channel = grpc.aio.insecure_channel(server.target,
                                         options=[("grpc.max_receive_message_length", 64 << 20)])
     try:
@@ -96,7 +97,7 @@ async def bare_consume(server: Server, count: int) -> tuple[float, None, None]:
         await channel.close()
 
 
-async def consume_through_broker(server: Server, topic: str, count: int) -> tuple[float, None, None]:
+async def consume_through_broker(server: ServerProcess, topic: str, count: int) -> tuple[float, None, None]:
     """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=True)  # creates the topic
     consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench")
@@ -119,7 +120,7 @@ async def consume_through_broker(server: Server, topic: str, count: int) -> tupl
         await producer.close()
 
 
-async def through_broker(server: Server, topic: str, reliable: bool, count: int
+async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int
                          ) -> tuple[float, float, float]:
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
                                           max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
@@ -150,7 +151,7 @@ def run_fast(options: Options) -> list[Result]:
     bare_server = start_bare_server(scratch / "bare.log")
     try:
         for run in range(options.runs):
-            broker = start_broker(scratch / f"broker-{run}", scratch / f"broker-{run}.log")
+            broker = start_broker(scratch / f"broker-{run}")
             figures: Figures = {}
             try:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -29,14 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.broker import Server
 from bench.common import Options, Result, Target, median, paired_ratio, progress
-from bench.process import BROKER_READY, broker_argv, free_port
 from danube_fast import frames
 from danube_fast.client import FastProducer
 from danube_fast.meta.reader import open_reader
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer
+from danube_fast.testing.broker import Broker
 
 RECORDS = 8_000_000
 QUICK_RECORDS = 400_000
@@ -56,24 +55,20 @@ def run_spark(options: Options, records: int | None = None) -> list[Result]:
     count = max(records or (QUICK_RECORDS if options.quick else RECORDS), OBJECTS * BATCH_RECORDS)
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-", dir=options.parent_dir))
     try:
-        data_dir = scratch / "broker"
-        objects = _produce(data_dir, scratch, count)
+        data_dir, objects = _produce(scratch, count)
         return _measure(data_dir, objects, scratch, count, options.runs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _produce(data_dir: Path, scratch: Path, count: int) -> list[Path]:
-    """The records in the broker's object folder; the object files in offset order."""
-    data_dir.mkdir(parents=True)
+def _produce(scratch: Path, count: int) -> tuple[Path, list[Path]]:
+    """The records in the broker's object folder: its data dir, and the object files in offset order."""
     segment = max(1 << 20, count * (RECORD_BYTES + 16) // OBJECTS)  # local WAL segments go once uploaded
-    config = scratch / "broker.toml"
-    config.write_text(f"[wal]\nsegment_bytes = {segment}\nretain_bytes = 0\n"
-                      "[cluster]\nupload_interval_ms = 300\n")
-    port = free_port()
-    argv = [*broker_argv(data_dir, port, free_port()), "--config-file", str(config)]
-    broker = Server("broker", argv, f"127.0.0.1:{port}", scratch / "broker.log", BROKER_READY)
+    config = f"[wal]\nsegment_bytes = {segment}\nretain_bytes = 0\n[cluster]\nupload_interval_ms = 300\n"
+    broker = Broker(scratch / "broker", config, metrics=False, die_with_parent=True)
+    data_dir = broker.data_dir
     try:
+        broker.start()
         progress(f"producing {count:,} records of {RECORD_BYTES} B in {OBJECTS} rounds, each uploaded")
         per_round = count // OBJECTS
         for k in range(OBJECTS):
@@ -86,7 +81,7 @@ def _produce(data_dir: Path, scratch: Path, count: int) -> list[Path]:
     finally:
         broker.stop()
     folder = data_dir / "objects" / TOPIC.split("/")[1] / TOPIC.split("/")[2]
-    return sorted(folder.glob("*.dnb1"), key=lambda p: int(p.name.split("-")[1]))
+    return data_dir, sorted(folder.glob("*.dnb1"), key=lambda p: int(p.name.split("-")[1]))
 
 
 async def _send(target: str, count: int) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import e2e, e2e_report
+from bench import e2e
+from bench.e2e import report as e2e_report
 from bench.peers.workload import Latencies, Measurement, Workload, measurement
 from bench.peers.workload import Usage as PhaseUsage
 

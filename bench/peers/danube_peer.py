@@ -37,7 +37,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import uvloop
 
-from bench.peers.servers import Server
 from bench.peers.workload import (
     Latencies,
     Measurement,
@@ -52,6 +51,7 @@ from bench.peers.workload import (
 )
 from danube_fast import frames
 from danube_fast.client import Delivery, FastConsumer, FastProducer
+from danube_fast.testing.process import ServerProcess
 
 PEER = "danube"
 DURABILITY = "reliable_fsync"
@@ -126,7 +126,7 @@ class Peer:
     """One run against one broker: producers and consumers are made per phase (a producer is bound to a
     topic), outside the timed sections."""
 
-    def __init__(self, server: Server, workload: Workload, linger_ms: float) -> None:
+    def __init__(self, server: ServerProcess, workload: Workload, linger_ms: float) -> None:
         if workload.consumers != 1:
             raise ValueError(f"{PEER}: the fast API's subscriptions are exclusive: one consumer, not "
                              f"{workload.consumers}")
@@ -263,11 +263,11 @@ class Peer:
                            offered_rate=rate, finished_at=tally.finished_at)
 
 
-def runner(linger_ms: float) -> Callable[[Server, Workload], list[Measurement]]:
+def runner(linger_ms: float) -> Callable[[ServerProcess, Workload], list[Measurement]]:
     """`run(server, workload)`: one run of the workload's phases against a running broker, on uvloop, the
     fixed-rate producers lingering `linger_ms`."""
 
-    def run(server: Server, workload: Workload) -> list[Measurement]:
+    def run(server: ServerProcess, workload: Workload) -> list[Measurement]:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
             return loop.run(run_phases(Peer(server, workload, linger_ms), workload))
 

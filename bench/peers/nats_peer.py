@@ -30,7 +30,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
 
-from bench.peers.servers import Server
 from bench.peers.workload import (
     Latencies,
     Measurement,
@@ -43,6 +42,7 @@ from bench.peers.workload import (
     run_phases,
     stamped,
 )
+from danube_fast.testing.process import ServerProcess
 
 PEER = "nats"
 DURABILITY = "file_sync2m"
@@ -63,7 +63,7 @@ def credit(workload: Workload) -> int:
 class Peer:
     """The connections of one run: one per producer, one per consumer, one for stream management."""
 
-    def __init__(self, server: Server, workload: Workload) -> None:
+    def __init__(self, server: ServerProcess, workload: Workload) -> None:
         self.url = f"nats://{server.host}:{server.port}"
         self.server = server
         self.workload = workload
@@ -212,13 +212,13 @@ class Peer:
                            offered_rate=rate, finished_at=tally.finished_at)
 
 
-async def _run(server: Server, workload: Workload) -> list[Measurement]:
+async def _run(server: ServerProcess, workload: Workload) -> list[Measurement]:
     peer = Peer(server, workload)
     await peer.connect()
     return await run_phases(peer, workload)
 
 
-def run(server: Server, workload: Workload) -> list[Measurement]:
+def run(server: ServerProcess, workload: Workload) -> list[Measurement]:
     """One run of the workload's phases against a running nats-server, on uvloop."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_run(server, workload))

@@ -25,7 +25,7 @@ from typing import Any
 import redis.asyncio as aredis
 import uvloop
 
-from bench.peers.servers import AppendFsync, Server
+from bench.peers.servers import AppendFsync
 from bench.peers.workload import (
     Latencies,
     Measurement,
@@ -38,6 +38,7 @@ from bench.peers.workload import (
     run_phases,
     stamped,
 )
+from danube_fast.testing.process import ServerProcess
 
 PEER = "redis"
 FIELD = b"r"
@@ -73,7 +74,7 @@ class Peer:
     """The clients of one run: one per producer (a pool of `window // batch` connections), one per
     consumer, one for stream management."""
 
-    def __init__(self, server: Server, workload: Workload) -> None:
+    def __init__(self, server: ServerProcess, workload: Workload) -> None:
         self.server = server
         self.workload = workload
         self.in_flight = max(1, workload.window // workload.batch)  # pipelines per producer
@@ -213,12 +214,12 @@ class Peer:
                            offered_rate=rate, finished_at=tally.finished_at)
 
 
-async def _run(server: Server, workload: Workload) -> list[Measurement]:
+async def _run(server: ServerProcess, workload: Workload) -> list[Measurement]:
     peer = Peer(server, workload)
     return await run_phases(peer, workload)
 
 
-def run(server: Server, workload: Workload) -> list[Measurement]:
+def run(server: ServerProcess, workload: Workload) -> list[Measurement]:
     """One run of the workload's phases against a running redis-server, on uvloop."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_run(server, workload))

@@ -2,8 +2,9 @@
 (standalone, for `python -m bench e2e`), each on a free loopback port with its data in a scratch directory,
 stopped when the `with` block ends, error or not.
 
-The servers are children of this process and get SIGKILL from the kernel if it dies without cleaning up
-(PR_SET_PDEATHSIG), so an interrupted benchmark leaves no server behind.
+The servers are the harness's server processes (danube_fast/testing): children of this process that get
+SIGKILL from the kernel if it dies without cleaning up (PR_SET_PDEATHSIG), so an interrupted benchmark leaves
+no server behind.
 
 Durability, as each is configured here (the labels name it in every figure):
 
@@ -22,10 +23,7 @@ Durability, as each is configured here (the labels name it in every figure):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,18 +31,13 @@ from pathlib import Path
 from typing import Literal
 
 from bench.peers.install import find_binary
-from bench.process import BROKER_READY, ServerProcess, broker_argv, free_port, repo_env
+from danube_fast.testing.broker import Broker
+from danube_fast.testing.ports import free_port
+from danube_fast.testing.process import ServerProcess
 
 READY_TIMEOUT = 20.0  # seconds a server gets to log its ready line
-PR_SET_PDEATHSIG = 1
 
 AppendFsync = Literal["always", "everysec"]
-
-
-def _die_with_parent() -> None:
-    """In the child between fork and exec: SIGKILL when the benchmark process exits, however it exits."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def binary(name: str) -> str:
@@ -61,43 +54,36 @@ def version(name: str) -> str:
     return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else f"{name} ?"
 
 
-class Server(ServerProcess):
-    """A running peer server: its process, address and log."""
-
-    def __init__(self, name: str, argv: list[str], port: int, data_dir: Path,
-                 clean_exits: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> None:
-        super().__init__(name, argv, data_dir / "server.log", cwd=data_dir, env=env, clean_exits=clean_exits,
-                         preexec_fn=_die_with_parent)
-        self.host = "127.0.0.1"
-        self.port = port
-
-
 @contextmanager
-def _running(name: str, argv: list[str], port: int, data_dir: Path, ready_text: str,
-             clean_exits: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Iterator[Server]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(name, argv, port, data_dir, clean_exits, env)
+def _running(server: ServerProcess) -> Iterator[ServerProcess]:
     try:
-        server.wait_ready(ready_text, READY_TIMEOUT)
+        server.start(READY_TIMEOUT)
         yield server
     finally:
         server.stop()
 
 
+def _server(name: str, argv: list[str], port: int, data_dir: Path, ready_text: str,
+            clean_exits: tuple[int, ...] = (0,)) -> ServerProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return ServerProcess(name, argv, data_dir / "server.log", ready_text=ready_text, port=port, cwd=data_dir,
+                         clean_exits=clean_exits, die_with_parent=True)
+
+
 @contextmanager
-def nats_server(data_dir: Path) -> Iterator[Server]:
+def nats_server(data_dir: Path) -> Iterator[ServerProcess]:
     """nats-server with JetStream, its file store in `data_dir` (which is emptied first)."""
     shutil.rmtree(data_dir, ignore_errors=True)
     port = free_port()
     argv = [binary("nats-server"), "-js", "-sd", str(data_dir / "jetstream"), "-p", str(port),
             "-a", "127.0.0.1"]
     # nats-server 2.9 exits with 1 after a clean shutdown on SIGTERM (its log ends "Server Exiting..").
-    with _running("nats-server", argv, port, data_dir, "Server is ready", (0, 1)) as server:
+    with _running(_server("nats-server", argv, port, data_dir, "Server is ready", (0, 1))) as server:
         yield server
 
 
 @contextmanager
-def redis_server(data_dir: Path, appendfsync: AppendFsync) -> Iterator[Server]:
+def redis_server(data_dir: Path, appendfsync: AppendFsync) -> Iterator[ServerProcess]:
     """redis-server with `appendonly yes` and the given `appendfsync`, no RDB snapshots, no automatic AOF
     rewrite, its files in `data_dir` (which is emptied first)."""
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -106,18 +92,16 @@ def redis_server(data_dir: Path, appendfsync: AppendFsync) -> Iterator[Server]:
             "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "",
             "--auto-aof-rewrite-percentage", "0", "--daemonize", "no", "--logfile", "",
             "--protected-mode", "yes"]
-    with _running(f"redis-server (appendfsync {appendfsync})", argv, port, data_dir,
-                  "Ready to accept connections") as server:
+    with _running(_server(f"redis-server (appendfsync {appendfsync})", argv, port, data_dir,
+                          "Ready to accept connections")) as server:
         yield server
 
 
 
 @contextmanager
-def danube_broker(data_dir: Path) -> Iterator[Server]:
+def danube_broker(data_dir: Path) -> Iterator[ServerProcess]:
     """Our broker, standalone, its metadata store and WALs in `data_dir` (which is emptied first), without
     the metrics endpoint."""
     shutil.rmtree(data_dir, ignore_errors=True)
-    port = free_port()
-    argv = broker_argv(data_dir / "data", port, free_port())
-    with _running("danube-fast broker", argv, port, data_dir, BROKER_READY, env=repo_env()) as server:
+    with _running(Broker(data_dir, metrics=False, die_with_parent=True)) as server:
         yield server

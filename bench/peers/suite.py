@@ -25,6 +25,7 @@ from pathlib import Path
 from bench.common import Options, Result, fmt, progress
 from bench.peers import nats_peer, redis_peer, servers
 from bench.peers.workload import Measurement, Workload, figure_prefix, figures
+from danube_fast.testing.process import ServerProcess
 
 QUICK_RECORDS = 30_000
 RECORDS = 100_000
@@ -40,8 +41,8 @@ class Config:
     peer: str  # figure names start with this and the durability label
     durability: str
     durability_text: str
-    server: Callable[[Path], AbstractContextManager[servers.Server]]
-    run: Callable[[servers.Server, Workload], list[Measurement]]
+    server: Callable[[Path], AbstractContextManager[ServerProcess]]
+    run: Callable[[ServerProcess, Workload], list[Measurement]]
     batching: Callable[[Workload], str]  # how the client batches (or not) and what an ack latency covers
     binary: str | None  # the server's executable, None for our broker (run by this interpreter)
 
@@ -52,7 +53,7 @@ class Config:
 
 
 def _redis(appendfsync: servers.AppendFsync) -> Config:
-    def server(data_dir: Path) -> AbstractContextManager[servers.Server]:
+    def server(data_dir: Path) -> AbstractContextManager[ServerProcess]:
         return servers.redis_server(data_dir, appendfsync)
 
     return Config(f"redis_{appendfsync}", redis_peer.PEER, redis_peer.durability(appendfsync),

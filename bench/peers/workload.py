@@ -35,8 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from bench.common import MB, Result, median, no_gc
-from bench.process import process_cpu
+from bench.common import MB, Result, median, no_gc, process_cpu
 
 PACE_SLEEP = 0.001  # seconds: uvloop's timer resolution
 STALL_TIMEOUT = 30.0  # seconds without a record received before a phase is declared stuck

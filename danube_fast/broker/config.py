@@ -133,7 +133,7 @@ class BrokerConfig:
 
     @property
     def advertised_url(self) -> str:
-        """The URL lookups return: dialable by the client, `http://host:port` (wire/CONTRACT.md D.2)."""
+        """The URL lookups return: dialable by the client, `http://host:port` (docs/WIRE.md D.2)."""
         return "http://" + (self.advertised_addr or self.broker_addr)
 
     @property

@@ -3,7 +3,7 @@
 Ownership: the subscription's dispatcher pushes messages, with their size in bytes, and keeps the counts of
 what is in flight; the ReceiveMessages handler that holds the current stream token takes them, and the
 dispatcher hears how many bytes it took (`taken`). A new stream for the same consumer takes over and the
-old one ends with OK (wire/CONTRACT.md C.8); so does every stream when the consumer is removed, which is what
+old one ends with OK (docs/WIRE.md C.8); so does every stream when the consumer is removed, which is what
 makes the official client notice a health-check CLOSE (B.8, D.8).
 """
 

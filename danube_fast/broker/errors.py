@@ -1,6 +1,6 @@
 """Errors the broker answers clients with: each names the gRPC status the wire contract prescribes.
 
-The status codes drive the official client's control flow (wire/CONTRACT.md B.13, D.7): UNAVAILABLE,
+The status codes drive the official client's control flow (docs/WIRE.md B.13, D.7): UNAVAILABLE,
 RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED make it retry (SendMessage forever), so they are used only for
 conditions that pass; a permanent refusal is INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED or
 NOT_FOUND.

@@ -1,4 +1,4 @@
-"""Danube API messages to record batches and back (wire/CONTRACT.md C.6: the broker fills in nothing but
+"""Danube API messages to record batches and back (docs/WIRE.md C.6: the broker fills in nothing but
 `msg_id.topic_offset` on reliable topics).
 
 A StreamMessage becomes a one-record batch: payload, publish_time, request_id, routing_key, attributes and

@@ -1,4 +1,4 @@
-"""Topic names (wire/CONTRACT.md C.2): `/namespace/topic`, partitions `<base>-part-<N>`, dead letters `-dlq`.
+"""Topic names (docs/WIRE.md C.2): `/namespace/topic`, partitions `<base>-part-<N>`, dead letters `-dlq`.
 
 Stricter than v0.7.3 on purpose (its quirks let `//t`, `/ns/` and `a/b/c` through): exactly two non-empty
 segments after a leading `/`, each of Unicode letters and digits, `_` and `-`. A name that passes is safe as a

@@ -1,7 +1,7 @@
 """Policy rates (`max_publish_rate`, `max_subscription_dispatch_rate`, messages per second, 0 = unlimited).
 
 A rate limit slows the caller down instead of failing it: a refusal would have to be a non-retriable status
-(CONTRACT D.7), which would surface a passing condition to the application as a permanent error.
+(docs/WIRE.md D.7), which would surface a passing condition to the application as a permanent error.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ log = logging.getLogger("danube_fast.broker")
 
 STOP_GRACE = 2.0  # seconds running RPCs get to finish at shutdown
 # gRPC's own inbound limit sits well above the max_message_size policy: a request over gRPC's limit is
-# refused with RESOURCE_EXHAUSTED, which the official client retries for ever (CONTRACT D.11); one under it
-# reaches the policy check and gets INVALID_ARGUMENT.
+# refused with RESOURCE_EXHAUSTED, which the official client retries for ever (docs/WIRE.md D.11); one under
+# it reaches the policy check and gets INVALID_ARGUMENT.
 MIN_GRPC_RECEIVE = 64 * 1024 * 1024
 
 
@@ -186,7 +186,7 @@ class Broker:
         register(admin_grpc.add_NamespaceAdminServicer_to_server, ClusterNamespaceAdmin(topics, view), admin)
         register(admin_grpc.add_TopicAdminServicer_to_server,
                  ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), admin)
-        # SchemaRegistry is served on both ports, as v0.7.3 does (CONTRACT A.3, C.1); one servicer.
+        # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):
             register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server)
@@ -218,7 +218,7 @@ class Broker:
             await self.cluster.drain()
         self.topics.stopping = True
         for c in self.topics.consumers.values():
-            c.end_streams()  # streams end with OK, so clients notice and re-lookup (CONTRACT C.8)
+            c.end_streams()  # streams end with OK, so clients notice and re-lookup (docs/WIRE.md C.8)
         for topic in self.topics.topics.values():
             for sub in topic.subscriptions.values():
                 if isinstance(sub.dispatcher, BatchDispatcher):

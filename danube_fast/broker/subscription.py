@@ -1,8 +1,8 @@
 """A subscription: its consumers (in attach order) and the dispatcher that feeds them.
 
-The subscription type is fixed by the first consumer (CONTRACT C.7); later consumers asking for another type
-join it as it is. An Exclusive subscription admits one consumer name at a time, counting only consumers whose
-stream is active: a consumer that went away no longer blocks a new one (v0.7.3 keeps counting it, D.16).
+The subscription type is fixed by the first consumer (docs/WIRE.md C.7); later consumers asking for another
+type join it as it is. An Exclusive subscription admits one consumer name at a time, counting only consumers
+whose stream is active: a consumer that went away no longer blocks a new one (v0.7.3 keeps counting it, D.16).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The object tier as the broker uses it (DESIGN.md section 8): one ObjectStore (S3 or a folder) for the
-process, and per Reliable topic a TopicLog (what the dispatchers read: objects -> WAL -> live tail, waiting
-at gaps: storage/gaps.py) and an Uploader (sealed segments and, every `upload_interval_ms`, the committed
-tail become objects; uploaded segments are deleted locally). Cluster mode's orphan recovery builds on it
-(cluster/orphans.py).
+"""The object tier as the broker uses it (docs/ARCHITECTURE.md#object-tier): one ObjectStore (S3 or a folder)
+for the process, and per Reliable topic a TopicLog (what the dispatchers read: objects -> WAL -> live tail,
+waiting at gaps: storage/gaps.py) and an Uploader (sealed segments and, every `upload_interval_ms`, the
+committed tail become objects; uploaded segments are deleted locally). Cluster mode's orphan recovery builds
+on it (cluster/orphans.py).
 
 Owner: the broker's event loop.
 """

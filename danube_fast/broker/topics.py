@@ -75,7 +75,7 @@ MAX_KEY_FILTERS = 64  # Key-Shared filters per consumer: each is matched against
 
 
 def new_id(taken: Iterable[int] = ()) -> int:
-    """A random non-zero u64, as Danube's ids are (clients treat them as opaque, CONTRACT C.1)."""
+    """A random non-zero u64, as Danube's ids are (clients treat them as opaque, docs/WIRE.md C.1)."""
     used = set(taken)
     while True:
         value = secrets.randbits(64)
@@ -307,7 +307,7 @@ class Topics:
             keys.namespace_topic(name.namespace, name.topic)) is not None
 
     def partitions(self, name: TopicName) -> list[str]:
-        """TopicPartitions (CONTRACT C.3): [name] for a topic, else its `-part-N` topics in index order,
+        """TopicPartitions (docs/WIRE.md C.3): [name] for a topic, else its `-part-N` topics in index order,
         wherever in the cluster they are hosted."""
         if self.exists(name):
             return [name.full]
@@ -321,7 +321,8 @@ class Topics:
         return [TopicName(name.namespace, short).full for short in found]
 
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
-        """The topic, created with `delivery` if it does not exist (producers auto-create, CONTRACT C.4)."""
+        """The topic, created with `delivery` if it does not exist (producers auto-create, docs/WIRE.md
+        C.4)."""
         topic = self.topics.get(name.full)
         if topic is None:
             self.check_loadable(name)
@@ -481,7 +482,7 @@ class Topics:
     # -- producers -----------------------------------------------------------------------------------
 
     async def add_producer(self, topic: Topic, producer_name: str, access_mode: int) -> int:
-        """The producer's id; the existing one for a name already on the topic (CONTRACT C.5)."""
+        """The producer's id; the existing one for a name already on the topic (docs/WIRE.md C.5)."""
         names.check_name(producer_name, "producer name")
         entry = topic.producers.get(producer_name)
         if entry is not None:
@@ -525,7 +526,7 @@ class Topics:
         if sub is not None:
             await self._per_message(topic, sub)
             existing = sub.by_name(req.consumer_name)
-            if existing is not None:  # takeover by name (CONTRACT C.7 step 2)
+            if existing is not None:  # takeover by name (docs/WIRE.md C.7 step 2)
                 existing.key_filters = list(req.key_filters)
                 sub.takeover(existing)
                 self._expect_stream(existing)
@@ -551,7 +552,7 @@ class Topics:
         return cid
 
     def _expect_stream(self, consumer: Consumer) -> None:
-        """A consumer starts active so that messages queue for it before its stream opens (CONTRACT C.7);
+        """A consumer starts active so that messages queue for it before its stream opens (docs/WIRE.md C.7);
         one that never opens a stream (its process died after Subscribe) must not hold an Exclusive or
         Failover subscription, nor its messages, for ever."""
         generation = consumer.generation
@@ -586,8 +587,9 @@ class Topics:
 
     async def _create_subscription(self, topic: Topic, name: str, kind: SubscriptionType,
                                    consumer_name: str) -> Subscription:
-        """Persist the subscription and its start before Subscribe answers (DESIGN 7): a new one starts at
-        the latest offset, written as the cursor `latest - 1` so that a restart cannot move it forward."""
+        """Persist the subscription and its start before Subscribe answers (docs/WIRE.md C.7): a new one
+        starts at the latest offset, written as the cursor `latest - 1` so that a restart cannot move it
+        forward."""
         ns, short = topic.name.namespace, topic.name.topic
         start = topic.wal.committed_offset if topic.wal is not None else 0
         record = SubscriptionRecord(None, consumer_name, name, kind)

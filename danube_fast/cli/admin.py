@@ -1,4 +1,4 @@
-"""`danube-fast admin brokers|topics|cluster ...`: the admin API (danube_admin, wire/CONTRACT.md A.4) of a
+"""`danube-fast admin brokers|topics|cluster ...`: the admin API (danube_admin, docs/WIRE.md A.4) of a
 running broker, reached on `--admin-addr` (default 127.0.0.1:50051). Any broker of a cluster answers: the
 ones that do not own a topic or do not lead pass the call on.
 

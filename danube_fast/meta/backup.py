@@ -1,4 +1,5 @@
-"""Metadata backup and restore (seed 002): every key of a MetadataStore to a file, and back into an empty one.
+"""Metadata backup and restore (docs/METADATA.md#backup-and-restore): every key of a MetadataStore to a file,
+and back into an empty one.
 
 The file is JSON lines, ASCII, every line ending in "\\n":
 

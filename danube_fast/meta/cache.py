@@ -1,4 +1,5 @@
-"""LocalCache: a watch-fed, in-memory mirror of the metadata prefixes a broker needs (seed 002, DESIGN.md 4).
+"""LocalCache: a watch-fed, in-memory mirror of the metadata prefixes a broker needs
+(docs/METADATA.md#the-local-cache).
 
 Reads on the request path are synchronous dictionary and bisect lookups; they never reach the store, so
 they keep answering, from the last known state, while etcd is down. `stale_since` tells how long that

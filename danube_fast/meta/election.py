@@ -1,13 +1,13 @@
 """Leader election on the metadata store, and the controller epoch that fences a deposed leader.
 
-Protocol (DESIGN.md section 5; the master election of seed 002): each broker holds a lease of its own (its
+Protocol (docs/METADATA.md#election-and-the-controller-epoch): each broker holds a lease of its own (its
 session) and campaigns by creating `keys.leader()` = its id (`ClusterLeader`) under that lease, in a
 transaction that compares version == 0 (the key is absent). The broker that created the key leads; every
 broker watches the key and campaigns again when it disappears (its holder's lease expired or was revoked,
 or the holder resigned).
 
-The key's create revision is the **controller epoch** (seed 003, Kafka's `/controller_epoch`): each term
-creates the key anew, so epochs only grow, and every write made as leader (`write_as_leader`) is a
+The key's create revision is the **controller epoch** (Kafka's `/controller_epoch` plays the same part): each
+term creates the key anew, so epochs only grow, and every write made as leader (`write_as_leader`) is a
 transaction that compares it, and the value naming this broker: a deposed leader's write fails with NotLeader
 however late it reaches the store.
 
@@ -16,7 +16,7 @@ broker measures from the moment it *sent* its last successful keep-alive, on its
 deadline does not fall after the store's (up to clock-rate drift, parts per million). From that deadline on
 `is_leader` is False without asking the store: a broker resuming from a pause (GC, SIGSTOP, a VM migration)
 does not act on a leadership it may have lost. That is an early refusal; the epoch compare is the guarantee,
-since a lease alone is not mutual exclusion (DESIGN.md section 5).
+since a lease alone is not mutual exclusion (docs/METADATA.md#fencing).
 
 Owner: one background task per election runs the sessions (lease, keep-alives, watch, campaigns) and is the
 only one that gains leadership; `resign`, `write_as_leader` and `close` may only give it up.

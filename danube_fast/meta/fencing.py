@@ -1,7 +1,7 @@
 """Fencing: every write a broker makes on the strength of a role is a transaction that re-checks the role.
 
-A lease (or an etcd lock) alone is not mutual exclusion (DESIGN.md section 5): a broker that paused in a GC,
-a VM migration or SIGSTOP for longer than its lease still believes it owns a topic, and its next write may
+A lease (or an etcd lock) alone is not mutual exclusion (docs/METADATA.md#fencing): a broker that paused in a
+GC, a VM migration or SIGSTOP for longer than its lease still believes it owns a topic, and its next write may
 reach etcd after the topic was assigned to another broker. So nothing is written on a belief: a topic owner's
 cursor, descriptor and sealed-state writes compare the assignment key (`fenced_write`), and the leader's
 assignment writes compare the leader key (`danube_fast.meta.election`). etcd evaluates the compare and the
@@ -10,8 +10,9 @@ write atomically, so a deposed owner's write fails however late it arrives.
 The fence compares the key's **create_revision**, not its mod_revision. A create revision names one
 incarnation of the key: deleting and re-creating the assignment (an unload, a move and a move back to the
 same broker) gives a new one, which fences out every write based on the old one, exactly as the leader key's
-create revision is the controller epoch (seed 003). A mod_revision would also change when the load manager
-merely rewrites the same assignment, fencing out an owner that still owns the topic for no reason.
+create revision is the controller epoch (docs/METADATA.md#election-and-the-controller-epoch). A mod_revision
+would also change when the load manager merely rewrites the same assignment, fencing out an owner that still
+owns the topic for no reason.
 
 The local half, `Ownership.check()`, stops a broker from acknowledging once its lease may have expired (on
 its own monotonic clock), before it even talks to etcd; it is an early refusal, the compare is the guarantee.

@@ -1,10 +1,11 @@
-"""Every metadata key of the product, as a function: the etcd layout of Danube (seed 000), exactly.
+"""Every metadata key of the product, as a function: the etcd layout of Danube, exactly
+(docs/METADATA.md#key-layout).
 
 This module is the single owner of key paths. No other module builds or splits a path string: they call a
-function here (a test scans the code base for path literals elsewhere). Seed 000 places every key; seed 001
-places the three it does not (`/topics/{ns}/{topic}/policy`, `/topics/{ns}/{topic}/schema`,
-`/cluster/load_balance`), as DESIGN.md section 4 says. Object descriptors live under
-`/danube-data/storage/...` (seed 000), not the older `/storage/...` of seed 004.
+function here (a test scans the code base for path literals elsewhere). Upstream's layout places every key;
+its resource mapping places the three it does not (`/topics/{ns}/{topic}/policy`,
+`/topics/{ns}/{topic}/schema`, `/cluster/load_balance`), as docs/METADATA.md says. Object descriptors live
+under `/danube-data/storage/...`, not the older `/storage/...` (docs/METADATA.md#storage-keys).
 
 Rules kept here so that every key can be parsed back without ambiguity:
 - names (cluster, namespace, topic, subscription, schema subject) are non-empty and contain no `/` or NUL;
@@ -222,7 +223,7 @@ def parse_load_report(key: str) -> int:
 
 
 def load_balance() -> str:
-    """`/cluster/load_balance` (seed 001): the load manager's last decision."""
+    """`/cluster/load_balance` (docs/METADATA.md#cluster-keys): the load manager's last decision."""
     return _key("cluster", "load_balance")
 
 
@@ -313,12 +314,13 @@ def topic_delivery(namespace: str, topic: str) -> str:
 
 
 def topic_policy(namespace: str, topic: str) -> str:
-    """`/topics/{namespace}/{topic}/policy` (seed 001): the topic's own policy."""
+    """`/topics/{namespace}/{topic}/policy` (docs/METADATA.md#topic-keys): the topic's own policy."""
     return _key(*_topic(namespace, topic), "policy")
 
 
 def topic_schema(namespace: str, topic: str) -> str:
-    """`/topics/{namespace}/{topic}/schema` (seed 001): the topic's schema subject and validation settings."""
+    """`/topics/{namespace}/{topic}/schema` (docs/METADATA.md#topic-keys): the topic's schema subject and
+    validation settings."""
     return _key(*_topic(namespace, topic), "schema")
 
 

@@ -1,7 +1,8 @@
 """The typed value of every metadata key: one import for all of them.
 
 Each resource is a frozen dataclass with `from_json(bytes, key=...) -> Self` and `to_json() -> bytes`, using
-exactly the field names and JSON types of seed 000 (see resources_base for the rules). Which key holds what:
+exactly the field names and JSON types of docs/METADATA.md#key-layout (see resources_base for the rules).
+Which key holds what:
 
 | key (danube_fast.meta.keys)                  | resource                              |
 |----------------------------------------------|---------------------------------------|
@@ -27,7 +28,7 @@ exactly the field names and JSON types of seed 000 (see resources_base for the r
 | objects_cur                                  | CurrentObject                         |
 | sealed_state                                 | SealedState                           |
 
-The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (seed 000 shows
+The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (upstream shows
 none) and nothing here writes it, so it has no resource.
 """
 

@@ -1,12 +1,12 @@
 """What every typed metadata resource shares: strict JSON in and out, and field readers that name the value.
 
 A resource is a frozen dataclass with `from_json(bytes, key=...)` and `to_json() -> bytes`. Parsing is
-strict (the field names and JSON types of seed 000; no NaN, no duplicate object keys, integers are integers,
-not floats or booleans) and every `BadValue` says which resource, which key when known, and which field.
-Fields a resource does not know are kept in its `extra` mapping and written back, so a value written by a
-newer broker survives a read-modify-write by an older one.
+strict (the field names and JSON types of docs/METADATA.md; no NaN, no duplicate object keys, integers are
+integers, not floats or booleans) and every `BadValue` says which resource, which key when known, and which
+field. Fields a resource does not know are kept in its `extra` mapping and written back, so a value written by
+a newer broker survives a read-modify-write by an older one.
 
-Output is compact UTF-8 JSON (what serde_json writes), fields in the order seed 000 prints them, unknown
+Output is compact UTF-8 JSON (what serde_json writes), fields in the order upstream writes them, unknown
 fields after.
 """
 

@@ -1,4 +1,4 @@
-"""Values under /cluster/ (seed 000 section 1; `/cluster/load_balance` from seed 001)."""
+"""Values under /cluster/ (docs/METADATA.md#cluster-keys)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ UNLOAD = "unload"
 class Unassigned(Resource):
     """`/cluster/unassigned/{ns}/{topic}`: null for a new topic, {reason, from_broker} for an unloaded one.
 
-    `Unassigned()` is the null form; `Unassigned.unload(broker_id)` the form of seed 004 / DESIGN 6.
+    `Unassigned()` is the null form; `Unassigned.unload(broker_id)` the form of an unload
+    (docs/TOPIC_MOVE.md#a-graceful-move-unload).
     """
 
     RESOURCE = "unassigned marker"
@@ -196,7 +197,8 @@ class ClusterLeader(Resource):
 
 @dataclass(frozen=True)
 class LoadBalanceDecision(Resource):
-    """`/cluster/load_balance` (seed 001): broker id -> the topic names the load manager gave it.
+    """`/cluster/load_balance` (docs/METADATA.md#cluster-keys): broker id -> the topic names the load manager
+    gave it.
 
     JSON object keys are strings, so broker ids are written in decimal: {"625722408599041316": ["/ns/t"]}.
     """

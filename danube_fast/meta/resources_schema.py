@@ -1,7 +1,8 @@
-"""Values under /schemas/ (seed 000 section 4): the schema registry's subjects, versions and id index.
+"""Values under /schemas/ (docs/METADATA.md#schema-keys): the schema registry's subjects, versions and id
+index.
 
 The JSON is Danube's serde form: enums are externally tagged (`{"Avro": {...}}`, or a bare `"String"` for a
-variant without data). The second version in seed 000's metadata example has only created_at, version,
+variant without data). The second version in upstream's metadata example has only created_at, version,
 fingerprint and schema_def, so created_by, description, tags and is_deprecated are optional here (None =
 absent, and absent stays absent on output). Danube itself requires all four when it reads a version: set them
 when writing one.

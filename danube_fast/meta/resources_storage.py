@@ -1,4 +1,5 @@
-"""Values under /danube-data/storage/ (seed 000 section 5): object descriptors, objects/cur, sealed state."""
+"""Values under /danube-data/storage/ (docs/METADATA.md#storage-keys): object descriptors, objects/cur, sealed
+state."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ class CurrentObject(Resource):
 @dataclass(frozen=True)
 class SealedState(Resource):
     """`.../state`: written by the old owner at unload; the next owner starts its WAL at
-    `last_committed_offset + 1` and deletes it once the topic is loaded (seed 004, DESIGN 6)."""
+    `last_committed_offset + 1` and deletes it once the topic is loaded (docs/TOPIC_MOVE.md)."""
 
     RESOURCE = "sealed state"
 

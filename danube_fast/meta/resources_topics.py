@@ -1,4 +1,4 @@
-"""Values under /namespaces/ and /topics/ (seed 000 sections 2-3; topic policy and schema: seed 001)."""
+"""Values under /namespaces/ and /topics/ (docs/METADATA.md#namespace-keys, #topic-keys)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ class SubscriptionType(IntEnum):
     EXCLUSIVE = 0
     SHARED = 1
     FAILOVER = 2
-    KEY_SHARED = 3  # the wire enum's value (v0.12+); seed 000 lists 0..2
+    KEY_SHARED = 3  # the wire enum's value (v0.12+); upstream's layout lists 0..2
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class ValidationPolicy(StrEnum):
 
 @dataclass(frozen=True)
 class TopicSchemaConfig(Resource):
-    """`/topics/{ns}/{topic}/schema` (seed 001, as DESIGN 4 places it): the topic's schema subject and
+    """`/topics/{ns}/{topic}/schema` (docs/METADATA.md#topic-keys): the topic's schema subject and
     validation settings, named as in the SchemaRegistry API's GetTopicSchemaConfigResponse.
 
     `schema_subject` is null while the topic has none.

@@ -1,6 +1,6 @@
 """Danube wire schemas and the protobuf/gRPC code generated from them.
 
-The ``.proto`` files here are written by hand from ``wire/CONTRACT.md`` section A:
+The ``.proto`` files here are written by hand from Danube's descriptors (docs/WIRE.md A.1-A.4):
 
 * ``DanubeApi.proto`` (package ``danube``): the data plane, identical to the descriptor inside
   ``danube-client`` 0.5.0;

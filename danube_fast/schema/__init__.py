@@ -1,4 +1,4 @@
-"""The schema registry and the validation of what producers publish (wire/CONTRACT.md C.13).
+"""The schema registry and the validation of what producers publish (docs/WIRE.md C.13).
 
 * `registry`: subjects, versions, compatibility modes, stored in the metadata store.
 * `topic_schema`: a topic's subject and validation policy, and the gate that checks published messages.
@@ -7,7 +7,7 @@
 
 GetSchema and GetLatestSchema answer the definition **as registered** (its raw bytes), not v0.7.3's
 serialisation of its internal enum (`{"Avro":{"raw_schema":...,"fingerprint":...}}`, `"String"`, ...:
-wire/CONTRACT.md C.13, D.15). The official client passes `schema_definition` through untouched, so
+docs/WIRE.md C.13, D.15). The official client passes `schema_definition` through untouched, so
 applications see what they registered and can hand it to their Avro or JSON Schema library directly; with
 v0.7.3 they had to unwrap an envelope that is an implementation detail of its Rust types. For `bytes`,
 `string` and `number`, whose stored definition is only the type, the answer is the type name

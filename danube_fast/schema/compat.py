@@ -1,4 +1,4 @@
-"""Compatibility of a new definition with the latest one, by mode (wire/CONTRACT.md C.13).
+"""Compatibility of a new definition with the latest one, by mode (docs/WIRE.md C.13).
 
 * `none`: everything is compatible.
 * `backward`: the new schema reads data written with the old one (consumers upgrade first). A field the new

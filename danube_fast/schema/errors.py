@@ -1,7 +1,7 @@
 """The schema registry's errors, in the product's one error tree.
 
 Each carries the status it most naturally maps to; the SchemaRegistry servicer re-maps some of them where
-wire/CONTRACT.md C.13 prescribes another code for a given RPC (RegisterSchema answers INTERNAL for every
+docs/WIRE.md C.13 prescribes another code for a given RPC (RegisterSchema answers INTERNAL for every
 failure, CheckCompatibility INTERNAL for an unknown subject, CreateProducer FAILED_PRECONDITION for an
 unregistered subject).
 """

@@ -1,8 +1,8 @@
-"""The schema registry: subjects, their versions and compatibility modes, in the metadata store (seed 000
-section 4: `/schemas/_global/next_schema_id`, `/schemas/{subject}/metadata`,
+"""The schema registry: subjects, their versions and compatibility modes, in the metadata store
+(docs/METADATA.md#schema-keys: `/schemas/_global/next_schema_id`, `/schemas/{subject}/metadata`,
 `/schemas/{subject}/versions/{version}`, `/schemas/_index/by_id/{schema_id}`).
 
-Semantics (wire/CONTRACT.md C.13):
+Semantics (docs/WIRE.md C.13):
 * A subject gets its `schema_id` from the global counter (ids start at 1) when its first version is
   registered; the id names the subject, not a version. Versions are 1, 2, ... per subject.
 * Registering a definition whose fingerprint equals that of any version returns that version

@@ -1,5 +1,5 @@
 """A topic's schema configuration (`/topics/{ns}/{topic}/schema`, TopicSchemaConfig) and the gate that
-validates what producers publish on it (wire/CONTRACT.md C.4, C.13).
+validates what producers publish on it (docs/WIRE.md C.4, C.13).
 
 Configuration: a subject (none until the first producer with a `schema_ref` or ConfigureTopicSchema sets
 one), a validation policy (`none`, `warn` or `enforce`; default `warn`) and `enable_payload_validation`.

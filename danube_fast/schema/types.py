@@ -1,5 +1,5 @@
 """Schema types, compatibility modes and validation policies as the API spells them, and definitions with
-their fingerprints (wire/CONTRACT.md C.13).
+their fingerprints (docs/WIRE.md C.13).
 
 * Type strings are accepted case-insensitively with v0.7.3's aliases (`number|int64|int|float|double`,
   `json_schema|json`, `protobuf|proto`) and answered in canonical lowercase form.

@@ -1,4 +1,5 @@
-"""Tiered reads: one topic's records as one ordered stream, object tier -> WAL -> live tail (seed 004).
+"""Tiered reads: one topic's records as one ordered stream, object tier -> WAL -> live tail
+(docs/TOPIC_MOVE.md).
 
 `CloudReader` reads whole batches by offset from the `.dnb1` objects, found through the topic's object
 descriptors; `TopicLog` wraps the topic's `Wal` and an optional CloudReader and answers reads with the same

@@ -1,4 +1,5 @@
-"""The uploader: one Reliable topic's WAL, copied into the object tier as `.dnb1` objects (DESIGN 8).
+"""The uploader: one Reliable topic's WAL, copied into the object tier as `.dnb1` objects
+(docs/ARCHITECTURE.md#object-tier).
 
 Owner: one Uploader per topic, on the event loop of the topic's owner. Its background task and `drain()` take
 turns under one lock, so objects are built, stored and published one at a time, in offset order. The
@@ -8,7 +9,7 @@ Per object, in this order, each step only after the previous one succeeded:
 1. read committed batches past the checkpoint from the WAL (at most `max_object_bytes`, whole batches);
 2. `store.put(...)` the object at `{ns}/{topic}/data-{start}-{end}.dnb1` (durable when it returns);
 3. write its descriptor and `objects/cur` in ONE transaction through `write_meta` (the broker passes a fenced
-   writer conditioned on its topic assignment; seed 000 5.1 and 5.2);
+   writer conditioned on its topic assignment; docs/METADATA.md#storage-keys);
 4. advance the checkpoint;
 5. delete the local WAL segments that lie entirely at or below the checkpoint (never the active segment).
 A failure at any step leaves the local copy in place and the step is retried with capped exponential
@@ -271,7 +272,7 @@ class Uploader:
         # appended (and recovery verifies the segment a crash left open again), and a reader of an object
         # verifies the CRC of every batch it reads (scan_body; docs/FORMAT.md), so a corrupt batch is still
         # caught. Verifying 64 MB here took CPU from the hot path beside it (bench/RESULTS.md "Fast API";
-        # bench/test_micro.py test_build_object_*).
+        # bench/micro/test_micro.py test_build_object_*).
         built = await asyncio.get_running_loop().run_in_executor(  # one header per batch: many for small ones
             None, lambda: build_object(chunks, interval, verify=False))
         first = max(built.footer.min_offset, self.checkpoint + 1)

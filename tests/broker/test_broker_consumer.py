@@ -1,4 +1,4 @@
-"""Consumer sessions (stream attach, takeover, end) and subscription admission (CONTRACT C.7, C.8)."""
+"""Consumer sessions (stream attach, takeover, end) and subscription admission (docs/WIRE.md C.7, C.8)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_idle_tracking() -> None:
 
 def test_key_filters_given_on_takeover_apply() -> None:
     """Subscribe again under the same name with other `key_filters`: Topics.subscribe assigns the list and
-    takes the consumer over; from then on the new filters decide (CONTRACT D.9: honour key_filters)."""
+    takes the consumer over; from then on the new filters decide (docs/WIRE.md D.9: honour key_filters)."""
     sub = live_subscription(SubscriptionType.KEY_SHARED)
     c = Consumer(1, "c", sub, ["a-*"], 10)
     sub.add(c)

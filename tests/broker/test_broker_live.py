@@ -1,5 +1,5 @@
-"""NonReliable dispatch (CONTRACT C.9): fan-out to every subscription, per type; bounded per-consumer buffers
-that drop for the slow consumer only; no active consumer → dropped and counted."""
+"""NonReliable dispatch (docs/WIRE.md C.9): fan-out to every subscription, per type; bounded per-consumer
+buffers that drop for the slow consumer only; no active consumer → dropped and counted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""StreamMessage ⇄ one-record batch through a real WAL: every field, optional-field presence (CONTRACT D.5),
-`topic_offset` = the WAL offset (D.4), and records below the read position skipped."""
+"""StreamMessage ⇄ one-record batch through a real WAL: every field, optional-field presence (docs/WIRE.md
+D.5), `topic_offset` = the WAL offset (D.4), and records below the read position skipped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topic names (CONTRACT C.2): stricter than v0.7.3; exact `-part-N` partitions; dead-letter names."""
+"""Topic names (docs/WIRE.md C.2): stricter than v0.7.3; exact `-part-N` partitions; dead-letter names."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_not_partitions(short: str) -> None:
 
 
 def test_partition_membership_is_exact_not_a_prefix() -> None:
-    assert not is_partition_of("orders_v2", "orders")  # v0.7.3's prefix defect (CONTRACT C.3, D.16)
+    assert not is_partition_of("orders_v2", "orders")  # v0.7.3's prefix defect (docs/WIRE.md C.3, D.16)
     assert not is_partition_of("orders_v2-part-0", "orders")
     assert not is_partition_of("orders", "orders")
     assert not is_partition_of("orders-part-01", "orders")

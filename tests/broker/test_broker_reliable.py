@@ -350,7 +350,7 @@ def test_takeover_redelivers_to_the_same_consumer(tmp_path: Path, run: Run) -> N
         async with reliable(tmp_path, EXCLUSIVE, config(), preload=2) as rig:
             c, old = rig.consumer(1)
             assert offsets(await receive(c, old, 2)) == [0, 1]
-            rig.sub.takeover(c)  # Subscribe again with the same name (CONTRACT C.7 step 2)
+            rig.sub.takeover(c)  # Subscribe again with the same name (docs/WIRE.md C.7 step 2)
             assert await c.take(old) == []
             new = c.attach()
             rig.sub.stream_started(c)
@@ -448,7 +448,7 @@ def test_key_shared_messages_wait_for_their_only_consumer_to_come_back(tmp_path:
             cb, tb = rig.consumer(2, filters=["b-*"])
             await rig.publish(message(0, key="a-1"))
             assert offsets(await receive(ca, old, 1)) == [0]
-            rig.lose(ca, old)  # its stream breaks; the client reconnects (CONTRACT C.8)
+            rig.lose(ca, old)  # its stream breaks; the client reconnects (docs/WIRE.md C.8)
             await rig.publish(message(1, key="a-2"), message(2, key="b-1"))
             assert offsets(await receive(cb, tb, 1)) == [2]
             assert rig.dispatcher.ack(2)

@@ -43,7 +43,7 @@ def test_fnv1a64_reference_vectors() -> None:
 
 
 def test_ring_hash_is_fnv1a64_folded_then_murmur3_fmix32() -> None:
-    """The placement upstream v0.12 uses (CONTRACT C.10), restated from its definition."""
+    """The placement upstream v0.12 uses (docs/WIRE.md C.10), restated from its definition."""
 
     def fmix32(h: int) -> int:
         h ^= h >> 16
@@ -182,7 +182,7 @@ def test_first_active_consumer_owns_the_stream_and_the_next_takes_over(kind: Sub
     selector = Selector(kind)
     assert [owner(selector, cs, "") for _ in range(3)] == ["first"] * 3
     cs[0].active = False
-    assert owner(selector, cs, "") == "second"  # real failover (v0.7.3 never promotes, CONTRACT C.7)
+    assert owner(selector, cs, "") == "second"  # real failover (v0.7.3 never promotes, docs/WIRE.md C.7)
     cs[1].active = False
     assert owner(selector, cs, "") == "third"
     cs[0].active = True

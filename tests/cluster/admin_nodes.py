@@ -6,7 +6,6 @@ broker is registered with that port as its admin_addr, as membership registers i
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +27,12 @@ from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.storage import SyncPolicy, WalConfig
+from danube_fast.testing.ports import free_port
 
 
 def closed_port() -> int:
     """A loopback port nothing listens on (a registered broker that cannot be reached)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @dataclass

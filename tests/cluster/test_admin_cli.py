@@ -19,7 +19,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerState, Unassigned
 from danube_fast.meta.store import MetadataStore
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster]
 on_asyncio = pytest.mark.parametrize("run", ["asyncio"], indirect=True)  # a subprocess per command: one loop
 
 X, Y, W = 101, 202, 404

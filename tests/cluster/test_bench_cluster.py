@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster, pytest.mark.etcd, pytest.mark.s3,
+              pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -39,7 +39,7 @@ from danube_fast.meta.resources import (
 from danube_fast.meta.resources_base import load_json
 from danube_fast.meta.store import MetadataStore
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
 A, B, C = 11, 22, 33
 

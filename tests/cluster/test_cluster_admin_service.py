@@ -31,7 +31,7 @@ from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeApi_pb2 as api
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
 X, Y, Z, W = 101, 202, 303, 404
 MOVES = [Move("/ns1/x-a", X, Y, 3.0, "topic count imbalance"),
@@ -204,7 +204,7 @@ def test_cluster_admin_service_topics_across_brokers(run: Any, tmp_path: Path) -
             assert z_unsub.code() == grpc.StatusCode.UNAVAILABLE
             assert f"127.0.0.1:{z_port}" in z_unsub.details()
 
-            # UnloadTopic: the seed 004 marker, from any broker.
+            # UnloadTopic: the unload marker (docs/TOPIC_MOVE.md), from any broker.
             await x_topics.UnloadTopic(admin.TopicRequest(name="/ns1/y-plain"))
             marker = await store.get(keys.unassigned("ns1", "y-plain"))
             assert marker is not None and Unassigned.from_json(marker.value) == Unassigned.unload(Y)

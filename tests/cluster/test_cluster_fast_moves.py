@@ -7,14 +7,14 @@ import asyncio
 
 import pytest
 import uvloop
-from cluster_procs import Cluster, owner, wait_for
 from test_cluster_moves import meta, unload
 
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
-from danube_fast.meta.etcd_process import EtcdServer
+from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.etcd import EtcdServer
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
 MOVES = 5
 

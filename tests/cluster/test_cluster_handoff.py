@@ -16,7 +16,7 @@ from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.cluster]
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

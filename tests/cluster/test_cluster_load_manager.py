@@ -20,7 +20,7 @@ from danube_fast.meta.election import LeaderElection
 from danube_fast.meta.resources import LoadBalanceDecision, SealedState, Unassigned
 from danube_fast.meta.store import MetadataStore
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.cluster]
 
 LEADER = 1
 

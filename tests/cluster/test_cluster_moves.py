@@ -1,5 +1,5 @@
-"""Topic moves on a real cluster (seed 004): three broker processes, one etcd, one object store, and the
-official client producing and consuming while the topic is unloaded again and again.
+"""Topic moves on a real cluster (docs/TOPIC_MOVE.md): three broker processes, one etcd, one object store, and
+the official client producing and consuming while the topic is unloaded again and again.
 
 Every test asserts on what the client was told: each acknowledged message is read, at one offset only, and
 the offsets of the topic are contiguous across owners.
@@ -15,18 +15,18 @@ from typing import Any
 import grpc
 import pytest
 import uvloop
-from cluster_procs import Cluster, owner, wait_for
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from danube_fast.meta import keys
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.etcd_process import EtcdServer
 from danube_fast.meta.resources import Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.etcd import EtcdServer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +99,7 @@ class Traffic:
         assert offsets[0] == 0
 
 
-@pytest.mark.parametrize("objects", ["folder", "s3"])
+@pytest.mark.parametrize("objects", ["folder", pytest.param("s3", marks=pytest.mark.s3)])
 def test_ten_moves_under_traffic_lose_nothing_and_keep_offsets_contiguous(
         cluster: Cluster, etcd: EtcdServer, objects: str, request: pytest.FixtureRequest) -> None:
     """Consumers resume on each new owner from their cursor, through the object tier (a shared folder, or
@@ -120,7 +120,7 @@ def test_ten_moves_under_traffic_lose_nothing_and_keep_offsets_contiguous(
             owners = [await wait_for(lambda: owner(store, traffic.topic), "the first owner")]
             for move in range(10):
                 # moves 5 and 6 back to back; otherwise time for the official client to follow (it backs
-                # off 1.5-3 s before it looks the topic up again, CONTRACT B.2)
+                # off 1.5-3 s before it looks the topic up again, docs/WIRE.md B.2)
                 await asyncio.sleep(0.0 if move == 5 else 2.0)
                 source = await unload(store, traffic.topic)
                 assert source == owners[-1]

@@ -1,5 +1,6 @@
-"""Support for the compatibility suite: the broker as a subprocess, an event-loop runner, and thin wrappers
-over the official client (danube-client 0.5.0, imported as `danube`) and the raw gRPC stubs.
+"""Support for the compatibility suite: an event-loop runner, and thin wrappers over the official client
+(danube-client 0.5.0, imported as `danube`) and the raw gRPC stubs. The broker processes are the harness's
+(danube_fast/testing/broker.py).
 
 Every wait is bounded (a broker bug must fail a test, not hang it), and every failure message says what was
 expected and what arrived.
@@ -9,19 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Coroutine, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
-import pytest
 import uvloop
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
@@ -30,173 +24,11 @@ from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_LINE = "broker ready"
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
-LOG_TAIL_CHARS = 16_000
-
 # How long a single expected event may take. Generous for a loaded 2-core machine, short next to the
 # per-test timeout, so that a missing message fails with a message instead of a pytest-timeout traceback.
 WAIT = 8.0
 CREATE_TIMEOUT = 15.0  # the client retries UNAVAILABLE for about 3 s: stay above that
 RPC_TIMEOUT = 5.0
-
-
-# --- the broker process -------------------------------------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports that were free a moment ago (bound together, so never the same one)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class Broker:
-    """One `danube-fast broker --mode standalone` subprocess; `restart()` reuses its ports and data dir.
-
-    stdout and stderr of every run are appended to one log file, whose tail goes into failure reports.
-    """
-
-    def __init__(self, workdir: Path, config: str | None = None) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.data_dir = workdir / "data"
-        self.log_path = workdir / "broker.log"
-        self.config_file: Path | None = None
-        if config is not None:
-            self.config_file = workdir / "broker.toml"
-            self.config_file.write_text(config)
-        self.broker_port, self.admin_port, self.prom_port = free_ports(3)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-        self.env: dict[str, str] = {}  # added to the environment of the next start
-
-    @property
-    def url(self) -> str:
-        """The service URL clients bootstrap from, and what lookups must advertise (wire/CONTRACT.md C.1)."""
-        return f"http://127.0.0.1:{self.broker_port}"
-
-    @property
-    def target(self) -> str:
-        """host:port, for raw gRPC channels."""
-        return f"127.0.0.1:{self.broker_port}"
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def command(self) -> list[str]:
-        cmd = [
-            sys.executable, "-m", "danube_fast.cli.main", "broker", "--mode", "standalone",
-            "--data-dir", str(self.data_dir),
-            "--broker-addr", f"127.0.0.1:{self.broker_port}",
-            "--admin-addr", f"127.0.0.1:{self.admin_port}",
-            "--prom-exporter", f"127.0.0.1:{self.prom_port}",
-        ]
-        if self.config_file is not None:
-            cmd += ["--config-file", str(self.config_file)]
-        return cmd
-
-    def start(self) -> None:
-        """Start the broker and return once it logged `broker ready`; fail with its output if it does not."""
-        assert not self.running, "the broker is already running"
-        self.runs += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"===== run {self.runs}: {' '.join(self.command())}\n".encode())
-            log.flush()
-            start_offset = log.tell()
-            self.process = subprocess.Popen(
-                self.command(), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if READY_LINE in self._read_log(start_offset):
-                return
-            rc = self.process.poll()
-            if rc is not None:
-                pytest.fail(f"the broker exited with code {rc} before logging {READY_LINE!r}:\n"
-                            f"{self.log_tail()}", pytrace=False)
-            if time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"the broker did not log {READY_LINE!r} within {START_TIMEOUT} s:\n"
-                            f"{self.log_tail()}", pytrace=False)
-            time.sleep(0.05)
-
-    def terminate(self) -> None:
-        """SIGTERM; the broker must exit by itself, with code 0, within STOP_TIMEOUT."""
-        process = self._require_running()
-        process.send_signal(signal.SIGTERM)
-        try:
-            rc = process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            pytest.fail(f"the broker was still running {STOP_TIMEOUT} s after SIGTERM:\n{self.log_tail()}",
-                        pytrace=False)
-        assert rc == 0, f"the broker exited with code {rc} after SIGTERM, expected 0:\n{self.log_tail()}"
-
-    def kill(self) -> None:
-        """SIGKILL: no chance to flush or close anything."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def restart(self) -> None:
-        """Stop the broker if it runs (SIGTERM, must exit 0), then start it on the same ports and data dir."""
-        if self.running:
-            self.terminate()
-        self.start()
-
-    def close(self) -> None:
-        self.kill()
-
-    def _require_running(self) -> subprocess.Popen[bytes]:
-        process = self.process
-        assert process is not None and process.poll() is None, (
-            f"the broker is not running (exit code {None if process is None else process.returncode}):\n"
-            f"{self.log_tail()}")
-        return process
-
-    def _read_log(self, offset: int = 0) -> str:
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(offset)
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self) -> str:
-        text = self._read_log()
-        if len(text) > LOG_TAIL_CHARS:
-            text = "[...]\n" + text[-LOG_TAIL_CHARS:]
-        return text
-
-
-class BrokerFactory:
-    """Brokers of one test, each in its own directory under `root`."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.brokers: list[Broker] = []
-
-    def start(self, config: str | None = None) -> Broker:
-        broker = Broker(self.root / f"broker{len(self.brokers)}", config)
-        self.brokers.append(broker)
-        broker.start()
-        return broker
-
-    def close(self) -> None:
-        for broker in self.brokers:
-            broker.close()
 
 
 # --- running coroutines -------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The admin port, and the contract appendix's lifecycle scenario: an admin deletes a topic under a live
 client; health checks answer CLOSE, the consumer's stream ends, and the official client subscribes again by
-itself once the topic exists again (wire/CONTRACT.md B.8, C.12, C.14, D.8, D.10)."""
+itself once the topic exists again (docs/WIRE.md B.8, C.12, C.14, D.8, D.10)."""
 
 from __future__ import annotations
 
@@ -10,23 +10,14 @@ import time
 from typing import Any
 
 import grpc
-from compat_support import (
-    WAIT,
-    Broker,
-    BrokerFactory,
-    RawApi,
-    Session,
-    bounded,
-    rpc_error,
-    run_async,
-    status_line,
-)
+from compat_support import WAIT, RawApi, Session, bounded, rpc_error, run_async, status_line
 from danube import SubType
 
 from danube_fast.client import FastProducer
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 
 class Admin:

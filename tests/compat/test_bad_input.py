@@ -1,5 +1,5 @@
 """Bad requests on the raw wire (the client's descriptors): the status code the contract names, a message that
-says what was wrong, and a broker that is none the worse for it (wire/CONTRACT.md C.2-C.11, D.7, D.10-D.12).
+says what was wrong, and a broker that is none the worse for it (docs/WIRE.md C.2-C.11, D.7, D.10-D.12).
 
 After every test the broker must still serve a normal produce/consume, and the reliable messages it
 acknowledged at the start of the module must all still be readable (the autouse fixture `still_healthy`).
@@ -13,20 +13,11 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import (
-    Broker,
-    RawApi,
-    Session,
-    bounded,
-    offsets,
-    payloads,
-    rpc_error,
-    run_async,
-    status_line,
-)
+from compat_support import RawApi, Session, bounded, offsets, payloads, rpc_error, run_async, status_line
 from danube import SubType
 
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.testing.broker import Broker
 
 MAX_MESSAGE_SIZE = 1024
 BROKER_CONFIG = f"""

@@ -1,6 +1,6 @@
 """The official client (danube-client 0.5.0) against our broker: the behavioural smoke test of
-wire/CONTRACT.md's appendix (less admin unload/delete), plus the four subscription types, nack backoff,
-dead-lettering and reliable resume across consumer and broker restarts.
+the wire contract's verification recipe (less admin unload/delete; docs/WIRE.md), plus the four subscription
+types, nack backoff, dead-lettering and reliable resume across consumer and broker restarts.
 
 Topics are created by producers first: a consumer cannot subscribe to a topic that does not exist (D.6), and a
 new reliable subscription starts at the latest offset (C.9), so consumers subscribe before anything is sent.
@@ -13,19 +13,10 @@ import time
 from typing import Any
 
 import pytest
-from compat_support import (
-    Broker,
-    BrokerFactory,
-    ConsumerHandle,
-    Session,
-    collect,
-    describe,
-    offsets,
-    payloads,
-    run_async,
-    send_all,
-)
+from compat_support import ConsumerHandle, Session, collect, describe, offsets, payloads, run_async, send_all
 from danube import SubType
+
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 DISPATCH = pytest.mark.parametrize("reliable", [False, True], ids=["non_reliable", "reliable"])
 

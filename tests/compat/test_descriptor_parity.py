@@ -1,4 +1,4 @@
-"""Our .proto files against the reference descriptors (wire/CONTRACT.md section A and its appendix).
+"""Our .proto files against the reference descriptors (docs/WIRE.md A.1-A.4).
 
 * DanubeApi and SchemaRegistry: the FileDescriptorProtos must be byte-identical to the ones inside the
   danube-client 0.5.0 wheel once source info, file options and json_name are cleared. Each side is loaded in

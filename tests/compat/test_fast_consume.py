@@ -8,11 +8,12 @@ import asyncio
 
 import grpc
 import pytest
-from compat_support import Broker, BrokerFactory, RawApi, Session, offsets, payloads, run_async
+from compat_support import RawApi, Session, offsets, payloads, run_async
 from danube import SubType
 
 from danube_fast import frames
 from danube_fast.client import Delivery, FastConsumer, FastProducer, ProduceRejected
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 
 async def fill(broker: Broker, topic: str, batches: int, per_batch: int = 100) -> FastProducer:

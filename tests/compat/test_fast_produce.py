@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import Broker, BrokerFactory, Session, offsets, payloads, run_async
+from compat_support import Session, offsets, payloads, run_async
 from danube import SubType
 
 from danube_fast import frames
@@ -17,6 +17,7 @@ from danube_fast.client import FastProducer, ProduceRejected
 from danube_fast.client.reader import TopicReader
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 BROKER_CONFIG = """
 [policy]

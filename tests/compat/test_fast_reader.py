@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import Broker, BrokerFactory, Session, bounded, run_async, send_all
+from compat_support import Session, bounded, run_async, send_all
 
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError
@@ -22,6 +22,7 @@ from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 # Small segments, deleted locally once uploaded, frequent uploads: old offsets end up in the object tier only
 # (the standalone broker's folder store, DATA_DIR/objects).

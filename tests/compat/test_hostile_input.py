@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import Broker, BrokerFactory, RawApi, bounded, rpc_error, run_async, status_line
+from compat_support import RawApi, bounded, rpc_error, run_async, status_line
 
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
@@ -25,6 +25,7 @@ from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import SchemaRegistry_pb2 as schema
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 Code = grpc.StatusCode
 MAX_DETAILS = 1024  # an error message must stay far below the client's 8 KB metadata limit

@@ -2,7 +2,8 @@
 is a clean stop (exit 0) after which topics, their dispatch strategy, subscriptions and offsets are back.
 
 Subscriptions are created before producing: a new subscription starts at the latest offset (C.9), and its
-start position is persisted before Subscribe returns (DESIGN.md 7), so it still starts at 0 after a crash.
+start position is persisted before Subscribe returns (docs/WIRE.md C.7), so it still starts at 0 after a
+crash.
 
 After a broker stop, nothing may keep dialling it from this process (the official client's receive loop
 reconnects without backoff): gRPC shares connections per target, and one left in reconnect backoff would make
@@ -16,7 +17,6 @@ import asyncio
 import grpc
 import pytest
 from compat_support import (
-    BrokerFactory,
     RawApi,
     Session,
     bounded,
@@ -31,6 +31,7 @@ from compat_support import (
 from danube import SubType
 
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.testing.broker import BrokerFactory
 
 COUNT = 10_000
 CONCURRENCY = 64

@@ -9,10 +9,11 @@ import time
 import urllib.request
 
 import grpc
-from compat_support import Broker, BrokerFactory, RawApi, Session, offsets, rpc_error, run_async, status_line
+from compat_support import RawApi, Session, offsets, rpc_error, run_async, status_line
 from danube import SubType
 
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.testing.broker import Broker, BrokerFactory
 
 BROKER_CONFIG = """
 [dispatch]

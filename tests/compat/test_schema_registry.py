@@ -1,6 +1,6 @@
 """The schema registry through the official client: `client.schema()` calls, producers with a schema
 subject (latest, pinned and minimum versions), topic validation policies on publish, the admin port's schema
-fields, and the status codes of wire/CONTRACT.md C.13 (also B.11, C.4, C.14, D.15)."""
+fields, and the status codes of docs/WIRE.md C.13 (also B.11, C.4, C.14, D.15)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import Broker, Session, bounded, rpc_error, run_async, status_line
+from compat_support import Session, bounded, rpc_error, run_async, status_line
 from danube import CompatibilityMode, SchemaType, SubType
 from danube.proto import SchemaRegistry_pb2 as spb
 from danube.proto import SchemaRegistry_pb2_grpc as spb_grpc
@@ -18,6 +18,7 @@ from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.testing.broker import Broker
 
 CODE = grpc.StatusCode
 

@@ -10,9 +10,10 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from compat_support import BrokerFactory, RawApi, bounded, describe, run_async
+from compat_support import RawApi, bounded, describe, run_async
 
 from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.testing.broker import BrokerFactory
 
 MIB = 1024 * 1024
 MESSAGES = 200

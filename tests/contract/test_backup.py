@@ -28,7 +28,6 @@ from danube_fast.meta.backup import (
 )
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.etcd_process import _free_port
 from danube_fast.meta.store import (
     MAX_TXN_OPS,
     MAX_VALUE_BYTES,
@@ -39,7 +38,9 @@ from danube_fast.meta.store import (
     Put,
     TxnResult,
 )
-from tests.contract.conftest import EtcdServer, StoreFactory
+from danube_fast.testing.etcd import EtcdServer
+from danube_fast.testing.plugin import StoreFactory
+from danube_fast.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_SECONDS = 30
@@ -427,7 +428,7 @@ async def _clear(server: EtcdServer) -> None:
 ])
 def test_cli_refuses_a_bad_or_unreachable_store(tmp_path: Path, store_url: str, code: int,
                                                 message: str) -> None:
-    done = cli("admin", "metadata", "backup", "out.jsonl", "--store", store_url.format(free=_free_port()),
+    done = cli("admin", "metadata", "backup", "out.jsonl", "--store", store_url.format(free=free_port()),
                "--timeout", "1", cwd=tmp_path)
     assert done.returncode == code and done.stdout == ""
     assert message in done.stderr and "Traceback" not in done.stderr

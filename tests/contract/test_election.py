@@ -26,7 +26,8 @@ from danube_fast.meta.etcd import EtcdStore
 from danube_fast.meta.fencing import Ownership, OwnershipLost, fenced_write
 from danube_fast.meta.resources_cluster import ClusterLeader, LoadBalanceDecision, Marker
 from danube_fast.meta.store import Compare, LeaseNotFound, MetadataStore, Put
-from tests.contract.conftest import EtcdServer, StoreFactory
+from danube_fast.testing.etcd import EtcdServer
+from danube_fast.testing.plugin import StoreFactory
 
 TEST_SECONDS = 20
 TTL = 2  # etcd's minimum lease TTL with its default election timeout

@@ -17,8 +17,10 @@ import pytest
 from aetcd import rpc
 
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.etcd_process import EtcdServer, start_etcd
 from danube_fast.meta.store import KeyValue, MetadataError, MetadataStoreFull
+from danube_fast.testing.etcd import EtcdServer, start_etcd
+
+pytestmark = pytest.mark.etcd
 
 QUOTA = 1 << 20
 VALUE = b"q" * 200_000

@@ -12,7 +12,7 @@ import pytest
 
 from danube_fast.meta.etcd import EtcdStore
 from danube_fast.meta.store import Compare, MetadataUnavailable, Put
-from tests.contract.conftest import EtcdServer, until_reachable
+from danube_fast.testing.etcd import EtcdServer, until_reachable
 
 TEST_SECONDS = 10
 FAIL_FAST_SECONDS = 5

@@ -8,7 +8,6 @@ stores (the `store` fixture). Waits are bounded by deadlines; none asserts a dur
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,6 @@ import pytest
 from danube_fast.meta.cache import LocalCache, NotCached, Subscription
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.etcd_process import EtcdServer
 from danube_fast.meta.store import (
     Compacted,
     Compare,
@@ -30,7 +28,9 @@ from danube_fast.meta.store import (
     Put,
     WatchEvent,
 )
-from tests.contract.conftest import StoreFactory, until_reachable
+from danube_fast.testing.etcd import EtcdServer, until_reachable
+from danube_fast.testing.plugin import StoreFactory
+from danube_fast.testing.proxy import Proxy
 
 TEST_SECONDS = 14
 FAIL_FAST_SECONDS = 5
@@ -209,63 +209,6 @@ def test_serves_from_memory_while_etcd_is_down_then_converges(
     run(check(), timeout=TEST_SECONDS)
 
 
-class Proxy:
-    """A TCP forwarder on loopback that a test can cut (every connection closed, new ones refused) and heal:
-    a network partition between one client and a server that keeps running."""
-
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self.target = (host, int(port))
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[Any]] = set()
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def heal(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        pipes: list[asyncio.Task[None]] = []
-        server_w: asyncio.StreamWriter | None = None
-        try:
-            server_r, server_w = await asyncio.open_connection(*self.target)
-            pipes = [asyncio.create_task(_pipe(client_r, server_w)),
-                     asyncio.create_task(_pipe(server_r, client_w))]
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-        except (OSError, asyncio.CancelledError):
-            pass  # a cut, or the server is gone: this connection ends
-        finally:
-            for pipe in pipes:
-                pipe.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-            for writer in (client_w, server_w):
-                if writer is not None:
-                    writer.close()
-            self._handlers.discard(task)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-
-
 def test_resyncs_after_a_partition_outlived_the_history(run: Callable[..., Any], etcd: EtcdServer,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A real partition between the cache's store and etcd; meanwhile another client changes the keys and
@@ -273,19 +216,18 @@ def test_resyncs_after_a_partition_outlived_the_history(run: Callable[..., Any],
 
     async def check() -> None:
         proxy = Proxy(etcd.endpoint)
-        await proxy.heal()
         direct = await EtcdStore.connect([etcd.endpoint])
         cached: EtcdStore | None = None
         cache: LocalCache | None = None
         try:
-            cached = await EtcdStore.connect([proxy.endpoint], timeout=2)
+            cached = await EtcdStore.connect([proxy.target], timeout=2)
             await direct.delete_prefix("/part/")
             for i in range(4):
                 await direct.put(f"/part/k{i}", b"before")
             cache = await LocalCache.start(cached, ["/part/"], probe_interval=0.1)
             before = cache.get_prefix("/part/")
 
-            await proxy.cut()
+            proxy.cut()
             await until(lambda: cache is not None and cache.stale_since is not None)
             await direct.put("/part/k0", b"changed")
             await direct.delete("/part/k1")
@@ -293,7 +235,7 @@ def test_resyncs_after_a_partition_outlived_the_history(run: Callable[..., Any],
             await direct.compact(await direct.current_revision())
             assert cache.get_prefix("/part/") == before
 
-            await proxy.heal()
+            proxy.pass_through()
             await converged(cache, direct, "/part/")
             assert "is compacted" in caplog.text
             revision = await direct.put("/part/after", b"after")  # and it follows the store again
@@ -305,7 +247,7 @@ def test_resyncs_after_a_partition_outlived_the_history(run: Callable[..., Any],
             if cached is not None:
                 await cached.close()
             await direct.close()
-            await proxy.cut()
+            proxy.close()
 
     run(check(), timeout=TEST_SECONDS)
 

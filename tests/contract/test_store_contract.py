@@ -31,7 +31,7 @@ from danube_fast.meta.store import (
     ValueTooLarge,
     WatchEvent,
 )
-from tests.contract.conftest import StoreFactory
+from danube_fast.testing.plugin import StoreFactory
 
 Check = Callable[[MetadataStore], Awaitable[None]]
 TEST_SECONDS = 10

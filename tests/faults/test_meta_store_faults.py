@@ -33,9 +33,8 @@ from danube_fast.meta.store import (
     Put,
 )
 from danube_fast.proto import DanubeApi_pb2 as pb
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "compat"))
-from compat_support import Broker, RawApi, bounded, rpc_error, run_async, status_line
+from danube_fast.testing.broker import Broker
+from tests.compat.compat_support import RawApi, bounded, rpc_error, run_async, status_line
 
 TEST_SECONDS = 20
 BIG = b"v" * 100 * 1024  # 25 SQLite pages: more than any slack a full disk leaves in the store's files

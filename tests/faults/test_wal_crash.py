@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from wal_full_index import record
+from wal_writer import payload
 
 from danube_fast import frames
 from danube_fast.errors import WalWriteError
 from danube_fast.wal_engine import SegmentedLog
-
-sys.path.insert(0, str(Path(__file__).parent))
-from wal_full_index import record
-from wal_writer import payload
 
 WRITER = Path(__file__).parent / "wal_writer.py"
 FULL_INDEX = Path(__file__).parent / "wal_full_index.py"

@@ -1,5 +1,6 @@
-"""Fixtures of the Spark tests: one SparkSession (local[2]) per module, and brokers whose objects go to a
-folder (or S3 on loopback) quickly, so that a test has several objects and a tail to read.
+"""Fixtures of the Spark tests: one SparkSession (local[2]) per module. The brokers are the harness plugin's
+(danube_fast/testing/plugin.py); the modules configure them (BROKER_CONFIG) to upload to a folder (or S3 on
+loopback) quickly, so that a test has several objects and a tail to read.
 
 The Python workers Spark starts run this interpreter (PYSPARK_PYTHON), so they import the same
 danube_fast and pyspark_danube as the test.
@@ -10,15 +11,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "compat"))
-from broker_fixtures import broker, broker_factory, shared_broker
-
-__all__ = ["broker", "broker_factory", "shared_broker"]  # the broker fixtures of tests/compat
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # every Spark port on loopback
 
 

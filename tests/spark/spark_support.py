@@ -7,11 +7,11 @@ import asyncio
 import time
 from typing import Any
 
-from compat_support import Broker, Session
-
 from danube_fast.client import FastProducer
 from danube_fast.meta.reader import open_reader
 from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.testing.broker import Broker
+from tests.compat.compat_support import Session
 
 UPLOAD_WAIT = 30.0
 

@@ -25,9 +25,13 @@ from typing import Any
 
 import pyspark
 import pytest
-from compat_support import Broker, free_ports
 from pyspark.sql import SparkSession
 from spark_support import payload, produce_fast, reader_options, wait_uploaded
+
+from danube_fast.testing.broker import Broker
+from danube_fast.testing.ports import free_ports
+
+pytestmark = pytest.mark.spark
 
 BROKER_CONFIG = """
 [cluster]

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from compat_support import Broker, BrokerFactory, RawApi
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +23,11 @@ from spark_support import (
     uploaded_end,
     wait_uploaded,
 )
+
+from danube_fast.testing.broker import Broker, BrokerFactory
+from tests.compat.compat_support import RawApi
+
+pytestmark = pytest.mark.spark
 
 BROKER_CONFIG = """
 [cluster]

@@ -9,14 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from compat_support import Broker, BrokerFactory
-from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from spark_support import payload, produce_fast, reader_options, wait_uploaded
 
 from danube_fast.storage.objects.format import HEADER_SIZE
+from danube_fast.testing.broker import Broker, BrokerFactory
+from danube_fast.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
 ROUNDS, PER_ROUND = 3, 2000
 FAST_UPLOADS = "[cluster]\nupload_interval_ms = 200\n"

@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 import pytest
-from compat_support import Broker, BrokerFactory
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -26,6 +25,9 @@ from spark_support import payload, produce_fast, produce_rich, reader_options, u
 
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+from danube_fast.testing.broker import Broker, BrokerFactory
+
+pytestmark = pytest.mark.spark
 
 BROKER_CONFIG = "[cluster]\nupload_interval_ms = 200\n[wal]\nsegment_bytes = 65536\n"
 QUERY_WAIT = 60  # seconds for an availableNow query to finish

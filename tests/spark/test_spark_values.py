@@ -17,7 +17,6 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from compat_support import Broker, Session, bounded
 from danube import DispatchStrategy, SchemaType
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
@@ -43,6 +42,11 @@ from pyspark.sql.types import (
 )
 from pyspark_danube import values
 from spark_support import produce_fast, reader_options
+
+from danube_fast.testing.broker import Broker
+from tests.compat.compat_support import Session, bounded
+
+pytestmark = pytest.mark.spark
 
 BROKER_CONFIG = """
 [cluster]

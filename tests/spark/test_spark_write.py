@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compat_support import Broker, free_ports
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from spark_support import reader_options
+
+from danube_fast.testing.broker import Broker
+from danube_fast.testing.ports import free_ports
+
+pytestmark = pytest.mark.spark
 
 BROKER_CONFIG = """
 [cluster]

@@ -1,5 +1,5 @@
 """Fixtures of the object-tier tests: every object-store test runs over both backends, a FolderStore in a
-temporary folder and an S3Store against a real S3 endpoint on loopback (moto's ThreadedMotoServer), with a
+temporary folder and an S3Store against a real S3 endpoint on loopback (the plugin's `moto_server`), with a
 fresh bucket per test. Faults are real: the folder's root is replaced by a file; the S3 server is stopped and
 its port closed, then a server is started again on the same port (moto keeps buckets in the process)."""
 
@@ -10,20 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moto_server import REGION, MotoServer
 
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.s3 import S3Store
 from danube_fast.storage.objects.store import ObjectStore
+from danube_fast.testing.moto import REGION, MotoServer
 
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing"}
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    server = MotoServer()
-    yield server
-    server.stop()
 
 
 class Backend:
@@ -98,13 +91,13 @@ def _backend(request: pytest.FixtureRequest, tmp_path: Path, private: bool) -> I
     s3.close()
 
 
-@pytest.fixture(params=["folder", "s3"])
+@pytest.fixture(params=["folder", pytest.param("s3", marks=pytest.mark.s3)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Both backends, on the session's S3 server: do not take it down."""
     yield from _backend(request, tmp_path, private=False)
 
 
-@pytest.fixture(params=["folder", "s3"])
+@pytest.fixture(params=["folder", pytest.param("s3", marks=pytest.mark.s3)])
 def faulty_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Both backends, S3 on a server of the test's own: `down()` and `up()` are free to use."""
     yield from _backend(request, tmp_path, private=True)

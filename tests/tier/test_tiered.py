@@ -1,5 +1,5 @@
 """Tiered reads: object -> object -> WAL as one ordered stream, ranged GETs through the index, holes, a
-topic move (seed 004), and a store outage surfacing as a retriable error."""
+topic move (docs/TOPIC_MOVE.md), and a store outage surfacing as a retriable error."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_holes_are_skipped_to_the_next_available_offset(backend: Backend, tmp_pa
 
 def test_a_topic_move_reads_the_old_owner_from_objects_then_the_new_wal(backend: Backend, tmp_path: Path,
                                                                         run: Run) -> None:
-    """Seed 004: broker A wrote 0..21 and drained; broker B starts its WAL at 22 with checkpoint 21; a
+    """docs/TOPIC_MOVE.md: A wrote 0..21 and drained; broker B starts its WAL at 22 with checkpoint 21; a
     consumer at cursor 13 reads 14..27 with no gap and no duplicate."""
 
     async def main() -> None:

@@ -1,5 +1,5 @@
-"""The uploader: sealed segments become objects, descriptors per seed 000, local segments deleted only after
-the descriptor is durable, retries while the store is down, drain, restart, fencing."""
+"""The uploader: sealed segments become objects, descriptors per docs/METADATA.md#storage-keys, local segments
+deleted only after the descriptor is durable, retries while the store is down, drain, restart, fencing."""
 
 from __future__ import annotations
 

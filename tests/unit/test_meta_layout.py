@@ -1,8 +1,10 @@
-"""The metadata layout: keys and values are exactly those of seed 000 (the etcd layout of Danube).
+"""The metadata layout: keys and values are exactly those of Danube's etcd layout
+(docs/METADATA.md#key-layout).
 
-Every example of seed 000 is copied below as data, with the section it comes from: its key must be what the
-key function builds (and parse back to the parts), its value must parse into its resource and serialize back
-to the same JSON. Seed 001 supplies the three keys seed 000 does not place (DESIGN.md section 4).
+Every example of upstream's layout document is copied below as data, with the section it comes from: its key
+must be what the key function builds (and parse back to the parts), its value must parse into its resource and
+serialize back to the same JSON. Upstream's resource mapping supplies the three keys its layout does not
+place.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from danube_fast.meta.store import InvalidKey, MetadataError
 REPO = Path(__file__).resolve().parents[2]
 U64_MAX = 2**64 - 1
 
-# --------------------------------------------------------------------------------- seed 000, as printed
+# ------------------------------------------------------------------ upstream's layout, as printed
 
 # 4.2 elides the Avro bodies as `{...}` (not JSON); they are filled in with the body printed in 4.3.
 AVRO_BODY = """{
@@ -295,7 +297,7 @@ def test_seed_000_values_are_typed() -> None:
     assert sealed.last_committed_offset == 21 and sealed.broker_id == 10285063371164059634
 
 
-# ---------------------------------------------------------------------- seed 000 prefixes, and seed 001
+# ------------------------------------------------- upstream's prefixes, and its resource mapping
 
 def test_seed_000_watch_and_debug_prefixes() -> None:
     # Common Patterns: Watching for Changes; Debugging Tips
@@ -310,7 +312,7 @@ def test_seed_000_watch_and_debug_prefixes() -> None:
 
 
 def test_seed_001_keys() -> None:
-    # The keys seed 000 does not place (DESIGN.md section 4), and seed 001's examples of the shared shapes.
+    # The keys the layout does not place, and the resource mapping's examples of the shared shapes.
     assert keys.topic_policy("markets", "trade-events-part-1") == "/topics/markets/trade-events-part-1/policy"
     assert keys.topic_schema("default", "reliable_topic") == "/topics/default/reliable_topic/schema"
     assert keys.load_balance() == "/cluster/load_balance"
@@ -443,7 +445,7 @@ def test_reserved_words_raise() -> None:
     (keys.parse_topic_subscription, "/topics/ns/t/subscriptions/s/cursor"),
     (keys.parse_object_descriptor, "/danube-data/storage/topics/ns/t/objects/cur"),
     (keys.parse_objects_cur, "/danube-data/storage/topics/ns/t/objects/00000000000000000000"),
-    (keys.parse_object_descriptor, "/storage/topics/ns/t/objects/00000000000000000000"),  # seed 004's path
+    (keys.parse_object_descriptor, "/storage/topics/ns/t/objects/00000000000000000000"),  # older path
     (keys.parse_schema_metadata, "/schemas/_global/metadata"),
     (keys.parse_schema_version, "/schemas/s/versions/4294967296"),
     (keys.split_topic_name, "default/reliable_topic"),

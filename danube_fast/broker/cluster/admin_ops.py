@@ -1,9 +1,10 @@
-"""The admin API's cluster operations, as metadata reads and writes (wire/CONTRACT.md C.14, seed 004).
+"""The admin API's cluster operations, as metadata reads and writes (docs/WIRE.md C.14, docs/TOPIC_MOVE.md).
 
-Nothing here touches a topic's runtime state: an unload is the two metadata changes of seed 004 (the
-unassigned marker `{reason: "unload", from_broker}` put and the assignment deleted, in one transaction), and
-the owner, watching its assignments, seals and lets the topic go; the load manager on the leader assigns it
-again. A drain marks the broker `draining` (so the load manager gives it nothing new) and unloads its topics.
+Nothing here touches a topic's runtime state: an unload is the two metadata changes of
+docs/TOPIC_MOVE.md#a-graceful-move-unload (the unassigned marker `{reason: "unload", from_broker}` put and the
+assignment deleted, in one transaction), and the owner, watching its assignments, seals and lets the topic go;
+the load manager on the leader assigns it again. A drain marks the broker `draining` (so the load manager
+gives it nothing new) and unloads its topics.
 
 Every write waits until the view's cache holds it, so the caller's next read shows it. Errors are ApiErrors
 with the status v0.7.3 answers (FAILED_PRECONDITION below two brokers, NOT_FOUND for an unassigned topic).
@@ -55,7 +56,8 @@ async def _caught_up(view: ClusterView, revision: int, key: str) -> None:
 
 async def unload_topic(store: MetadataStore, view: ClusterView, namespace: str, topic: str, *,
                        from_broker: int | None = None) -> int:
-    """Unload the topic from its owner (seed 004 step 1); returns that owner's id.
+    """Unload the topic from its owner (docs/TOPIC_MOVE.md#a-graceful-move-unload, step 1); returns that
+    owner's id.
 
     One transaction: if the assignment key still has the create revision it was read at, put the unassigned
     marker `Unassigned.unload(owner)` and delete the assignment. With `from_broker`, only an assignment to

@@ -1,4 +1,4 @@
-"""The admin API of a broker in a cluster (wire/CONTRACT.md A.4, C.14): danube_admin.BrokerAdmin, and the
+"""The admin API of a broker in a cluster (docs/WIRE.md A.4, C.14): danube_admin.BrokerAdmin, and the
 NamespaceAdmin and TopicAdmin of services/admin.py extended to the topics of every broker.
 
 Where answers come from:

@@ -1,10 +1,11 @@
-"""Where a topic's offsets continue when it changes owner: seed 004's `state` key, used as an offset
-reservation as well as the sealed state.
+"""Where a topic's offsets continue when it changes owner: the `state` key
+(docs/TOPIC_MOVE.md#the-state-key-sealed-state-and-offset-reservation), used as an offset reservation as well
+as the sealed state.
 
 The value is a SealedState, `{sealed, last_committed_offset, broker_id, timestamp}`, read the same way in both
 forms: **no offset above `last_committed_offset` was committed by `broker_id`**, so the next owner starts at
 `last_committed_offset + 1` either way.
-- `sealed: true` is seed 004's sealed state: the old owner drained everything into the object tier first, so
+- `sealed: true` is the sealed state: the old owner drained everything into the object tier first, so
   the value is exact and the next owner continues without a gap.
 - `sealed: false` is a reservation the owner writes (fenced) before it appends, and extends ahead of need
   (`Reservation`). If the owner dies, the next owner starts past the reservation, so no offset the dead
@@ -13,7 +14,7 @@ forms: **no offset above `last_committed_offset` was committed by `broker_id`**,
   (`danube_fast.broker.cluster.orphans`). Gaps are listed in the value's extra field `gaps`
   (`[[first, last, broker_id], ...]`) until descriptors cover them, so readers know to wait for them.
 
-Seed 004 deletes the sealed state once the topic is loaded; here the new owner replaces it with its own
+Upstream deletes the sealed state once the topic is loaded; here the new owner replaces it with its own
 reservation instead (a reservation is needed from the first append on).
 """
 

@@ -1,4 +1,4 @@
-"""The load manager: the leader's reconcile loop over `/cluster/` (DESIGN.md section 5, seed 004).
+"""The load manager: the leader's reconcile loop over `/cluster/` (docs/TOPIC_MOVE.md#roles).
 
 Each pass reads the LocalCache mirror of `/cluster/` and, while this broker leads:
 1. moves the topics of brokers whose registration is gone (lease expired) to live brokers;

@@ -1,21 +1,23 @@
 """A broker's membership in the cluster: one session lease that carries its registration and its leadership.
 
-Seed 000 section 1: `/cluster/register/{id}` (BrokerRegistration) lives under the lease, so it disappears
-when the broker stops renewing it; `/cluster/brokers/{id}/state` ({mode, reason}) does not, so a drained
-broker stays drained across restarts. The leader election (danube_fast.meta.election) grants the lease and
-calls `_register` with each new one, before campaigning: registration and leadership share one lease and die
-together. Every few seconds the broker writes its load report to `/cluster/load/{id}`.
+The cluster keys (docs/METADATA.md#cluster-keys): `/cluster/register/{id}` (BrokerRegistration) lives under
+the lease, so it disappears when the broker stops renewing it; `/cluster/brokers/{id}/state` ({mode,
+reason}) does not, so a drained broker stays drained across restarts. The leader election
+(danube_fast.meta.election) grants the lease and calls `_register` with each new one, before campaigning:
+registration and leadership share one lease and die together. Every few seconds the broker writes its load
+report to `/cluster/load/{id}`.
 
 `session` counts leases and `pauses` counts stalls of this process (a ticker that did not run for PAUSE
 seconds: SIGSTOP, a VM freeze, a long GC): an owned topic remembers both as of its last validation and reads
 its assignment again before acknowledging once either changed, or while the ticker is late right now (the
 first request after SIGCONT may run before the ticker). A broker resumed from a pause must not acknowledge
-on a belief (DESIGN.md section 5).
+on a belief (docs/METADATA.md#election-and-the-controller-epoch).
 
-An etcd outage is not a pause: the broker keeps running and keeps serving the topics it owns (seed 002),
-acknowledging into its offset reservation. If the outage was a partition of this broker only and the topic
-went elsewhere meanwhile, the new owner starts past that reservation and this broker recovers what it
-acknowledged as an orphan WAL once it reaches etcd again: nothing acknowledged is lost, no offset reused.
+An etcd outage is not a pause: the broker keeps running and keeps serving the topics it owns
+(docs/METADATA.md#the-local-cache), acknowledging into its offset reservation. If the outage was a partition
+of this broker only and the topic went elsewhere meanwhile, the new owner starts past that reservation and
+this broker recovers what it acknowledged as an orphan WAL once it reaches etcd again: nothing acknowledged is
+lost, no offset reused.
 
 Owner: the broker's event loop; `start()` then `close()`.
 """

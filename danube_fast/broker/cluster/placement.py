@@ -164,7 +164,7 @@ class Reconciler:
     # -- unload --------------------------------------------------------------------------------------------
 
     async def _seal(self, topic: Topic, marker_key: str, marker_revision: int) -> None:
-        """Seed 004's unload, every write fenced on the unload marker that names this broker."""
+        """The unload (docs/TOPIC_MOVE.md), every write fenced on the unload marker that names this broker."""
         guard = topic.fence
         assert isinstance(guard, TopicGuard)
         guard.ownership = self._ownership(marker_key, marker_revision)

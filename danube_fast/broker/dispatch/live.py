@@ -4,7 +4,7 @@ Each consumer has a bounded buffer: `buffer` messages and `window_bytes` of payl
 that still goes when the buffer is empty), within the broker's ByteBudget (budget.py). A message for a
 consumer without room is dropped for that consumer and counted (`dropped`), so a slow consumer never stalls
 the producer or other subscriptions (v0.7.3 instead awaits queue space and back-pressures SendMessage). A
-subscription with no active consumer drops the message (wire/CONTRACT.md C.9).
+subscription with no active consumer drops the message (docs/WIRE.md C.9).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Bookkeeping, by offset:
 - `_low`: the lowest offset not yet acknowledged. The cursor persisted under the seed's cursor key is
   `_low - 1`, the contiguous ack floor, so a restart resumes at `_low` and never skips an unacked message.
 
-Unlike v0.7.3 (one message in flight per subscription, CONTRACT C.9), each consumer may have
+Unlike v0.7.3 (one message in flight per subscription, docs/WIRE.md C.9), each consumer may have
 `window` messages unacknowledged, and as many bytes of them as `window_bytes` allows (one message bigger
 than that goes alone). Every message read holds its bytes (`_held`, and the broker's ByteBudget, see
 budget.py) until it is acknowledged, dead-lettered or dropped; while the broker's budget is spent and this

@@ -1,7 +1,7 @@
 """Which consumer of a subscription gets the next message, for each subscription type.
 
 - Exclusive and Failover: the active consumer is the first one, in attach order, whose stream is active;
-  when it goes, the next one takes over (real failover, unlike v0.7.3 which never promotes: CONTRACT C.7).
+  when it goes, the next one takes over (real failover, unlike v0.7.3 which never promotes: docs/WIRE.md C.7).
 - Shared: round-robin over the consumers that can take a message.
 - Key-Shared: a consistent-hash ring (100 virtual nodes per consumer name, FNV-1a-64 folded to 32 bits and
   mixed with murmur3's finaliser, as upstream v0.12) restricted to the consumers whose `key_filters` accept

@@ -1,4 +1,4 @@
-"""danube_admin.NamespaceAdmin and danube_admin.TopicAdmin on the admin port (CONTRACT A.4, C.14), for one
+"""danube_admin.NamespaceAdmin and danube_admin.TopicAdmin on the admin port (docs/WIRE.md A.4, C.14), for one
 standalone broker, from its own topics. The cluster calls (BrokerAdmin, UnloadTopic, ListBrokerTopics) and the
 answers about topics hosted anywhere in the cluster are in cluster/admin_service.py, which extends these.
 

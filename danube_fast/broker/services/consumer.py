@@ -1,4 +1,4 @@
-"""danube.ConsumerService: Subscribe, ReceiveMessages, Ack, Nack (CONTRACT B.7-B.9, C.7-C.10)."""
+"""danube.ConsumerService: Subscribe, ReceiveMessages, Ack, Nack (docs/WIRE.md B.7-B.9, C.7-C.10)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
     def _subscription(self, msg_id: pb.MsgID, subscription: str, what: str) -> Subscription | None:
         """None for a topic this broker let go of (cluster mode): its new owner delivers the message again
         from the saved cursor (at least once), so the ack or nack is dropped instead of failing the client's
-        call, which the official client raises to the application (CONTRACT B.9)."""
+        call, which the official client raises to the application (docs/WIRE.md B.9)."""
         name = parse_topic(msg_id.topic_name)
         topic = self._topics.find(name.full)
         if topic is None and name.full in self._topics.moved_topics:

@@ -1,4 +1,4 @@
-"""danube.Discovery and danube.HealthCheck (CONTRACT B.3, B.10, C.3, C.11)."""
+"""danube.Discovery and danube.HealthCheck (docs/WIRE.md B.3, B.10, C.3, C.11)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
         """Connect when the topic is served here, Redirect to its owner's registered URL when another broker
         serves it, NOT_FOUND when it is unknown (C.3). A topic that exists but has no owner right now (it is
         being placed or moved) is waited for, up to `assign_wait_ms`, before NOT_FOUND: the official client
-        gives up a send whose lookup fails after its retries (CONTRACT B.5), and a move outlasting those
+        gives up a send whose lookup fails after its retries (docs/WIRE.md B.5), and a move outlasting those
         1.5-3 s would otherwise surface as an error to the application."""
         name = parse_topic(request.topic)
         placement = self._placement

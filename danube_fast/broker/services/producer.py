@@ -1,4 +1,4 @@
-"""danube.ProducerService: CreateProducer and SendMessage (CONTRACT B.4, B.5, C.5, C.6).
+"""danube.ProducerService: CreateProducer and SendMessage (docs/WIRE.md B.4, B.5, C.5, C.6).
 
 A producer's `schema_ref` gives its topic a schema subject (C.4 step 2, danube_fast.schema.topic_schema);
 SendMessage runs the topic's schema gate, which exists only when the topic's validation can refuse something.

@@ -1,4 +1,5 @@
-"""danube_schema.SchemaRegistry, served on the client port and on the admin port (CONTRACT A.3, B.11, C.13).
+"""danube_schema.SchemaRegistry, served on the client port and on the admin port (docs/WIRE.md A.3, B.11,
+C.13).
 
 The registry's semantics live in danube_fast.schema; this module maps requests to it and its errors to the
 status codes of C.13's table:

@@ -1,4 +1,4 @@
-"""A topic's object catalog in the metadata store: the descriptors of seed 000 section 5.
+"""A topic's object catalog in the metadata store: the descriptors of docs/METADATA.md#storage-keys.
 
 `/danube-data/storage/topics/{ns}/{topic}/objects/{start:020d}` holds one ObjectDescriptor per uploaded
 object and `.../objects/cur` points at the latest one. The uploader of the topic's owner is their only writer

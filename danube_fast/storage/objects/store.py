@@ -7,8 +7,8 @@ suite runs over both (STYLE 7): `S3Store` (aiobotocore) and `FolderStore`. Error
 `ObjectStoreError` for what retrying will not fix.
 
 Object keys are relative to the store's root (the S3 key prefix or the folder): `{ns}/{topic}/{object_id}`
-with `object_id = data-{start}-{end}.dnb1` (seed 000 5.1, seed 004). Metadata paths are not built here: they
-are `danube_fast.meta.keys`'s.
+with `object_id = data-{start}-{end}.dnb1` (docs/METADATA.md#storage-keys). Metadata paths are not built here:
+they are `danube_fast.meta.keys`'s.
 """
 
 from __future__ import annotations

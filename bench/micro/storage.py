@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Literal
 
-from bench import codec, disk
 from bench.common import GIB, MB, MIB, Options, Result, Target, median, paired_ratio, progress, time_calls
+from bench.micro import codec, disk
 from danube_fast import frames, wal_engine
 
 CHUNK_BYTES = 16 * MIB  # the baseline's write size

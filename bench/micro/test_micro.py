@@ -1,6 +1,6 @@
 """pytest-benchmark micro-benchmarks of the native hot path. Not part of the test suite (testpaths is tests/):
 
-    .venv/bin/python -m pytest bench/test_micro.py --benchmark-only -q -p no:cacheprovider
+    .venv/bin/python -m pytest bench/micro/test_micro.py --benchmark-only -q -p no:cacheprovider
 
 Each benchmark also checks its output, so a fast wrong answer fails instead of looking good.
 """
@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from bench import codec, disk
+from bench.micro import codec, disk
 from danube_fast import frames
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.format import build_object

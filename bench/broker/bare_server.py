@@ -1,6 +1,6 @@
 """The baseline of `python -m bench broker`: a bare grpc.aio server with the broker's method shapes and
-nothing behind them. Run as `python -m bench.bare_server --port PORT`; prints one `bare server ready` line
-on stdout when it serves and stops cleanly on SIGTERM.
+nothing behind them. Run as `python -m bench.broker.bare_server --port PORT`; prints one `bare server ready`
+line on stdout when it serves and stops cleanly on SIGTERM.
 
 - `danube.ProducerService/SendMessage` answers `MessageResponse(request_id=...)` at once: what a unary RPC
   costs on its own, the floor for a publish.
@@ -115,7 +115,7 @@ async def serve(port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.bare_server")
+    parser = argparse.ArgumentParser(prog="python -m bench.broker.bare_server")
     parser.add_argument("--port", type=int, required=True)
     uvloop.run(serve(parser.parse_args().port))
 

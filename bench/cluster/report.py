@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from bench import results
 from bench.broker import percentile
-from bench.cluster_moves import BATCH_RECORDS, IN_FLIGHT, LINGER_MS, PAUSE, RECORD_BYTES
-from bench.cluster_servers import CLUSTER_SETTINGS
+from bench.cluster.moves import BATCH_RECORDS, IN_FLIGHT, LINGER_MS, PAUSE, RECORD_BYTES
+from bench.cluster.servers import CLUSTER_SETTINGS
 from bench.common import Result, Target, median, paired_ratio
 
 if TYPE_CHECKING:
@@ -72,12 +72,12 @@ def setup_lines(report: Report) -> list[str]:
         lines.append(f"FastProducer did not follow the moves by itself: {rejected} sends failed with a "
                      "retriable UNAVAILABLE rejection from the old owner, which keeps the Produce stream "
                      f"open; the bench reopened the producer {reopens} times and sent them again in order "
-                     "(bench/cluster_moves.py `fast_sender`): the unavailability figures include that")
+                     "(bench/cluster/moves.py `fast_sender`): the unavailability figures include that")
     if report.official is not None:
         o = report.official
         lines.append(f"Official danube-client: one `send` at a time, {len(o.moves)} moves; sends: "
                      f"{_acks_text(o.acks)}. Its retry policy sleeps 1.5-3 s (5 retries, linear backoff with "
-                     "jitter) before it looks the topic up again (wire/CONTRACT.md B.2): its figures measure "
+                     "jitter) before it looks the topic up again (docs/WIRE.md B.2): its figures measure "
                      "that design more than the broker")
     u = report.uploads[0]
     lines.append(f"Upload: a WAL of {s.upload_mib} MiB (batches of 1,000 x 256 B records) drained "

@@ -2,9 +2,9 @@
 to a bare grpc.aio server measured in the same run at the same concurrency.
 
 Three processes: this one is the load generator (uvloop); the broker (`danube-fast broker`, standalone, data
-dir in a scratch directory under --dir) and the bare server (bench/bare_server.py) are subprocesses, so no
-two share a GIL. Only one server is loaded at a time. A fresh broker is started for every run; the bare
-server lives for the whole session (it keeps no state).
+dir in a scratch directory under --dir) and the bare server (bench/broker/bare_server.py) are subprocesses
+(started by the harness, danube_fast/testing), so no two share a GIL. Only one server is loaded at a time.
+A fresh broker is started for every run; the bare server lives for the whole session (it keeps no state).
 
 Per run, in the same run and at the same concurrency (CONCURRENCY tasks, PAYLOAD_BYTES payloads):
 
@@ -50,20 +50,23 @@ import grpc
 import uvloop
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
-from bench import bare_server
-from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress
-from bench.process import (
-    BROKER_READY,
+from bench.broker import bare_server
+from bench.common import (
     CLOCK_TICKS,
-    REPO,
-    ServerProcess,
-    broker_argv,
-    free_port,
+    Options,
+    Result,
+    Target,
+    median,
+    no_gc,
+    paired_ratio,
     process_cpu,
-    repo_env,
+    progress,
 )
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.testing.broker import Broker
+from danube_fast.testing.ports import free_port
+from danube_fast.testing.process import ServerProcess
 
 CONCURRENCY = 64
 PAYLOAD_BYTES = bare_server.PAYLOAD_BYTES
@@ -160,32 +163,28 @@ def make_sample(count: int, elapsed: float, latencies_s: list[float] | None, usa
 # -- server processes -----------------------------------------------------------------------------------
 
 
-class Server(ServerProcess):
-    """A gRPC server subprocess (broker or bare server) listening on `target` (host:port), started from the
-    repository; the constructor returns once it logged `ready_text`."""
-
-    def __init__(self, name: str, argv: list[str], target: str, log_path: Path, ready_text: str) -> None:
-        super().__init__(name, argv, log_path, cwd=REPO, env=repo_env())
-        self.target = target
-        self.url = f"http://{target}"
-        try:
-            self.wait_ready(ready_text)
-        except BaseException:
-            self.stop()
-            raise
+def start_broker(workdir: Path) -> Broker:
+    """A standalone broker with its data (metadata store, WALs) and log in `workdir`."""
+    broker = Broker(workdir, die_with_parent=True)
+    _started(broker)
+    return broker
 
 
-def start_broker(data_dir: Path, log_path: Path) -> Server:
-    """A standalone broker with its data (metadata store, WALs) in `data_dir`."""
-    port, admin, metrics = free_port(), free_port(), free_port()
-    argv = broker_argv(data_dir, port, admin, f"127.0.0.1:{metrics}")
-    return Server("broker", argv, f"127.0.0.1:{port}", log_path, BROKER_READY)
-
-
-def start_bare_server(log_path: Path) -> Server:
+def start_bare_server(log_path: Path) -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.bare_server", "--port", str(port)]
-    return Server("bare server", argv, f"127.0.0.1:{port}", log_path, bare_server.READY)
+    argv = [sys.executable, "-m", "bench.broker.bare_server", "--port", str(port)]
+    server = ServerProcess("bare server", argv, log_path, ready_text=bare_server.READY, port=port,
+                           die_with_parent=True)
+    _started(server)
+    return server
+
+
+def _started(server: ServerProcess) -> None:
+    try:
+        server.start()
+    except BaseException:
+        server.stop()
+        raise
 
 
 # -- load -----------------------------------------------------------------------------------------------
@@ -223,7 +222,7 @@ def payload() -> bytes:
 # -- the bare server ------------------------------------------------------------------------------------
 
 
-async def bare_unary(channel: grpc.aio.Channel, server: Server, sizes: Sizes) -> Sample:
+async def bare_unary(channel: grpc.aio.Channel, server: ServerProcess, sizes: Sizes) -> Sample:
     """SendMessage through a raw stub, building per call the StreamMessage the client's send builds."""
     stub = pb_grpc.ProducerServiceStub(channel)  # type: ignore[no-untyped-call]
     ids = itertools.count(1)
@@ -240,7 +239,7 @@ async def bare_unary(channel: grpc.aio.Channel, server: Server, sizes: Sizes) ->
     return await unary_load(send, server.pid, sizes)
 
 
-async def bare_stream(channel: grpc.aio.Channel, server: Server, sizes: Sizes) -> Sample:
+async def bare_stream(channel: grpc.aio.Channel, server: ServerProcess, sizes: Sizes) -> Sample:
     """Messages per second read from one ReceiveMessages stream of `sizes.stream` prebuilt messages."""
     stub = pb_grpc.ConsumerServiceStub(channel)  # type: ignore[no-untyped-call]
 
@@ -272,7 +271,7 @@ def new_producer(client: Any, topic: str, strategy: DispatchStrategy) -> Any:
             .with_dispatch_strategy(strategy).build())
 
 
-async def produce(client: Any, server: Server, topic: str, strategy: DispatchStrategy, sizes: Sizes
+async def produce(client: Any, server: ServerProcess, topic: str, strategy: DispatchStrategy, sizes: Sizes
                   ) -> Sample:
     producer = new_producer(client, topic, strategy)
     await producer.create()  # the topic's first producer: it fixes the dispatch strategy
@@ -288,7 +287,7 @@ async def produce(client: Any, server: Server, topic: str, strategy: DispatchStr
         await producer.close()
 
 
-async def consume(client: Any, server: Server, topic: str, strategy: DispatchStrategy, sizes: Sizes
+async def consume(client: Any, server: ServerProcess, topic: str, strategy: DispatchStrategy, sizes: Sizes
                   ) -> Sample:
     """End to end: CONCURRENCY senders and CONCURRENCY receivers (take from the client's queue, ack)."""
     producer = new_producer(client, topic, strategy)
@@ -367,7 +366,7 @@ async def end_to_end(producer: Any, consumer: Any, queue: asyncio.Queue[Any], fi
 Figures = dict[str, Sample]
 
 
-async def measure_bare(server: Server, sizes: Sizes) -> Figures:
+async def measure_bare(server: ServerProcess, sizes: Sizes) -> Figures:
     channel = grpc.aio.insecure_channel(server.target)
     try:
         unary = await bare_unary(channel, server, sizes)
@@ -377,7 +376,7 @@ async def measure_bare(server: Server, sizes: Sizes) -> Figures:
     return {"bare_unary": unary, "bare_stream": stream}
 
 
-async def measure_broker(server: Server, run: int, sizes: Sizes) -> Figures:
+async def measure_broker(server: ServerProcess, run: int, sizes: Sizes) -> Figures:
     client = await DanubeClientBuilder().service_url(server.url).build()
     topic = f"/default/bench-{run}"
     try:
@@ -403,11 +402,11 @@ def run_broker(options: Options) -> list[Result]:
     sizes = Sizes.of(options.quick)
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-broker-", dir=options.parent_dir))
     runs: list[Figures] = []
-    bare: Server | None = None
+    bare: ServerProcess | None = None
     try:
         bare = start_bare_server(scratch / "bare.log")
         for run in range(options.runs):
-            broker = start_broker(scratch / f"broker-{run}", scratch / f"broker-{run}.log")
+            broker = start_broker(scratch / f"broker-{run}")
             figures: Figures = {}
             try:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

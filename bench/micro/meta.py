@@ -1,6 +1,6 @@
 """`python -m bench meta`: the metadata figures, each the median over `runs` runs.
 
-The suite starts its own etcd (danube_fast.meta.etcd_process) and an EmbeddedStore, both with their data in
+The suite starts its own etcd (danube_fast.testing.etcd) and an EmbeddedStore, both with their data in
 one scratch directory, so both fsync to the same file system. Every EtcdStore figure is paired with the same
 operation made by a bare `aetcd.Client` against the same etcd, back to back in the same run (the order
 alternates between runs); the ratio (ours / raw) is the median of the per-pair ratios, so it shows what
@@ -29,8 +29,8 @@ from bench.common import Options, Result, Target, median, no_gc, paired_ratio, p
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.etcd_process import EtcdServer, start_etcd
 from danube_fast.meta.store import MAX_TXN_OPS, Compare, MetadataStore, Put
+from danube_fast.testing.etcd import EtcdServer, start_etcd
 
 VALUE = b"v" * 128  # about the size of the JSON values the broker writes
 PUT_KEYS = 1000  # puts cycle over this many keys, so the key space stays the same size

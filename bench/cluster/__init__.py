@@ -1,17 +1,17 @@
 """`python -m bench cluster`: what a cluster costs a producer when a topic moves, and what the object tier's
 uploader gets out of S3, measured in one run against one etcd, one moto S3 server and three brokers in
-cluster mode on loopback (bench/cluster_servers.py).
+cluster mode on loopback (bench/cluster/servers.py).
 
-1. Moves (bench/cluster_moves.py): our FastProducer sends to a Reliable topic while the topic is unloaded
+1. Moves (bench/cluster/moves.py): our FastProducer sends to a Reliable topic while the topic is unloaded
    `--moves` times (each time: unload, wait until another broker owns it and the producer has had an ack
    from there, pause PAUSE s). Per move, the longest interval without an acknowledged batch; p50/p99/max
    over the moves (target p99 <= 1 s), the move's parts (seal, assign, load, first ack), and whether any ack
    was lost. Then the same, `--official-moves` times, for the official danube-client, whose retry policy
-   backs off 1.5 to 3 s before it looks the topic up again (wire/CONTRACT.md B.2): reported apart.
-2. Upload (bench/cluster_upload.py): `Uploader.drain()` of a WAL of `--upload-mib` MiB against plain
+   backs off 1.5 to 3 s before it looks the topic up again (docs/WIRE.md B.2): reported apart.
+2. Upload (bench/cluster/upload.py): `Uploader.drain()` of a WAL of `--upload-mib` MiB against plain
    aiobotocore puts of the same object sizes, median over `--runs` runs, ratio of the per-run ratios.
 
-Tables, JSON and the RESULTS.md section: bench/cluster_report.py.
+Tables, JSON and the RESULTS.md section: bench/cluster/report.py.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from pathlib import Path
 
 import uvloop
 
-from bench import cluster_report, results
-from bench.cluster_moves import (
+from bench import results
+from bench.cluster import report as cluster_report
+from bench.cluster.moves import (
     BATCH_RECORDS,
     PAUSE,
     Acks,
@@ -38,8 +39,8 @@ from bench.cluster_moves import (
     moves_under_traffic,
     official_sender,
 )
-from bench.cluster_servers import Cluster, running_cluster
-from bench.cluster_upload import UploadRun, measure_upload
+from bench.cluster.servers import RunningCluster, running_cluster
+from bench.cluster.upload import UploadRun, measure_upload
 from bench.common import Result, describe_machine, machine_info, print_table, progress
 from danube_fast.meta.etcd import EtcdStore
 
@@ -118,7 +119,7 @@ def run_cluster(settings: Settings) -> Report:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _measure(cluster: Cluster, scratch: Path, s: Settings) -> Report:
+async def _measure(cluster: RunningCluster, scratch: Path, s: Settings) -> Report:
     store = await EtcdStore.connect([cluster.etcd.endpoint])
     entry = cluster.brokers[0]  # where both clients bootstrap; the topics go wherever the leader puts them
     try:

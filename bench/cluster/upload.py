@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_servers import S3_KEY, S3_REGION
+from bench.cluster.servers import S3_KEY, S3_REGION
 from bench.common import MIB, PUBLISH_TIME
 from danube_fast import frames
 from danube_fast.meta.embedded import EmbeddedStore

@@ -1,0 +1,52 @@
+"""The fast producer behind a fault-injecting TCP proxy (danube_fast/testing/proxy.py) that resets every
+connection while batches are in flight: the producer reconnects, resends what was not acknowledged, and every
+batch is acknowledged, in the order sent, and stored (at least once)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from compat_support import run_async
+
+from danube_fast import frames
+from danube_fast.client import FastProducer
+from danube_fast.client.reader import TopicReader
+from danube_fast.testing.broker import BrokerFactory
+from danube_fast.testing.proxy import Proxy
+
+ROUNDS, BATCHES, RECORDS = 3, 4, 50
+
+
+def test_the_producer_resends_across_connection_resets(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.add()
+    topic = "/default/fast_through_resets"
+    with Proxy(broker.target) as proxy:
+        broker.flags += ["--advertised-addr", proxy.target]  # lookups name the proxy: clients stay behind it
+        broker.start()
+
+        async def scenario() -> None:
+            producer = await FastProducer.connect(proxy.target, topic, "resets", reliable=True,
+                                                  batch_records=RECORDS)
+            sent: list[bytes] = []
+            acks: list[tuple[int, int]] = []
+            try:
+                for r in range(ROUNDS):
+                    futures = []
+                    for b in range(BATCHES):
+                        batch = [b"r%d-b%d-%d" % (r, b, i) for i in range(RECORDS)]
+                        sent += batch
+                        futures.append(await producer.send_batch(batch))
+                    assert proxy.reset() > 0, "no connection to reset"
+                    acks += [await asyncio.wait_for(f, 30) for f in futures]
+            finally:
+                await producer.close()
+            assert all(last - first == RECORDS - 1 for first, last in acks), acks
+            assert [first for first, _ in acks] == sorted({first for first, _ in acks}), acks
+            assert proxy.resets >= ROUNDS and proxy.accepted > ROUNDS, (proxy.resets, proxy.accepted)
+
+            async with TopicReader(proxy.target) as reader:
+                stored = [r.payload for data, _, _ in [x async for x in reader.read(topic, 0, 0)]
+                          for r in frames.decode_records(data)]
+            assert list(dict.fromkeys(stored)) == sent  # at least once, in order
+
+        run_async(scenario(), timeout=90)

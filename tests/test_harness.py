@@ -1,0 +1,113 @@
+"""The harness (danube_fast/testing): only its pytest plugin imports pytest, so that bench can use the rest;
+and its fault-injecting proxy against an echo server on loopback: each fault does what it says, and the proxy
+passes bytes again after it."""
+
+from __future__ import annotations
+
+import ast
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from danube_fast.testing.ports import LOOPBACK
+from danube_fast.testing.proxy import Proxy
+
+HARNESS = Path(__file__).resolve().parents[1] / "danube_fast" / "testing"
+
+
+def test_only_the_plugin_imports_pytest() -> None:
+    importers = []
+    for path in sorted(HARNESS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "pytest" or n.startswith(("pytest.", "_pytest")) for n in names):
+                importers.append(path.name)
+    assert sorted(set(importers)) == ["plugin.py"]
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    with socketserver.ThreadingTCPServer((LOOPBACK, 0), Echo) as server:
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            with Proxy(f"{LOOPBACK}:{server.server_address[1]}") as p:
+                yield p
+        finally:
+            server.shutdown()
+
+
+def connect(proxy: Proxy) -> socket.socket:
+    s = socket.create_connection((LOOPBACK, proxy.port), timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def echo(s: socket.socket, data: bytes = b"ping") -> bytes:
+    s.sendall(data)
+    got = b""
+    while len(got) < len(data):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_bytes_pass_through_both_ways(proxy: Proxy) -> None:
+    with connect(proxy) as s:
+        assert echo(s, b"x" * 100_000) == b"x" * 100_000
+    assert proxy.accepted == 1
+
+
+def test_delay_holds_every_chunk(proxy: Proxy) -> None:
+    proxy.delay(0.2)
+    with connect(proxy) as s:
+        start = time.monotonic()
+        assert echo(s) == b"ping"
+        assert time.monotonic() - start >= 0.4  # held on the way there and on the way back
+
+
+def test_blackhole_drops_bytes_and_keeps_the_connection(proxy: Proxy) -> None:
+    with connect(proxy) as s:
+        proxy.blackhole()
+        s.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            echo(s)
+        assert proxy.open_connections == 1
+        proxy.pass_through()
+        s.settimeout(5)
+        assert echo(s, b"again") == b"again"
+
+
+def test_reset_breaks_open_connections_and_new_ones_pass(proxy: Proxy) -> None:
+    with connect(proxy) as s:
+        assert echo(s) == b"ping"
+        assert proxy.reset() == 1
+        with pytest.raises(ConnectionError):
+            echo(s)
+    with connect(proxy) as s:
+        assert echo(s) == b"ping"
+
+
+def test_refuse_resets_new_connections_until_pass_through(proxy: Proxy) -> None:
+    proxy.refuse()
+    with pytest.raises(ConnectionError), connect(proxy) as s:  # at connect() or at the first exchange
+        echo(s)
+    proxy.pass_through()
+    with connect(proxy) as s:
+        assert echo(s) == b"ping"
+    assert proxy.resets == 1
