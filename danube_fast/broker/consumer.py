@@ -54,8 +54,10 @@ class Consumer:
         self._key_filters = list(key_filters)
         self._filter = compile_filters(self._key_filters)
         self.window = window  # reliable: unacknowledged deliveries allowed
-        self.inflight = 0  # reliable: delivered (or queued) and not yet acked or nacked
-        self.inflight_bytes = 0  # reliable: the bytes of those
+        # Reliable: delivered (or queued) and not yet acked or nacked, and their bytes. Changed only through
+        # deliver / settled / settled_all, which the ReliableDispatcher calls.
+        self._inflight = 0
+        self._inflight_bytes = 0
         self.active = True  # a new consumer starts active: messages may queue before its stream opens (C.7)
         self.removed = False
         self._queue: deque[pb.StreamMessage] = deque()
@@ -80,7 +82,32 @@ class Consumer:
 
     @property
     def has_room(self) -> bool:
-        return self.active and self.inflight < self.window
+        return self.active and self._inflight < self.window
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._inflight_bytes
+
+    def deliver(self, msg: pb.StreamMessage, size: int) -> None:
+        """A Reliable delivery: queued, and in flight until `settled` (acked, nacked or timed out)."""
+        self._inflight += 1
+        self._inflight_bytes += size
+        self.push(msg, size)
+
+    def settled(self, size: int) -> None:
+        """One delivery of `size` bytes is no longer in flight for this consumer."""
+        self._inflight -= 1
+        self._inflight_bytes -= size
+
+    def settled_all(self) -> None:
+        """The consumer lost its stream: nothing is in flight for it any more (its dispatcher takes
+        every delivery back)."""
+        self._inflight = 0
+        self._inflight_bytes = 0
 
     @property
     def queued(self) -> int:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 
 log = logging.getLogger("danube_fast.metrics")
@@ -46,12 +47,12 @@ def render(topics: Topics, started: float) -> str:
         text = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
         samples[name].append(f"{name}{{{text}}} {value}")
 
-    for t in topics.topics.values():
+    for t in topics.served():
         tl = {"topic": t.full}
         add("danube_topic_messages_in_total", tl, t.messages_in)
         add("danube_topic_bytes_in_total", tl, t.bytes_in)
         add("danube_topic_producers", tl, len(t.producers))
-        if t.wal is not None:
+        if isinstance(t, ReliableTopic):
             add("danube_topic_committed_offset", tl, t.wal.committed_offset)
         for s in t.subscriptions.values():
             sl = {"topic": t.full, "subscription": s.name}
@@ -66,7 +67,7 @@ def render(topics: Topics, started: float) -> str:
                 add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
                 add("danube_subscription_unacked", sl, d.unacked)
     samples["danube_dispatch_held_bytes"].append(f"danube_dispatch_held_bytes {topics.budget.held}")
-    for name in topics.broken:
+    for name in topics.broken():
         add("danube_topic_load_failed", {"topic": name}, 1)
     samples["danube_broker_uptime_seconds"].append(
         f"danube_broker_uptime_seconds {time.monotonic() - started:.3f}")

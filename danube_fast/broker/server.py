@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from danube_fast.broker.clients import new_id
 from danube_fast.broker.cluster.admin_service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.ownership import LocalPlacement
 from danube_fast.broker.services.consumer import ConsumerService
@@ -35,7 +35,7 @@ from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics, new_id
+from danube_fast.broker.topics import Topics
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
@@ -169,7 +169,7 @@ class Broker:
     async def _listen(self) -> None:
         # Topics' schema configurations are in place before any producer can publish.
         await self.schemas.registry.load()
-        await self.schemas.load(self.topics.topics.values())
+        await self.schemas.load(self.topics.served())
         client, admin = self._client, self._admin
         topics = self.topics
         register(pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(topics, self.schemas), client)
@@ -216,13 +216,7 @@ class Broker:
     async def stop(self) -> None:
         if self.cluster is not None:
             await self.cluster.drain()
-        self.topics.stopping = True
-        for c in self.topics.consumers.values():
-            c.end_streams()  # streams end with OK, so clients notice and re-lookup (docs/WIRE.md C.8)
-        for topic in self.topics.topics.values():
-            for sub in topic.subscriptions.values():
-                if isinstance(sub.dispatcher, BatchDispatcher):
-                    sub.dispatcher.stop_streams()  # fast consumers' streams too
+        self.topics.stop_streams()
         await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
         await self._forwarder.close()
         if self._metrics is not None:
@@ -251,10 +245,11 @@ async def serve(config: BrokerConfig) -> None:
     admin_host = config.admin_addr.rpartition(":")[0]
     metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
                if listening.metrics_port is not None else "off")
-    broken = f" ({len(broker.topics.broken)} could not be loaded: see above)" if broker.topics.broken else ""
+    failed = broker.topics.broken()
+    broken = f" ({len(failed)} could not be loaded: see above)" if failed else ""
     log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s, data in %s, "
              "%d topics%s", host, listening.client_port, broker.url(), admin_host, listening.admin_port,
-             metrics, os.path.abspath(config.data_dir), len(broker.topics.topics), broken)
+             metrics, os.path.abspath(config.data_dir), len(broker.topics.names()), broken)
     await stopping.wait()
     log.info("stopping: ending streams, flushing cursors and WALs")
     await broker.stop()

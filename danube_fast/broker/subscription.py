@@ -11,6 +11,7 @@ import time
 
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.errors import denied
@@ -26,6 +27,8 @@ class Subscription:
         self.kind = kind
         self.consumers: list[Consumer] = []
         self.dispatcher: Dispatcher  # set by the topic right after construction
+        # Reliable: the position every dispatcher of this subscription moves (dispatch/cursor.py).
+        self.cursor: Cursor | None = None
         self.idle_since: float | None = time.monotonic()
         self.delivered = 0  # messages taken by consumer streams, over the subscription's life
 

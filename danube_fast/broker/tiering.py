@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
-from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic import ReliableTopic
 from danube_fast.errors import DanubeError
 from danube_fast.meta.store import MetadataStore
 from danube_fast.storage.gaps import Gap, GapAwareLog
@@ -65,25 +65,24 @@ class Tier:
         log.set_gaps(gaps)
         return log
 
-    async def attach(self, topic: Topic, checkpoint: int | None) -> None:
+    async def attach(self, topic: ReliableTopic, checkpoint: int | None) -> None:
         """Start the topic's uploader; `checkpoint` is the last offset already in the object tier (None: from
         the descriptors)."""
-        assert topic.wal is not None
         cloud = topic.log.cloud if isinstance(topic.log, TopicLog) else None
         uploader = Uploader(topic.wal, self.objects, self._store, topic.name.namespace, topic.name.topic,
                             checkpoint=checkpoint, write_meta=topic.fence.write, config=self.uploader_config,
                             on_uploaded=cloud.add if cloud is not None else None)
         await uploader.start()
-        topic.uploader = uploader
+        topic.attach_uploader(uploader)
 
-    async def drain(self, topic: Topic) -> None:
+    async def drain(self, topic: ReliableTopic) -> None:
         """Everything committed into the object tier (the sealed unload)."""
         if topic.uploader is not None:
             await topic.uploader.drain(DRAIN_TIMEOUT)
             await self.detach(topic)
 
-    async def detach(self, topic: Topic) -> None:
-        uploader, topic.uploader = topic.uploader, None
+    async def detach(self, topic: ReliableTopic) -> None:
+        uploader = topic.detach_uploader()
         if uploader is not None:
             await uploader.close()
 

@@ -64,8 +64,13 @@ class SchemaTopic(Protocol):
     @property
     def full(self) -> str: ...
 
-    schema_config: TopicSchemaConfig | None
-    schema_gate: SchemaGate | None
+    @property
+    def schema_config(self) -> TopicSchemaConfig | None: ...
+
+    @property
+    def schema_gate(self) -> SchemaGate | None: ...
+
+    def set_schema(self, config: TopicSchemaConfig, gate: SchemaGate | None) -> None: ...
 
 
 class SchemaGate:
@@ -221,5 +226,4 @@ class TopicSchemas:
             if config.schema_subject is not None:
                 subject_id = await self.registry.subject_id(config.schema_subject)
             gate = SchemaGate(topic.full, config, subject_id, self.registry)
-        topic.schema_config = config
-        topic.schema_gate = gate
+        topic.set_schema(config, gate)

@@ -13,6 +13,7 @@ from typing import Any
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import SubscriptionType
@@ -129,7 +130,7 @@ async def reliable(tmp_path: Path, kind: SubscriptionType, config: DispatchConfi
         async def dead_letter(msg: pb.StreamMessage) -> None:
             dead.append(msg)
 
-        dispatcher = ReliableDispatcher(sub, wal, config, start, save_cursor, dead_letter)
+        dispatcher = ReliableDispatcher(sub, wal, config, Cursor(start, save_cursor, config), dead_letter)
         sub.dispatcher = dispatcher
         try:
             yield Rig(wal, sub, dispatcher, saved, dead)

@@ -11,6 +11,7 @@ from typing import Any
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
@@ -29,7 +30,8 @@ async def setup(tmp_path: Path, batches: int, start: int = 0, **config: int
         saved.append(offset)
 
     sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
-    d = BatchDispatcher(sub, wal, DispatchConfig(**config), start, save)
+    cfg = DispatchConfig(**config)
+    d = BatchDispatcher(sub, wal, cfg, Cursor(start, save, cfg))
     sub.dispatcher = d
     return wal, d, saved
 
@@ -43,8 +45,8 @@ def test_window_acks_floor_and_redelivery(tmp_path: Path, run: Run) -> None:
         await asyncio.sleep(0.05)
         assert not with_room.done()  # the window (1 byte) is full until an ack
         assert d.acknowledge(4, []) == 5 and not with_room.done()  # part of the batch: still out
-        assert d.acknowledge(None, [7, 9]) == 2 and d.cursor == 4  # individual acks above the floor
-        assert d.acknowledge(None, [5, 6, 8]) == 3 and d.cursor == 9
+        assert d.acknowledge(None, [7, 9]) == 2 and d.floor == 4  # individual acks above the floor
+        assert d.acknowledge(None, [5, 6, 8]) == 3 and d.floor == 9
         _, first2, last2 = await asyncio.wait_for(with_room, 2)  # type: ignore[misc]
         assert (first2, last2) == (10, 19)
         assert d.acknowledge(None, [50, 3]) == 0  # not sent yet / already below the floor
@@ -63,7 +65,7 @@ def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run
     async def main() -> None:
         wal, d, saved = await setup(tmp_path, 4, start=20, cursor_flush_acks=10)
         _, first, last = await asyncio.wait_for(d.next_records(window=1), 2)  # type: ignore[misc]
-        assert (first, last) == (20, 29) and d.cursor == 19  # a full window: one batch, nothing joined
+        assert (first, last) == (20, 29) and d.floor == 19  # a full window: one batch, nothing joined
         d.acknowledge(last + 100, [])  # beyond what was sent: capped at the last record sent
         _, more, _ = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
         assert more == last + 1 and saved == [last]  # 10 acks reached cursor_flush_acks: saved first

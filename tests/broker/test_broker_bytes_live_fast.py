@@ -15,6 +15,7 @@ from danube_fast.broker.config import ConfigError, DispatchConfig, load
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import SubscriptionType
@@ -134,7 +135,8 @@ def batches(wal: Wal, budget: ByteBudget, **config: int) -> BatchDispatcher:
         pass
 
     sub = Subscription("/default/t", "s", EXCLUSIVE)
-    d = BatchDispatcher(sub, wal, DispatchConfig(**config), 0, save, budget)
+    cfg = DispatchConfig(**config)
+    d = BatchDispatcher(sub, wal, cfg, Cursor(0, save, cfg), budget)
     sub.dispatcher = d
     return d
 

@@ -18,6 +18,7 @@ from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.reliable import PARK_WINDOWS, READ_BYTES, ReliableDispatcher, record_sizes
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import SubscriptionType
@@ -72,7 +73,8 @@ async def subscriptions(tmp_path: Path, kind: SubscriptionType, cfg: DispatchCon
             async def dead_letter(msg: pb.StreamMessage, rig: Rig = rig) -> None:
                 rig.dead.append(msg)
 
-            rig.dispatcher = ReliableDispatcher(sub, wal, cfg, 0, save, dead_letter, budget=budget)
+            rig.dispatcher = ReliableDispatcher(sub, wal, cfg, Cursor(0, save, cfg), dead_letter,
+                                                budget=budget)
             sub.dispatcher = rig.dispatcher
             rigs.append(rig)
         yield rigs
@@ -197,7 +199,7 @@ def test_the_broker_budget_leaves_data_in_the_wal_but_never_stops_a_subscription
                     assert m.msg_id.topic_offset == i
                     assert rig.dispatcher.ack(i)
             await until(lambda: budget.held == 0, what="the budget back to zero")
-            assert [r.dispatcher.cursor for r in rigs] == [19, 19, 19]
+            assert [r.dispatcher.floor for r in rigs] == [19, 19, 19]
             assert held(*slow, lively) == [0, 0, 0]
 
     run(main())
@@ -233,7 +235,7 @@ def test_nacks_timeouts_losses_and_acks_give_every_byte_back(tmp_path: Path, run
             assert seen.count(5) == 2
             await until(lambda: budget.held == 0, what="the budget back to zero")
             assert d.held_bytes == 0 and held(c1, c2) == [0, 0] and c2.queued_bytes == 0
-            assert d.cursor == 11
+            assert d.floor == 11
 
     run(main())
 
@@ -253,7 +255,7 @@ def test_dead_letters_and_keys_nobody_accepts_give_their_bytes_back(tmp_path: Pa
             assert d.nack(0, None)  # one failure more than max_redeliveries
             await until(lambda: len(rig.dead) == 1, what="the dead letter")
             await until(lambda: budget.held == 0, what="the budget back to zero")
-            assert d.cursor == 2
+            assert d.floor == 2
 
     run(main())
 

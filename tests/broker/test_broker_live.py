@@ -10,18 +10,18 @@ from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import Topic
-from danube_fast.meta.resources import DeliveryMode, Policy, SubscriptionType
+from danube_fast.broker.topic import NonReliableTopic, Topic
+from danube_fast.meta.resources import Policy, SubscriptionType
 
 
 def topic() -> Topic:
-    return Topic(TopicName("default", "live"), DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(None))
+    return NonReliableTopic(TopicName("default", "live"), Policy(), Unfenced(None))
 
 
 def subscribe(t: Topic, name: str, kind: SubscriptionType, buffer: int = 100) -> Subscription:
     sub = Subscription(t.full, name, kind)
     sub.dispatcher = LiveDispatcher(sub, buffer)
-    t.subscriptions[name] = sub
+    t.add_subscription(sub)
     return sub
 
 

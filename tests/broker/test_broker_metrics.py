@@ -12,14 +12,15 @@ from danube_fast.broker import metrics
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import ProducerEntry, Topic
+from danube_fast.broker.topic import NonReliableTopic, ProducerEntry, ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
-from danube_fast.meta.resources import DeliveryMode, Policy, SubscriptionType
+from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 
@@ -29,8 +30,8 @@ SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="(?:[^"\\\n]|\\[\\"n])*",?)*\})? -?[0-
 def topics_of(*topics: Topic) -> Topics:
     """The registry `render` reads, holding just these topics (no store behind it)."""
     registry = Topics.__new__(Topics)
-    registry.topics = {t.full: t for t in topics}
-    registry.broken = {}
+    registry._topics = {t.full: t for t in topics}
+    registry._broken = {}
     registry.budget = ByteBudget(1 << 20)
     return registry
 
@@ -58,12 +59,11 @@ def samples(text: str) -> dict[str, float]:
 
 def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
     async def main() -> None:
-        t = Topic(TopicName("default", 'we"ird\\name'), DeliveryMode.NON_RELIABLE, Policy(), None,
-                  Unfenced(None))
-        t.producers["p"] = ProducerEntry(1, "p", t)
+        t = NonReliableTopic(TopicName("default", 'we"ird\\name'), Policy(), Unfenced(None))
+        t.add_producer(ProducerEntry(1, "p", t))
         sub = Subscription(t.full, "sub\nline", SubscriptionType.EXCLUSIVE)
         sub.dispatcher = LiveDispatcher(sub, 2)
-        t.subscriptions[sub.name] = sub
+        t.add_subscription(sub)
         c = Consumer(1, "c", sub, [], 10)
         sub.add(c)
         token = c.attach()
@@ -93,7 +93,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
 def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         wal = await Wal.open(tmp_path / "w", WalConfig(sync=SyncPolicy("none")))
-        t = Topic(TopicName("default", "rel"), DeliveryMode.RELIABLE, Policy(), wal, Unfenced(None))
+        t = ReliableTopic(TopicName("default", "rel"), Policy(), Unfenced(None), wal)
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
 
         async def save_cursor(offset: int) -> None:
@@ -103,9 +103,9 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
             pass
 
         cfg = DispatchConfig(nack_base_delay_ms=5, cursor_flush_ms=60_000)
-        dispatcher = ReliableDispatcher(sub, wal, cfg, 0, save_cursor, dead_letter)
+        dispatcher = ReliableDispatcher(sub, wal, cfg, Cursor(0, save_cursor, cfg), dead_letter)
         sub.dispatcher = dispatcher
-        t.subscriptions[sub.name] = sub
+        t.add_subscription(sub)
         try:
             active = Consumer(1, "a", sub, [], 10)
             sub.add(active)
@@ -159,10 +159,10 @@ def test_delivered_counter_does_not_go_down_when_a_consumer_leaves(run: Run) -> 
     """A counter may only grow (a drop reads as a counter reset to `rate()`)."""
 
     async def main() -> None:
-        t = Topic(TopicName("default", "t"), DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(None))
+        t = NonReliableTopic(TopicName("default", "t"), Policy(), Unfenced(None))
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
         sub.dispatcher = LiveDispatcher(sub, 10)
-        t.subscriptions[sub.name] = sub
+        t.add_subscription(sub)
         c = Consumer(1, "c", sub, [], 10)
         sub.add(c)
         token = c.attach()

@@ -81,18 +81,18 @@ def test_acks_advance_the_cursor_only_contiguously(tmp_path: Path, run: Run) -> 
             c, token = rig.consumer(1)
             assert offsets(await receive(c, token, 4)) == [0, 1, 2, 3]
             d = rig.dispatcher
-            assert d.cursor == -1 and d.backlog == 4
+            assert d.floor == -1 and d.backlog == 4
             assert d.ack(2)
-            assert d.cursor == -1  # 0 and 1 are not acknowledged yet
+            assert d.floor == -1  # 0 and 1 are not acknowledged yet
             assert d.ack(0)
-            assert d.cursor == 0
+            assert d.floor == 0
             assert d.ack(3)
-            assert d.cursor == 0
+            assert d.floor == 0
             assert d.ack(1)
-            assert d.cursor == 3 and d.backlog == 0 and d.unacked == 0
+            assert d.floor == 3 and d.backlog == 0 and d.unacked == 0
             assert not d.ack(1)  # a duplicate ack is no error, and changes nothing
             assert not d.ack(99)
-            assert d.cursor == 3 and c.inflight == 0
+            assert d.floor == 3 and c.inflight == 0
 
     run(main())
 
@@ -167,9 +167,9 @@ def test_nack_redelivers_after_exponential_backoff(tmp_path: Path, run: Run) -> 
             assert elapsed[0] >= 0.040 - CLOCK_SLACK, elapsed
             assert elapsed[1] >= 0.080 - CLOCK_SLACK, elapsed  # base * 2^(n-1)
             assert d.redelivered == 2
-            assert d.cursor == -1 and d.unacked == 1
+            assert d.floor == -1 and d.unacked == 1
             assert d.ack(0)
-            assert d.cursor == 0
+            assert d.floor == 0
             await quiet(c)
 
     run(main())
@@ -227,7 +227,7 @@ def test_ack_timeout_redelivers(tmp_path: Path, run: Run) -> None:
             assert time.monotonic() - started >= 0.060 - CLOCK_SLACK
             assert rig.dispatcher.redelivered == 1
             assert rig.dispatcher.ack(0)
-            assert rig.dispatcher.cursor == 0
+            assert rig.dispatcher.floor == 0
             await quiet(c, wait=0.1)  # acknowledged: not redelivered again
 
     run(main())
@@ -241,7 +241,7 @@ def test_a_late_ack_after_the_timeout_still_counts(tmp_path: Path, run: Run) -> 
             await receive(c, token, 1)
             await until(lambda: c.inflight == 0, what="the ack timeout")
             assert rig.dispatcher.ack(0)  # before the redelivery is due
-            assert rig.dispatcher.cursor == 0 and rig.dispatcher.unacked == 0
+            assert rig.dispatcher.floor == 0 and rig.dispatcher.unacked == 0
             await quiet(c, wait=0.2)
             assert rig.dispatcher.redelivered == 0
 
@@ -259,12 +259,12 @@ def test_dead_letter_after_max_redeliveries(tmp_path: Path, run: Run) -> None:
             for _ in range(2):
                 assert d.nack(0, None)
                 assert offsets(await receive(c, token, 1)) == [0]
-            assert rig.dead == [] and d.cursor == -1
+            assert rig.dead == [] and d.floor == -1
             assert d.nack(0, None)  # the third failure: more than max_redeliveries
             await until(lambda: len(rig.dead) == 1, what="the dead-letter callback")
             (dead,) = rig.dead
             assert (dead.msg_id.topic_offset, dead.msg_id.topic_name, dead.payload) == (0, TOPIC, b"m0")
-            await until(lambda: d.cursor == 1, what="the cursor past the dead letter")
+            await until(lambda: d.floor == 1, what="the cursor past the dead letter")
             assert (d.dead_lettered, d.redelivered, d.unacked) == (1, 2, 0)
             await quiet(c)
 
@@ -278,7 +278,7 @@ def test_ack_timeouts_count_toward_the_dead_letter_limit(tmp_path: Path, run: Ru
             c, token = rig.consumer(1)
             assert offsets(await receive(c, token, 2)) == [0, 0]
             await until(lambda: len(rig.dead) == 1, what="the dead-letter callback")
-            await until(lambda: rig.dispatcher.cursor == 0, what="the cursor past the dead letter")
+            await until(lambda: rig.dispatcher.floor == 0, what="the cursor past the dead letter")
             await quiet(c)
 
     run(main())
@@ -302,7 +302,7 @@ def test_a_lost_shared_consumer_s_messages_go_to_another(tmp_path: Path, run: Ru
             assert rig.dispatcher.redelivered == 2
             for off in range(4):
                 assert rig.dispatcher.ack(off)
-            assert rig.dispatcher.cursor == 3
+            assert rig.dispatcher.floor == 3
             await rig.publish(message(4))
             assert offsets(await receive(c2, t2, 1)) == [4]
             assert c1.queued == 0
@@ -318,7 +318,7 @@ def test_a_lost_exclusive_consumer_gets_its_messages_back_on_reattach(tmp_path: 
             rig.lose(c, old)
             await rig.publish(message(2))
             await quiet(c)  # nobody to deliver to: it waits (it is not dropped)
-            assert rig.dispatcher.cursor == -1
+            assert rig.dispatcher.floor == -1
             new = c.attach()
             rig.sub.stream_started(c)
             assert offsets(await receive(c, new, 3)) == [0, 1, 2]
@@ -364,7 +364,7 @@ def test_messages_wait_for_a_first_consumer(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         async with reliable(tmp_path, SHARED, config(), preload=2) as rig:
             await asyncio.sleep(0.02)
-            assert rig.dispatcher.cursor == -1 and rig.dispatcher.backlog == 2
+            assert rig.dispatcher.floor == -1 and rig.dispatcher.backlog == 2
             c, token = rig.consumer(1)
             assert offsets(await receive(c, token, 2)) == [0, 1]
             await rig.publish(message(2), message(3))
@@ -393,12 +393,12 @@ def test_start_position_is_honoured(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         async with reliable(tmp_path, EXCLUSIVE, config(), preload=5, start=3) as rig:
             d = rig.dispatcher
-            assert d.cursor == 2 and d.backlog == 2
+            assert d.floor == 2 and d.backlog == 2
             c, token = rig.consumer(1)
             assert offsets(await receive(c, token, 2)) == [3, 4]
             await quiet(c)
             assert d.ack(3) and d.ack(4)
-            assert d.cursor == 4
+            assert d.floor == 4
             assert not d.ack(1)  # below the start: never delivered
             await rig.publish(message(5))
             assert offsets(await receive(c, token, 1)) == [5]
@@ -420,7 +420,7 @@ def test_key_shared_routes_by_key_and_skips_keys_no_filter_accepts(tmp_path: Pat
             assert offsets(await receive(ca, ta, 1)) == [3]  # the key keeps its consumer
             for off in (0, 2, 3, 4):
                 assert d.ack(off)
-            assert d.cursor == 4  # offset 1 went to nobody and does not hold the floor back
+            assert d.floor == 4  # offset 1 went to nobody and does not hold the floor back
             await quiet(ca, cb)
 
     run(main())
@@ -431,7 +431,7 @@ def test_key_shared_message_no_filter_accepts_moves_the_cursor(tmp_path: Path, r
         async with reliable(tmp_path, KEY_SHARED, config()) as rig:
             c, _ = rig.consumer(1, filters=["a-*"])
             await rig.publish(message(0, key="nobody"), message(1, key="nobody-either"))
-            await until(lambda: rig.dispatcher.cursor == 1, what="the cursor past unroutable keys")
+            await until(lambda: rig.dispatcher.floor == 1, what="the cursor past unroutable keys")
             assert rig.dispatcher.unacked == 0
             await quiet(c)
 
@@ -453,7 +453,7 @@ def test_key_shared_messages_wait_for_their_only_consumer_to_come_back(tmp_path:
             assert offsets(await receive(cb, tb, 1)) == [2]
             assert rig.dispatcher.ack(2)
             await asyncio.sleep(0.02)
-            assert rig.dispatcher.cursor == -1  # offsets 0 and 1 are not acknowledged
+            assert rig.dispatcher.floor == -1  # offsets 0 and 1 are not acknowledged
             new = ca.attach()
             rig.sub.stream_started(ca)
             assert offsets(await receive(ca, new, 2, timeout=1)) == [0, 1]
@@ -471,7 +471,7 @@ def test_key_shared_drops_a_removed_consumer_s_keys_no_one_else_accepts(tmp_path
             assert offsets(await receive(cb, tb, 1)) == [1]
             assert rig.dispatcher.ack(1)
             rig.sub.remove(ca)  # gone for good: no consumer accepts a-1 any more
-            await until(lambda: rig.dispatcher.cursor == 1, what="the cursor past the orphaned key")
+            await until(lambda: rig.dispatcher.floor == 1, what="the cursor past the orphaned key")
             assert rig.dispatcher.unacked == 0
             await quiet(cb)
 
@@ -498,6 +498,6 @@ def test_key_shared_a_full_consumer_does_not_stop_other_keys(tmp_path: Path, run
             assert offsets(await receive(ca, ta, 1)) == [3]
             assert rig.dispatcher.redelivered == 0  # parking is not a redelivery
             assert rig.dispatcher.ack(3) and rig.dispatcher.ack(4)
-            await until(lambda: rig.dispatcher.cursor == 4, what="the cursor over every offset")
+            await until(lambda: rig.dispatcher.floor == 4, what="the cursor over every offset")
 
     run(main())

@@ -16,10 +16,10 @@ import pytest
 
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
-from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic import NonReliableTopic, Topic
 from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore
-from danube_fast.meta.resources import DeliveryMode, Policy, TopicRoot, TopicSchemaConfig, ValidationPolicy
+from danube_fast.meta.resources import Policy, TopicRoot, TopicSchemaConfig, ValidationPolicy
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.schema import (
     InvalidSetting,
@@ -46,7 +46,7 @@ class Env:
         """A topic as the broker has it, with its root key in the store."""
         name = TopicName("default", short)
         await self.store.put(keys.topic_root("default", short), TopicRoot(0).to_json())
-        return Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(self.store))
+        return NonReliableTopic(name, Policy(), Unfenced(self.store))
 
 
 @asynccontextmanager
@@ -209,9 +209,8 @@ def test_configuration_survives_a_restart(run: Run, tmp_path: Path) -> None:
             await env.topic("plain")
         async with env_at(tmp_path) as env:
             name = TopicName("default", "t")
-            topic = Topic(name, DeliveryMode.NON_RELIABLE, Policy(), None, Unfenced(env.store))
-            plain = Topic(TopicName("default", "plain"), DeliveryMode.NON_RELIABLE, Policy(), None,
-                          Unfenced(env.store))
+            topic = NonReliableTopic(name, Policy(), Unfenced(env.store))
+            plain = NonReliableTopic(TopicName("default", "plain"), Policy(), Unfenced(env.store))
             await env.schemas.load([topic, plain])
             assert env.schemas.config(topic) == TopicSchemaConfig("people", ValidationPolicy.ENFORCE, True)
             assert topic.schema_gate is not None and topic.schema_gate.subject_id == 1

@@ -188,6 +188,10 @@ class _StoredTopic:
     def full(self) -> str:
         return self.name.full
 
+    def set_schema(self, config: TopicSchemaConfig, gate: SchemaGate | None) -> None:
+        self.schema_config = config
+        self.schema_gate = gate
+
 
 class ClusterTopicAdmin(TopicAdmin):
     """TopicAdmin over the topics of every broker: listings and owners from the ClusterView, details from the

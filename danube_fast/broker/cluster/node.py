@@ -41,7 +41,7 @@ class ClusterNode:
         self.topics = topics
         self.membership = Membership(store, topics.broker_id, config.cluster.name, registration,
                                      config.cluster.lease_ttl_s, config.cluster.load_report_ms / 1000,
-                                     lambda: sorted(topics.topics))
+                                     topics.names)
         self.cache = cache  # mirrors /cluster/ at least; owned by the broker
         self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
         self.placement = placement
@@ -66,7 +66,7 @@ class ClusterNode:
 
     async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
         """Hand every topic this broker serves to the others (sealed), when there are others."""
-        if self.reconciler is None or not self.topics.topics:
+        if self.reconciler is None or not self.topics.names():
             return
         me = self.topics.broker_id
         others = [kv for kv in self.cache.get_prefix(keys.register_prefix())
@@ -75,7 +75,7 @@ class ClusterNode:
             return
         try:
             await self.store.put(keys.broker_state(me), BrokerState(BrokerMode.DRAINING, SHUTDOWN).to_json())
-            for full in sorted(self.topics.topics):
+            for full in self.topics.names():
                 ns, t = keys.split_topic_name(full)
                 assignment = keys.broker_topic(me, ns, t)
                 await self.store.transaction(
@@ -86,9 +86,9 @@ class ClusterNode:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self.topics.topics:
+                while self.topics.names():
                     await asyncio.sleep(0.05)
-        log.info("drain: %d topics not handed over in time", len(self.topics.topics))
+        log.info("drain: %d topics not handed over in time", len(self.topics.names()))
 
     async def close(self) -> None:
         if self.load_manager is not None:

@@ -27,7 +27,7 @@ from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
-from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache, Subscription
@@ -41,8 +41,8 @@ RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
 
 # Hooks the object tier adds (broker/tiering.py, cluster/orphans.py): start serving a loaded topic's uploads
 # and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
-Attach = Callable[[Topic, int | None], Awaitable[None]]
-Drain = Callable[[Topic], Awaitable[None]]
+Attach = Callable[[ReliableTopic, int | None], Awaitable[None]]
+Drain = Callable[[ReliableTopic], Awaitable[None]]
 Recover = Callable[[TopicName, str], Awaitable[None]]
 
 
@@ -152,7 +152,7 @@ class Reconciler:
             return
         if self.on_loaded is not None:
             await self.on_loaded(topic)
-        if topic.wal is None:
+        if not isinstance(topic, ReliableTopic):
             guard.reservation = None
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
@@ -171,7 +171,7 @@ class Reconciler:
         ns, t = topic.name.namespace, topic.name.topic
 
         async def seal(topic: Topic) -> None:
-            if topic.wal is None:
+            if not isinstance(topic, ReliableTopic):
                 return
             if self.drain is not None:
                 await self.drain(topic)
@@ -184,7 +184,7 @@ class Reconciler:
 
     async def _lose(self, topic: Topic) -> None:
         await self._topics.unload_topic(topic, None)
-        if topic.wal is not None:
+        if isinstance(topic, ReliableTopic):
             await self._recover(topic.name, topic.wal.directory)
 
     async def _recover(self, name: TopicName, directory: str) -> None:

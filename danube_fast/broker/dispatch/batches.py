@@ -1,9 +1,10 @@
 """A Reliable subscription served to one fast-API consumer stream: whole record batches straight from the
 WAL, no per-message work, a window of unacknowledged bytes, cumulative and individual acks.
 
-It keeps the same cursor (the contiguous ack floor, under the seed's cursor key) as the per-message
-ReliableDispatcher, so a subscription can move between the two APIs: Topics swaps the dispatcher when a
-consumer of the other kind subscribes while nobody of this kind is streaming.
+It moves the subscription's Cursor (dispatch/cursor.py: the ack floor, the individual acks above it, when
+it is saved), the same one the per-message ReliableDispatcher moves, so a subscription can go between the
+two APIs: Topics swaps the dispatcher when a consumer of the other kind subscribes while nobody of this kind
+is streaming.
 
 The window the client names is capped at [dispatch] window_bytes, and the unacknowledged bytes count in the
 broker's ByteBudget (budget.py): while it is spent, a stream with something unacknowledged waits for room.
@@ -18,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
 
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.errors import OffsetOutOfRange
 from danube_fast.storage.tiered import ReadableLog
@@ -32,24 +33,21 @@ READ_BYTES = 1024 * 1024
 
 
 class BatchDispatcher:
-    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, start: int,
-                 save_cursor: Callable[[int], Awaitable[None]], budget: ByteBudget | None = None) -> None:
+    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, cursor: Cursor,
+                 budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription
         self._budget = budget if budget is not None else ByteBudget(config.broker_bytes)
         self._wal = wal
         self._config = config
-        self._save_cursor = save_cursor
         self._loop = asyncio.get_running_loop()
-        self._low = start  # lowest offset not acknowledged
-        self._next = start  # next offset to send
-        self._acked: set[int] = set()  # acknowledged one by one, above the floor
+        self._cursor = cursor
+        if cursor.low < wal.start_offset:
+            cursor.skip_to(wal.start_offset)
+        cursor.forget_acks()  # what was acknowledged above the floor on another stream comes again
+        self._next = cursor.low  # next offset to send
         self._sent: deque[tuple[int, int]] = deque()  # (last offset, bytes) of what is out, in order
         self._unacked_bytes = 0
-        self._saved = start - 1
-        self._acks_since_save = 0
-        self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
-        self._save_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.holder = 0  # id of the fast consumer streaming from it (0: nobody)
         self._epoch = 0  # bumped when the stream goes: a read begun for the old stream is dropped
@@ -68,10 +66,10 @@ class BatchDispatcher:
 
     def consumer_lost(self, consumer: Consumer | None = None) -> None:
         """The stream went: deliver again from the floor."""
-        self.redelivered += max(0, self._next - self._low - len(self._acked))
+        cursor = self._cursor
+        self.redelivered += max(0, self._next - cursor.low - cursor.forget_acks())
         self._epoch += 1
-        self._next = self._low
-        self._acked.clear()
+        self._next = cursor.low
         self._sent.clear()
         self._release(self._unacked_bytes)
         self._wake.set()
@@ -88,7 +86,7 @@ class BatchDispatcher:
 
     def nack(self, offset: int, delay_ms: int | None) -> bool:
         """Deliver again from `offset` (whole batches from the one holding it), after `delay_ms`."""
-        if not self._low <= offset < self._next:
+        if not self._cursor.low <= offset < self._next:
             return False
         if delay_ms:
             self._loop.call_later(delay_ms / 1000, self._rewind, offset, self._epoch)
@@ -97,9 +95,10 @@ class BatchDispatcher:
         return True
 
     def _rewind(self, offset: int, epoch: int) -> None:
-        if epoch != self._epoch or not self._low <= offset < self._next:
+        acked = self._cursor.acked
+        if epoch != self._epoch or not self._cursor.low <= offset < self._next:
             return  # the stream went meanwhile (delivery restarted at the floor) or it was acknowledged
-        self.redelivered += sum(1 for o in range(offset, self._next) if o not in self._acked)
+        self.redelivered += sum(1 for o in range(offset, self._next) if o not in acked)
         self._position += 1  # a read in progress for the old position is dropped
         while self._sent and self._sent[-1][0] >= offset:
             self._release(self._sent.pop()[1])
@@ -107,16 +106,17 @@ class BatchDispatcher:
         self._wake.set()
 
     @property
-    def cursor(self) -> int:
-        return self._low - 1
+    def floor(self) -> int:
+        """The cursor's contiguous ack floor."""
+        return self._cursor.floor
 
     @property
     def backlog(self) -> int:
-        return max(0, self._wal.committed_offset - self._low)
+        return max(0, self._wal.committed_offset - self._cursor.low)
 
     @property
     def unacked(self) -> int:
-        return max(0, self._next - self._low - len(self._acked))
+        return max(0, self._next - self._cursor.low - len(self._cursor.acked))
 
     @property
     def held_bytes(self) -> int:
@@ -136,33 +136,17 @@ class BatchDispatcher:
             await self.save_cursor()
 
     async def save_cursor(self) -> None:
-        async with self._save_lock:
-            floor = self._low - 1
-            if floor > self._saved:
-                await self._save_cursor(floor)
-                self._saved = floor
-            self._acks_since_save = 0
-            self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000
+        await self._cursor.save()
 
     # -- what the holding stream calls ----------------------------------------------------------------
 
     def acknowledge(self, up_to: int | None, offsets: list[int]) -> int:
         """Cumulative (`up_to`: every offset up to it) and individual acks of sent offsets; how many
         offsets became acknowledged."""
-        before = self._low + len(self._acked)
-        if up_to is not None and up_to >= self._low:
-            self._low = min(up_to + 1, self._next)
-            self._acked = {o for o in self._acked if o >= self._low}
-        for o in offsets:
-            if self._low <= o < self._next:
-                self._acked.add(o)
-        while self._low in self._acked:
-            self._acked.discard(self._low)
-            self._low += 1
-        while self._sent and self._sent[0][0] < self._low:
+        done = self._cursor.acknowledge(up_to, offsets, self._next)
+        low = self._cursor.low
+        while self._sent and self._sent[0][0] < low:
             self._release(self._sent.popleft()[1])
-        done = self._low + len(self._acked) - before
-        self._acks_since_save += done
         self._wake.set()
         return done
 
@@ -177,9 +161,8 @@ class BatchDispatcher:
             self._wake.clear()
             if self.stopped or self._epoch != epoch:
                 return None
-            if self._acks_since_save >= self._config.cursor_flush_acks or \
-                    self._loop.time() >= self._next_save:
-                await self.save_cursor()
+            if self._cursor.due(self._loop.time()):
+                await self._cursor.save()
             waiting = self._unacked_bytes >= window or self._next >= self._wal.committed_offset
             if not waiting and self._unacked_bytes and self._budget.spent:
                 self._budget.wait(self._wake.set)
@@ -189,7 +172,8 @@ class BatchDispatcher:
                 try:
                     got = await self._wal.read(self._next, min(READ_BYTES, window))
                 except OffsetOutOfRange:  # retention deleted what was not consumed
-                    self._next = self._low = self._wal.start_offset
+                    self._cursor.skip_to(self._wal.start_offset)
+                    self._next = self._cursor.low
                     continue
                 if self._epoch != epoch:
                     return None  # the stream this read was for is gone (a cancel can arrive too late)
@@ -215,6 +199,6 @@ class BatchDispatcher:
                     self._budget.take(size)
                     self._next = next_offset
                     return b"".join(chunks), first, next_offset - 1
-            timeout = max(0.001, self._next_save - self._loop.time())
+            timeout = max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)

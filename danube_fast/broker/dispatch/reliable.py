@@ -11,8 +11,10 @@ Bookkeeping, by offset:
 - `_waiting` + `_due` (a heap): to be delivered again at a time (after a nack, a timeout or a lost consumer);
   `_retry`: released from `_due`, in order; Key-Shared also parks here the messages whose consumer is away or
   full, so that one slow consumer does not stop every other key;
-- `_low`: the lowest offset not yet acknowledged. The cursor persisted under the seed's cursor key is
-  `_low - 1`, the contiguous ack floor, so a restart resumes at `_low` and never skips an unacked message.
+- the subscription's Cursor (dispatch/cursor.py, shared with the fast API's BatchDispatcher): its floor
+  moves over every offset read that is no longer held (acknowledged, dead-lettered, or dropped because no
+  consumer's key filter accepts it), and it is saved by its flush policy, so a restart resumes at the
+  lowest unacknowledged offset and never skips one.
 
 Unlike v0.7.3 (one message in flight per subscription, docs/WIRE.md C.9), each consumer may have
 `window` messages unacknowledged, and as many bytes of them as `window_bytes` allows (one message bigger
@@ -37,6 +39,7 @@ from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.broker.ratelimit import RateLimiter
@@ -79,15 +82,18 @@ class _Pending:
 
 
 class ReliableDispatcher:
-    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, start: int,
-                 save_cursor: Callable[[int], Awaitable[None]],
+    def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, cursor: Cursor,
                  dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0,
                  budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
         self._sub = subscription
         self._wal = wal
         self._config = config
-        self._save_cursor = save_cursor
+        self._cursor = cursor
+        cursor.forget_acks()  # acks above the floor (a fast-API stream's) are this dispatcher's to redo
+        if cursor.low < wal.start_offset:
+            cursor.skip_to(wal.start_offset)
+        start = cursor.low
         self._dead_letter = dead_letter
         self._selector = Selector(subscription.kind)
         self._keyed = subscription.kind == SubscriptionType.KEY_SHARED
@@ -105,10 +111,6 @@ class ReliableDispatcher:
         self._retry: deque[int] = deque()  # released from _due (or parked), waiting for a consumer
         self._blocked_keys: set[str] = set()  # Key-Shared: keys that could not be delivered in this pass
         self._dead: deque[_Pending] = deque()
-        self._low = start
-        self._saved = start - 1
-        self._acks_since_save = 0
-        self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
         self._wake = asyncio.Event()
         self._rate = RateLimiter(max_rate)
         self._throttle = 0.0
@@ -137,10 +139,9 @@ class ReliableDispatcher:
             if not entry.delivered:
                 self._parked -= entry.size
         elif entry.consumer is not None:
-            entry.consumer.inflight -= 1
-            entry.consumer.inflight_bytes -= entry.size
+            entry.consumer.settled(entry.size)
         self._release(entry.size)
-        self._acks_since_save += 1
+        self._cursor.counted()
         self._advance_low()
         self._wake.set()
         return True
@@ -150,8 +151,7 @@ class ReliableDispatcher:
         if entry is None:
             return False
         if entry.consumer is not None:
-            entry.consumer.inflight -= 1
-            entry.consumer.inflight_bytes -= entry.size
+            entry.consumer.settled(entry.size)
         self._retry_later(offset, entry, delay_ms, count=True)
         self._wake.set()
         return True
@@ -164,8 +164,7 @@ class ReliableDispatcher:
         for off in lost:
             entry = self._pending.pop(off)
             self._retry_later(off, entry, 0, count=False)
-        consumer.inflight = 0
-        consumer.inflight_bytes = 0
+        consumer.settled_all()
         self._wake.set()
 
     def taken(self, size: int) -> None:
@@ -174,13 +173,13 @@ class ReliableDispatcher:
     # -- state for metrics and tests -----------------------------------------------------------------
 
     @property
-    def cursor(self) -> int:
-        """The contiguous ack floor: every offset below `cursor + 1` is acknowledged."""
-        return self._low - 1
+    def floor(self) -> int:
+        """The cursor's contiguous ack floor: every offset up to it is acknowledged."""
+        return self._cursor.floor
 
     @property
     def backlog(self) -> int:
-        return max(0, self._wal.committed_offset - self._low)
+        return max(0, self._wal.committed_offset - self._cursor.low)
 
     @property
     def unacked(self) -> int:
@@ -210,12 +209,7 @@ class ReliableDispatcher:
             await self.save_cursor()
 
     async def save_cursor(self) -> None:
-        floor = self._low - 1
-        if floor > self._saved:
-            await self._save_cursor(floor)
-            self._saved = floor
-        self._acks_since_save = 0
-        self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000
+        await self._cursor.save()
 
     # -- the dispatch task ---------------------------------------------------------------------------
 
@@ -229,8 +223,8 @@ class ReliableDispatcher:
                 moved = self._send_retries(now)
                 moved = await self._send_new(now) or moved
                 await self._bury_dead()
-                if self._acks_since_save >= self._config.cursor_flush_acks or now >= self._next_save:
-                    await self.save_cursor()
+                if self._cursor.due(now):
+                    await self._cursor.save()
             except asyncio.CancelledError:
                 raise
             except DanubeError as e:  # a WAL read or cursor write failed: keep the state, try again soon
@@ -251,7 +245,7 @@ class ReliableDispatcher:
                 await asyncio.wait_for(self._wake.wait(), self._idle_timeout(now))
 
     def _idle_timeout(self, now: float) -> float:
-        until = self._next_save
+        until = self._cursor.next_save
         if self._due:
             until = min(until, self._due[0][0])
         if self._pending:
@@ -273,9 +267,7 @@ class ReliableDispatcher:
         offset = msg.msg_id.topic_offset
         self._pending[offset] = _Pending(msg, size, c, now + self._config.ack_timeout_ms / 1000,
                                          redeliveries)
-        c.inflight += 1
-        c.inflight_bytes += size
-        c.push(msg, size)
+        c.deliver(msg, size)
 
     def _route(self, msg: pb.StreamMessage, size: int) -> tuple[Consumer | None, bool]:
         """(consumer, wait): a consumer to take `msg` (of `size` bytes) now; else whether to wait (True) or
@@ -426,8 +418,7 @@ class ReliableDispatcher:
                 return
             del self._pending[off]
             if entry.consumer is not None:
-                entry.consumer.inflight -= 1
-                entry.consumer.inflight_bytes -= entry.size
+                entry.consumer.settled(entry.size)
             self._retry_later(off, entry, 0, count=True)
 
     async def _bury_dead(self) -> None:
@@ -442,13 +433,9 @@ class ReliableDispatcher:
             if self._waiting.pop(off, None) is not None:  # an ack may have come while the publish ran
                 self._release(entry.size)
             self.dead_lettered += 1
-            self._acks_since_save += 1
+            self._cursor.counted()
             self._advance_low()
 
     def _advance_low(self) -> None:
         limit = self._ready[0][0].msg_id.topic_offset if self._ready else self._read_pos
-        low = self._low
-        pending, waiting = self._pending, self._waiting
-        while low < limit and low not in pending and low not in waiting:
-            low += 1
-        self._low = low
+        self._cursor.settle_below(limit, self._pending, self._waiting)

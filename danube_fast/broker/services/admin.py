@@ -22,6 +22,7 @@ from danube_fast.broker.names import (
     partition_base,
 )
 from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
 from danube_fast.meta.resources import DeliveryMode
@@ -55,7 +56,7 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
 
     def _topic_names(self, ns: str) -> list[str]:
         """`ns/topic` (no leading slash, C.14) of each topic of the namespace, sorted."""
-        return sorted(t.full[1:] for t in self._topics.topics.values() if t.name.namespace == ns)
+        return sorted(t.full[1:] for t in self._topics.served() if t.name.namespace == ns)
 
     @unary
     async def GetNamespacePolicies(self, request: pb.NamespaceRequest, context: Context) -> pb.PolicyResponse:
@@ -100,16 +101,16 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
             raise not_found(f"Unable to create the topic {name} due to: schema subject {clip(subject)!r} is "
                             "not registered")
 
-    def _info(self, full: str) -> pb.TopicInfo:
-        topic = self._topics.topics[full]
-        return pb.TopicInfo(name=full, broker_id=str(self._topics.broker_id), delivery=topic.delivery.value)
+    def _info(self, topic: Topic) -> pb.TopicInfo:
+        return pb.TopicInfo(name=topic.full, broker_id=str(self._topics.broker_id),
+                            delivery=topic.delivery.value)
 
     @unary
     async def ListNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
                                   ) -> pb.TopicInfoListResponse:
         ns = namespace_name(request.name)
-        return pb.TopicInfoListResponse(topics=[self._info(t) for t in sorted(self._topics.topics)
-                                                if self._topics.topics[t].name.namespace == ns])
+        served = sorted(self._topics.served(), key=lambda t: t.full)
+        return pb.TopicInfoListResponse(topics=[self._info(t) for t in served if t.name.namespace == ns])
 
     @unary
     async def CreateTopic(self, request: pb.NewTopicRequest, context: Context) -> pb.TopicResponse:
@@ -161,7 +162,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
         topic = self._topics.find(name.full)
         if topic is None:
             raise not_found(f"Unable to unsubscribe: topic {name} does not exist")
-        await self._topics.unsubscribe(topic, request.subscription)
+        await self._topics.subscriptions.unsubscribe(topic, request.subscription)
         return pb.SubscriptionResponse(success=True)
 
     @unary

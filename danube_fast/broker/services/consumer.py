@@ -31,7 +31,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
     @unary
     async def Subscribe(self, request: pb.ConsumerRequest, context: Context) -> pb.ConsumerResponse:
         topic = self._topics.topic_for_consumer(parse_topic(request.topic_name))
-        cid = await self._topics.subscribe(topic, request)
+        cid = await self._topics.subscriptions.subscribe(topic, request)
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=cid,
                                    consumer_name=request.consumer_name)
 
@@ -44,12 +44,12 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
         until the client has been told CLOSE (or HEALTH_WAIT) and then ends with OK, instead of failing
         thousands of times a second; an id never seen (e.g. from before a restart) gets NOT_FOUND (C.8),
         slowed down by UNKNOWN_DELAY for the same reason."""
-        consumer = self._topics.consumers.get(request.consumer_id)
+        consumer = self._topics.clients.find_consumer(request.consumer_id)
         if consumer is None:
-            gone = self._topics.gone.get(request.consumer_id)
-            if gone is not None:
+            told_close = self._topics.clients.gone(request.consumer_id)
+            if told_close is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(gone[1].wait(), HEALTH_WAIT)
+                    await asyncio.wait_for(told_close.wait(), HEALTH_WAIT)
                 return
             await asyncio.sleep(UNKNOWN_DELAY)
             error = not_found(f"The consumer with the id {request.consumer_id} does not exist")
@@ -78,7 +78,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
         call, which the official client raises to the application (docs/WIRE.md B.9)."""
         name = parse_topic(msg_id.topic_name)
         topic = self._topics.find(name.full)
-        if topic is None and name.full in self._topics.moved_topics:
+        if topic is None and self._topics.clients.moved(name.full):
             return None
         if topic is None:
             raise _internal(f"Error {what} message: Topic {name} not found on this broker")

@@ -72,11 +72,12 @@ class HealthService(pb_grpc.HealthCheckServicer):
         ok = pb.HealthCheckResponse.OK
         close = pb.HealthCheckResponse.CLOSE
         if request.client == pb.HealthCheckRequest.Producer:
-            return pb.HealthCheckResponse(status=ok if request.id in self._topics.producers else close)
+            known = self._topics.clients.has_producer(request.id)
+            return pb.HealthCheckResponse(status=ok if known else close)
         if request.client == pb.HealthCheckRequest.Consumer:
-            c = self._topics.consumers.get(request.id)
+            c = self._topics.clients.find_consumer(request.id)
             if c is not None and c.active:
                 return pb.HealthCheckResponse(status=ok)
-            self._topics.told_close(request.id)
+            self._topics.clients.told_close(request.id)
             return pb.HealthCheckResponse(status=close)
         raise invalid(f"Invalid client type {request.client} (0 Producer, 1 Consumer)")

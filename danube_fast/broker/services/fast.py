@@ -21,12 +21,13 @@ from collections.abc import AsyncIterator
 import grpc
 
 from danube_fast import frames
+from danube_fast.broker.clients import new_id
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.errors import ApiError, invalid
 from danube_fast.broker.names import check_name, parse_topic
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics, new_id
+from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, FrameCorrupt
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import FastApi_pb2 as fast
@@ -126,7 +127,7 @@ def _check(data: bytes, topic: Topic, producer_id: int) -> int:
     if not data:
         raise invalid("Batch.data is empty")
     try:
-        headers = frames.scan_batches(data, verify=topic.wal is None)
+        headers = frames.scan_batches(data, verify=not topic.reliable)
     except FrameCorrupt as e:
         raise invalid(f"malformed record batch: {e}") from e
     limit = topic.policy.max_message_size
@@ -174,7 +175,8 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 raise invalid("the first request of a Consume stream must be Subscribe")
             req = first.subscribe
             topic = self._topics.topic_for_consumer(parse_topic(req.topic))
-            batches = await self._topics.subscribe_batches(topic, req.subscription, req.consumer_name)
+            batches = await self._topics.subscriptions.subscribe_batches(topic, req.subscription,
+                                                                         req.consumer_name)
         except DanubeError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
             return
@@ -184,7 +186,7 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
         reader = asyncio.create_task(_apply_acks(requests, batches))
         try:
             yield fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=holder,
-                                                                  start_offset=batches.cursor + 1))
+                                                                  start_offset=batches.floor + 1))
             while True:
                 records = asyncio.ensure_future(batches.next_records(window))
                 await asyncio.wait([records, reader], return_when=asyncio.FIRST_COMPLETED)

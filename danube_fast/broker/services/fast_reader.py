@@ -27,7 +27,7 @@ from danube_fast.broker.errors import ApiError, invalid, precondition
 from danube_fast.broker.names import parse_topic
 from danube_fast.broker.services.fast import fill_records
 from danube_fast.broker.services.status import Context, unary
-from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.proto import FastApi_pb2 as fast
@@ -73,11 +73,11 @@ class FastReaderService(fast_grpc.FastReaderServicer):
             yield response
             low = next_offset
 
-    def _readable(self, name: str) -> tuple[Topic, ReadableLog]:
+    def _readable(self, name: str) -> tuple[ReliableTopic, ReadableLog]:
         """The topic and what it is read through; INVALID_ARGUMENT for a bad name or an unknown topic,
         UNAVAILABLE when another broker serves it, FAILED_PRECONDITION when it is NonReliable."""
         topic = self._topics.topic_for_consumer(parse_topic(name))
-        if topic.log is None:
+        if not isinstance(topic, ReliableTopic):
             raise precondition(f"topic {topic.full} is NonReliable: it keeps no records to read "
                                "(FastReader reads Reliable topics)")
         return topic, topic.log

@@ -46,7 +46,7 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
 
     @unary
     async def SendMessage(self, request: pb.StreamMessage, context: Context) -> pb.MessageResponse:
-        entry = self._topics.producer(request.msg_id.producer_id)
+        entry = self._topics.clients.producer(request.msg_id.producer_id)
         topic = entry.topic
         if request.msg_id.topic_name != topic.full:
             raise denied(f"Unable to publish the message: producer {request.msg_id.producer_id} is "

@@ -1,0 +1,108 @@
+"""A Reliable subscription's cursor: the contiguous ack floor, the acks above it, and when it is saved.
+
+The subscription owns one Cursor for its whole life; whichever dispatcher serves it (per message,
+dispatch/reliable.py, or whole batches to a fast-API stream, dispatch/batches.py) moves it, so switching
+between the two keeps the position. What is persisted, under the subscription's cursor key
+(docs/METADATA.md#topic-keys), is `floor`: every offset up to it is acknowledged, so a restart resumes at
+`low` and never skips an unacknowledged record. Acks above the floor (`acked`) are kept in memory only:
+after a restart they come again (at least once).
+
+Flush policy: the floor is written after `cursor_flush_acks` acknowledgements or `cursor_flush_ms`, whichever
+comes first (`due`), and when the dispatcher closes. Writes are serialised and only ever move the stored
+cursor forward.
+
+Ownership: the dispatcher that serves the subscription calls everything here, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Container
+
+from danube_fast.broker.config import DispatchConfig
+
+Saver = Callable[[int], Awaitable[None]]
+
+
+class Cursor:
+    def __init__(self, start: int, save: Saver, config: DispatchConfig) -> None:
+        """`start`: the first offset not acknowledged; `save(floor)` persists the floor (fenced)."""
+        self._save = save
+        self._config = config
+        self._loop = asyncio.get_running_loop()
+        self.low = start  # the lowest offset not acknowledged
+        self.acked: set[int] = set()  # acknowledged one by one, above the floor
+        self._saved = start - 1
+        self._acks_since_save = 0
+        self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
+        self._lock = asyncio.Lock()
+
+    @property
+    def floor(self) -> int:
+        """Every offset up to `floor` is acknowledged."""
+        return self.low - 1
+
+    # -- moving it -----------------------------------------------------------------------------------
+
+    def acknowledge(self, up_to: int | None, offsets: list[int], limit: int) -> int:
+        """Cumulative (`up_to`: every offset up to it) and individual acks of offsets below `limit` (what was
+        sent); how many offsets became acknowledged."""
+        before = self.low + len(self.acked)
+        if up_to is not None and up_to >= self.low:
+            self.low = min(up_to + 1, limit)
+            self.acked = {o for o in self.acked if o >= self.low}
+        for o in offsets:
+            if self.low <= o < limit:
+                self.acked.add(o)
+        while self.low in self.acked:
+            self.acked.discard(self.low)
+            self.low += 1
+        done = self.low + len(self.acked) - before
+        self._acks_since_save += done
+        return done
+
+    def settle_below(self, limit: int, pending: Container[int], waiting: Container[int]) -> None:
+        """Move the floor over every offset below `limit` that is neither `pending` nor `waiting` (the
+        per-message dispatcher's rule: what it read and no longer holds is done: acknowledged,
+        dead-lettered, or dropped for want of a consumer). Individual acks are not kept for it: their
+        number would grow with the time the floor waits for one message's redelivery."""
+        low = self.low
+        while low < limit and low not in pending and low not in waiting:
+            low += 1
+        self.low = low
+
+    def counted(self, acks: int = 1) -> None:
+        """`acks` acknowledgements the dispatcher settled itself (for the flush policy)."""
+        self._acks_since_save += acks
+
+    def skip_to(self, offset: int) -> None:
+        """Retention deleted what was not consumed: the floor jumps to the first offset kept."""
+        if offset > self.low:
+            self.low = offset
+            self.acked = {o for o in self.acked if o >= offset}
+
+    def forget_acks(self) -> int:
+        """The stream that sent the acks above the floor went: they are delivered again. How many there
+        were."""
+        count = len(self.acked)
+        self.acked.clear()
+        return count
+
+    # -- saving it -----------------------------------------------------------------------------------
+
+    def due(self, now: float) -> bool:
+        return self._acks_since_save >= self._config.cursor_flush_acks or now >= self._next_save
+
+    @property
+    def next_save(self) -> float:
+        """Loop time at which the floor is due even without more acks."""
+        return self._next_save
+
+    async def save(self) -> None:
+        async with self._lock:
+            floor = self.low - 1
+            if floor > self._saved:
+                await self._save(floor)
+                self._saved = floor
+            self._acks_since_save = 0
+            self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000

@@ -1,0 +1,250 @@
+"""The subscriptions of this broker's topics: subscribing and unsubscribing, the dispatcher that serves each
+one, dead letters, and the idle reaper.
+
+A Reliable subscription owns a Cursor (dispatch/cursor.py) and is served per message (ReliableDispatcher,
+Danube API consumers) or by whole batches to one fast-API stream (BatchDispatcher); it switches between
+the two, keeping its cursor, when a consumer of the other kind subscribes while nobody of the current kind
+streams. A NonReliable one has a LiveDispatcher.
+
+Ownership: this module adds and removes a topic's subscriptions (through the Topic's methods) and the
+consumers in Clients (clients.py); the metadata store is written first and memory changed after the write
+succeeded. Everything runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from danube_fast.broker import names
+from danube_fast.broker.clients import Clients
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Cursor
+from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.dispatch.reliable import ReliableDispatcher
+from danube_fast.broker.errors import denied, exhausted, invalid, not_found, precondition
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.subscription import Subscription
+from danube_fast.broker.topic import ReliableTopic, Topic
+from danube_fast.meta import keys
+from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionType
+from danube_fast.meta.resources import Subscription as SubscriptionRecord
+from danube_fast.meta.store import Delete, MetadataStore, Put
+from danube_fast.proto import DanubeApi_pb2 as pb
+
+log = logging.getLogger("danube_fast.broker")
+
+STREAM_WAIT = 10.0  # seconds a subscribed consumer may go without opening its stream before it counts as gone
+MAX_KEY_FILTERS = 64  # Key-Shared filters per consumer: each is matched against every routing key
+
+TopicForProducer = Callable[[TopicName, DeliveryMode], Awaitable[Topic]]
+
+
+class Subscriptions:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, clients: Clients, budget: ByteBudget,
+                 topic_for_producer: TopicForProducer, served: Callable[[], Iterable[Topic]]) -> None:
+        """`topic_for_producer`: where dead letters go (created on first use); `served`: the topics this
+        broker serves (for the idle reaper)."""
+        self._config = config
+        self._store = store
+        self._clients = clients
+        self._budget = budget
+        self._topic_for_producer = topic_for_producer
+        self._served = served
+
+    async def close(self, topic: Topic, *, save: bool) -> None:
+        """Remove every consumer of `topic` and stop its dispatchers (saving cursors if `save`); a failure to
+        save one is logged, and its cursor stays where it was last saved (at least once)."""
+        for sub in list(topic.subscriptions.values()):
+            for c in list(sub.consumers):
+                self._clients.remove_consumer(c)
+            try:
+                await sub.dispatcher.close(save=save)
+            except Exception as e:
+                log.warning("closing subscription %s of %s: %s", sub.name, topic.full, e)
+        topic.clear_subscriptions()
+
+    async def subscribe(self, topic: Topic, req: pb.ConsumerRequest) -> int:
+        names.check_name(req.subscription, "ConsumerRequest.subscription", slash=False)
+        names.check_name(req.consumer_name, "ConsumerRequest.consumer_name")
+        if len(req.key_filters) > MAX_KEY_FILTERS:
+            raise invalid(f"ConsumerRequest.key_filters has {len(req.key_filters)} filters: at most "
+                          f"{MAX_KEY_FILTERS}")
+        for pattern in req.key_filters:
+            if len(pattern) > names.MAX_NAME_BYTES:
+                raise invalid(f"a key filter of {len(pattern)} characters: at most {names.MAX_NAME_BYTES}")
+        if req.subscription_type not in (0, 1, 2, 3):
+            raise invalid(f"unknown subscription type {req.subscription_type} (0..3: Exclusive, Shared, "
+                          "Failover, KeyShared)")
+        sub = topic.subscriptions.get(req.subscription)
+        if sub is not None:
+            await self._per_message(topic, sub)
+            existing = sub.by_name(req.consumer_name)
+            if existing is not None:  # takeover by name (docs/WIRE.md C.7 step 2)
+                existing.key_filters = list(req.key_filters)
+                sub.takeover(existing)
+                self._expect_stream(existing)
+                return existing.id
+        policy = topic.policy
+        if sub is None and policy.max_subscriptions_per_topic and \
+                len(topic.subscriptions) >= policy.max_subscriptions_per_topic:
+            raise denied(f"Not allowed to create the subscription for the topic: {topic.full} (it has "
+                         f"reached max_subscriptions_per_topic, {policy.max_subscriptions_per_topic})")
+        if policy.max_consumers_per_topic and topic.consumer_count() >= policy.max_consumers_per_topic:
+            raise exhausted(f"topic {topic.full} has reached max_consumers_per_topic "
+                            f"({policy.max_consumers_per_topic})")
+        if sub is None:
+            sub = await self._create_subscription(topic, req.subscription,
+                                                  SubscriptionType(req.subscription_type), req.consumer_name)
+        for old in sub.check_admits(req.consumer_name, policy.max_consumers_per_subscription):
+            self._clients.remove_consumer(old)
+        cid = self._clients.new_consumer_id()
+        consumer = Consumer(cid, req.consumer_name, sub, list(req.key_filters), self._config.dispatch.window)
+        self._clients.add_consumer(consumer)
+        sub.add(consumer)
+        self._expect_stream(consumer)
+        return cid
+
+    def _expect_stream(self, consumer: Consumer) -> None:
+        """A consumer starts active so that messages queue for it before its stream opens (docs/WIRE.md C.7);
+        one that never opens a stream (its process died after Subscribe) must not hold an Exclusive or
+        Failover subscription, nor its messages, for ever."""
+        generation = consumer.generation
+
+        def check() -> None:
+            if consumer.generation == generation and not consumer.streaming and consumer.active \
+                    and not consumer.removed:
+                consumer.active = False
+                consumer.subscription.stream_ended(consumer)
+
+        asyncio.get_running_loop().call_later(STREAM_WAIT, check)
+
+    async def unsubscribe(self, topic: Topic, name: str) -> None:
+        sub = topic.subscriptions.get(name)
+        if sub is None:
+            raise not_found(f"subscription {names.clip(name)!r} does not exist on {topic.full}")
+        if any(c.active for c in sub.consumers):
+            raise not_found(f"subscription {name!r} on {topic.full} has active consumers")
+        await self.delete(topic, sub)
+
+    async def _create_subscription(self, topic: Topic, name: str, kind: SubscriptionType,
+                                   consumer_name: str) -> Subscription:
+        """Persist the subscription and its start before Subscribe answers (docs/WIRE.md C.7): a new one
+        starts at the latest offset, written as the cursor `latest - 1` so that a restart cannot move it
+        forward."""
+        ns, short = topic.name.namespace, topic.name.topic
+        start = topic.wal.committed_offset if isinstance(topic, ReliableTopic) else 0
+        record = SubscriptionRecord(None, consumer_name, name, kind)
+        ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
+        if start > 0:
+            cursor = SubscriptionCursor(start - 1)
+            ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
+        await self._store.transaction([], ops, [])
+        return self.attach(topic, name, kind, start)
+
+    def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int
+                             ) -> Subscription:
+        sub = Subscription(topic.full, name, kind)
+        if isinstance(topic, ReliableTopic):
+            sub.cursor = Cursor(start, self._cursor_saver(topic, name), self._config.dispatch)
+            sub.dispatcher = self._reliable(topic, sub)
+        else:
+            dispatch = self._config.dispatch
+            sub.dispatcher = LiveDispatcher(sub, dispatch.buffer, dispatch.window_bytes, self._budget)
+        topic.add_subscription(sub)
+        return sub
+
+    def _cursor_saver(self, topic: Topic, name: str) -> Callable[[int], Awaitable[None]]:
+        cursor_key = keys.subscription_cursor(topic.name.namespace, topic.name.topic, name)
+
+        async def save_cursor(offset: int) -> None:
+            value = SubscriptionCursor(offset).to_json()
+            await topic.fence.write([Put(cursor_key, value)])  # fenced: a deposed owner cannot move it
+
+        return save_cursor
+
+    def _reliable(self, topic: ReliableTopic, sub: Subscription) -> ReliableDispatcher:
+        assert sub.cursor is not None
+
+        async def dead_letter(msg: pb.StreamMessage) -> None:
+            await self._dead_letter(topic, msg)
+
+        return ReliableDispatcher(sub, topic.log, self._config.dispatch, sub.cursor, dead_letter,
+                                  topic.policy.max_subscription_dispatch_rate, self._budget)
+
+    async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
+        """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
+        per-message subscription is taken over (same cursor) when none of its consumers is active."""
+        if not isinstance(topic, ReliableTopic):
+            raise precondition(f"topic {topic.full} is NonReliable: the fast API consumes Reliable topics")
+        names.check_name(name, "Subscribe.subscription", slash=False)
+        names.check_name(consumer_name, "Subscribe.consumer_name")
+        sub = topic.subscriptions.get(name)
+        if sub is None:
+            sub = await self._create_subscription(topic, name, SubscriptionType.EXCLUSIVE, consumer_name)
+        current = sub.dispatcher
+        if isinstance(current, BatchDispatcher):
+            if current.holder:
+                raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
+                             f"{name!r} is held by another fast consumer")
+            return current
+        if any(c.active for c in sub.consumers):
+            raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription {name!r} "
+                         "has active Danube API consumers")
+        assert isinstance(current, ReliableDispatcher)  # a topic with a WAL has no live dispatchers
+        for c in list(sub.consumers):
+            self._clients.remove_consumer(c)
+        await current.close()
+        assert sub.cursor is not None
+        batches = BatchDispatcher(sub, topic.log, self._config.dispatch, sub.cursor, self._budget)
+        sub.dispatcher = batches
+        return batches
+
+    async def _per_message(self, topic: Topic, sub: Subscription) -> None:
+        """A Danube API consumer joins a subscription last served by batches: back to per-message
+        dispatch from the same cursor, unless a fast consumer still streams from it."""
+        current = sub.dispatcher
+        if not isinstance(current, BatchDispatcher):
+            return
+        if current.holder:
+            raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
+                         f"{sub.name!r} is held by a fast-API consumer")
+        assert isinstance(topic, ReliableTopic)  # only a Reliable topic is served by batches
+        await current.close()
+        sub.dispatcher = self._reliable(topic, sub)
+
+    async def _dead_letter(self, topic: Topic, msg: pb.StreamMessage) -> None:
+        dlq = await self._topic_for_producer(names.dead_letter_topic(topic.name), DeliveryMode.RELIABLE)
+        await dlq.publish(msg)
+
+    async def delete(self, topic: Topic, sub: Subscription) -> None:
+        ns, short = topic.name.namespace, topic.name.topic
+        await self._store.transaction([], [Delete(keys.subscription_cursor(ns, short, sub.name)),
+                                           Delete(keys.topic_subscription(ns, short, sub.name))], [])
+        for c in list(sub.consumers):
+            self._clients.remove_consumer(c)
+        topic.remove_subscription(sub.name)
+        await sub.dispatcher.close(save=False)
+
+    async def reap_idle(self) -> None:
+        """NonReliable subscriptions without an active consumer for `idle_subscription_ms` go (C.9): nothing
+        is stored for them, so nothing is lost; Reliable ones keep their cursor until unsubscribed."""
+        idle = self._config.dispatch.idle_subscription_ms / 1000
+        while True:
+            await asyncio.sleep(max(1.0, idle / 2))
+            now = time.monotonic()
+            for topic in list(self._served()):
+                if topic.reliable:
+                    continue
+                for sub in list(topic.subscriptions.values()):
+                    if sub.idle_since is not None and now - sub.idle_since > idle:
+                        try:
+                            await self.delete(topic, sub)
+                            log.info("reaped idle subscription %s on %s", sub.name, topic.full)
+                        except Exception as e:
+                            log.warning("reaping subscription %s on %s: %s", sub.name, topic.full, e)
