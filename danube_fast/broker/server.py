@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 
 from danube_fast.broker.clients import new_id
-from danube_fast.broker.cluster.admin_service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
@@ -225,8 +225,7 @@ class Broker:
             if self.cluster is not None:
                 await self.cluster.close()
             await self.topics.close()
-            if self.topics.tier is not None:
-                await self.topics.tier.close()
+            await self.topics.tier.close()
             await self.cache.close()
         finally:
             await self.store.close()

@@ -21,7 +21,7 @@ from danube_fast.storage.gaps import Gap, GapAwareLog
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.connect import open_object_store
 from danube_fast.storage.objects.store import ObjectStore, topic_objects_prefix
-from danube_fast.storage.tiered import CloudReader, TopicLog
+from danube_fast.storage.tiered import CloudReader, ReadableLog, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig
 from danube_fast.storage.wal import Wal
 
@@ -101,3 +101,26 @@ class Tier:
         except DanubeError as e:
             log.warning("%s was deleted, but some of its objects were left in the object store: %s",
                         name.full, e)
+
+
+class WalOnly:
+    """No object tier (a Topics built without a Tier: tests and tools): Reliable topics are read from their
+    WAL alone and nothing is uploaded. The same methods as Tier, so Topics never asks which one it has."""
+
+    async def log_for(self, name: TopicName, wal: Wal, gaps: Sequence[Gap] = ()) -> ReadableLog:
+        return wal
+
+    async def attach(self, topic: ReliableTopic, checkpoint: int | None) -> None:
+        pass
+
+    async def drain(self, topic: ReliableTopic) -> None:
+        pass
+
+    async def detach(self, topic: ReliableTopic) -> None:
+        pass
+
+    async def forget(self, name: TopicName) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass

@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
 
 from danube_fast.broker import names
 from danube_fast.broker.clients import Clients
@@ -41,6 +40,7 @@ from danube_fast.broker.errors import (
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Fence, LocalPlacement, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
+from danube_fast.broker.tiering import Tier, WalOnly
 from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
@@ -59,9 +59,6 @@ from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore
 from danube_fast.storage.gaps import Gap
 from danube_fast.storage.wal import Wal
 
-if TYPE_CHECKING:
-    from danube_fast.broker.tiering import Tier
-
 log = logging.getLogger("danube_fast.broker")
 
 BOOTSTRAP_NAMESPACES = ("default", "system")
@@ -79,7 +76,7 @@ class Topics:
         self._creating: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.placement = placement  # where topics live (broker/ownership.py)
-        self.tier = tier
+        self.tier: Tier | WalOnly = tier if tier is not None else WalOnly()
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
         # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
         self.budget = ByteBudget(config.dispatch.broker_bytes)
@@ -148,7 +145,7 @@ class Topics:
             name = TopicName(ns, short)
             try:
                 topic = await self.load_topic(name)
-                if isinstance(topic, ReliableTopic) and self.tier is not None:
+                if isinstance(topic, ReliableTopic):
                     await self.tier.attach(topic, None)
             except Exception as e:
                 if isinstance(e, MetadataError) and e.retriable:
@@ -238,8 +235,7 @@ class Topics:
             report = wal.recovery
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
-            if self.tier is not None:
-                readable = await self.tier.log_for(name, wal, gaps)
+            readable = await self.tier.log_for(name, wal, gaps)
         topic = new_topic(name, delivery, self._policy(name), fence or Unfenced(self._store), wal, readable)
         self._topics[name.full] = topic
         return topic
@@ -361,7 +357,7 @@ class Topics:
         async def open_here() -> Topic:
             try:
                 topic = await self._open_topic(name, delivery)
-                if isinstance(topic, ReliableTopic) and self.tier is not None:
+                if isinstance(topic, ReliableTopic):
                     await self.tier.attach(topic, None)
             except BaseException as e:
                 await self._undo_create(name, e)
@@ -409,16 +405,14 @@ class Topics:
         await self._close_storage(topic)  # the uploader stops before the topic's objects go
         if isinstance(topic, ReliableTopic):
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
-            if self.tier is not None:
-                await self.tier.forget(topic.name)
+            await self.tier.forget(topic.name)
         log.info("deleted topic %s", topic.full)
 
     async def _close_storage(self, topic: Topic) -> None:
         """The uploader stops (an upload in progress is abandoned; its data stays in the WAL), then the WAL
         is fsynced and closed."""
         if isinstance(topic, ReliableTopic):
-            if self.tier is not None:
-                await self.tier.detach(topic)
+            await self.tier.detach(topic)
             await topic.wal.close()
 
     async def create_namespace(self, namespace: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from cluster_support import lead, register
 
-from danube_fast.broker.cluster.admin_service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
 from danube_fast.broker.cluster.moves import Move
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig

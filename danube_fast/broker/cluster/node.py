@@ -20,6 +20,7 @@ from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.placement import Reconciler
 from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
@@ -55,7 +56,7 @@ class ClusterNode:
         reconciler = Reconciler(self.config, self.store, self.cache, self.topics, self.membership,
                                 self.placement)
         tier = self.topics.tier
-        if tier is not None:
+        if isinstance(tier, Tier):  # cluster mode has an object tier (server.py always opens one)
             reconciler.attach, reconciler.drain = tier.attach, tier.drain
             reconciler.recover = Orphans(self.config, self.store, tier, self.topics.broker_id).recover
         reconciler.on_loaded = self.on_loaded

@@ -1,6 +1,6 @@
 """danube_admin.NamespaceAdmin and danube_admin.TopicAdmin on the admin port (docs/WIRE.md A.4, C.14), for one
 standalone broker, from its own topics. The cluster calls (BrokerAdmin, UnloadTopic, ListBrokerTopics) and the
-answers about topics hosted anywhere in the cluster are in cluster/admin_service.py, which extends these.
+answers about topics hosted anywhere in the cluster are in cluster/admin/service.py, which extends these.
 
 Statuses follow v0.7.3 where the contract names them (creation and deletion failures are NOT_FOUND with the
 cause in the message; DescribeTopic never fails), without its duplicates in ListSubscriptions (D.16).

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from danube_fast.broker import names
-from danube_fast.broker.cluster import admin_ops
+from danube_fast.broker.cluster.admin import ops as admin_ops
 from danube_fast.broker.cluster.moves import Rebalancer
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.errors import invalid, not_found, precondition, unavailable
