@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|spark|e2e|cluster [--json] [--runs N] [--quick] [--dir DIR]
-[--write-results]`.
+"""`python -m bench storage|meta|broker|fast|spark|e2e|cluster|topics [--json] [--runs N] [--quick]
+[--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
 progress and machine facts go to stderr, so `--json` output can be piped as is."""
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     _e2e_options(suites.add_parser(
         "e2e", help="the same workload against our broker, NATS JetStream and Redis Streams: throughput, "
                     "latency at a fixed rate, CPU per side, throughput by record size"))
+    _topics_options(suites.add_parser(
+        "topics", help="one broker as Reliable topics grow to 10,000: its threads, RSS and topic creation "
+                       "rate"))
     _cluster_options(suites.add_parser(
         "cluster", help="three brokers in cluster mode on etcd and moto S3: producer-visible unavailability "
                         "per topic move (ours and the official client), the uploader against raw S3 puts"))
@@ -80,6 +83,18 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
                                                                  f"{cluster.UPLOAD_MIB})")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="records/s our producer is paced at (default 0: as fast as acks come back)")
+
+
+def _topics_options(parser: argparse.ArgumentParser) -> None:
+    from bench import topics
+
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{topics.QUICK_TOPICS} topics in steps of {topics.QUICK_STEP}")
+    parser.add_argument("--topics", type=_positive_int, help=f"topics to create (default {topics.TOPICS:,})")
+    parser.add_argument("--step", type=_positive_int, help=f"topics per sample (default {topics.STEP})")
+    parser.add_argument("--plot", help="also draw threads, RSS and creation rate against topics to this PNG")
+    parser.add_argument("--dir", default="/tmp", help="where to create the scratch directory (removed after)")
 
 
 def _positive_float(text: str) -> float:
@@ -142,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"--dir {args.dir!r} is not a directory")
     if args.suite == "e2e":
         return _e2e(args, argv)
+    if args.suite == "topics":
+        from bench import topics
+
+        return topics.main(args)
     if args.suite == "cluster":
         from bench import cluster
 

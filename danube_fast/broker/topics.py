@@ -292,7 +292,9 @@ class Topics:
         if self.exists(name):
             return [name.full]
         found = []
-        for kv in self._cache.get_prefix(keys.namespace_topics_prefix(name.namespace)):
+        # Only the keys that can be this topic's partitions (`{topic}-part-...`): a creation must not scan the
+        # whole namespace, or creating N topics costs N^2.
+        for kv in self._cache.get_prefix(keys.namespace_topic(name.namespace, f"{name.topic}-part-")):
             with contextlib.suppress(ValueError):
                 ns, short = keys.parse_namespace_topic(kv.key)
                 if ns == name.namespace and names.is_partition_of(short, name.topic):

@@ -59,3 +59,6 @@ class WalConfig:
     # one write, one fsync and one handoff back to the event loop serve several appends. A lone sequential
     # producer never waits, nor does a big group. 0 = off.
     linger_us: int = 1000
+    # Threads of the process's WAL I/O pool (storage/io_pool.py), shared by every topic; 0 = a few per core.
+    # The first WAL opened in the process sizes it.
+    io_threads: int = 0

@@ -1,12 +1,14 @@
 """The asyncio face of one topic's write-ahead log.
 
-Ownership: a dedicated writer thread owns the SegmentedLog engine for writing (append, roll, retention,
-close). The event loop only queues work for it and receives results. The writer takes everything queued
-since its last turn and appends it with one write. Under sync=always a second thread, the syncer, runs
-fdatasync back to back and acknowledges every group the fsync covered, in one `call_soon_threadsafe` hop:
-group commit, pipelined, so the next group is written while the previous one is flushed (a writer that
-waited for each fsync left half the in-flight appends idle; bench/RESULTS.md). The loop never blocks on
-disk: disk reads run in the default executor; reads at the tail come from the in-memory BatchCache.
+Ownership: the event loop queues appends and commands and receives results; the disk work runs as tasks on
+the process's shared IoPool (storage/io_pool.py), never on a thread of the WAL's own. A WAL has at most one
+write task at a time, which owns the SegmentedLog engine for writing (append, roll, retention, close): it
+takes everything queued since its last turn and appends it with one write. Under sync=always a separate sync
+task runs fdatasync and acknowledges every group the fsync covered, in one `call_soon_threadsafe` hop:
+group commit, pipelined, so the next group is written (by the write task, on another pool thread) while the
+previous one is flushed (a writer that waited for each fsync left half the in-flight appends idle;
+bench/RESULTS.md). The loop never blocks on disk: disk reads run in the default executor; reads at the tail
+come from the in-memory BatchCache.
 
 What readers see: records up to `committed_offset`, which advances only after the group that wrote them
 was made as durable as the SyncPolicy promises. Under `always`, a consumer never sees a record that a crash
@@ -30,6 +32,7 @@ from danube_fast._wal_common import AppendResult, RecoveryReport
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
 from danube_fast.storage.cache import BatchCache, CachedGroup
 from danube_fast.storage.config import WalConfig
+from danube_fast.storage.io_pool import IoPool
 from danube_fast.wal_engine import SegmentedLog
 
 log = logging.getLogger("danube_fast.wal")
@@ -57,43 +60,45 @@ class _Command:
 class Wal:
     """One topic's WAL. Create with `await Wal.open(directory, config)`."""
 
-    def __init__(self, engine: SegmentedLog, config: WalConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: SegmentedLog, config: WalConfig, loop: asyncio.AbstractEventLoop,
+                 pool: IoPool | None = None) -> None:
+        """`pool`: the threads that write and fdatasync (default: the process's shared IoPool)."""
         self._log = engine
         self._config = config
         self._loop = loop
+        self._pool = pool or IoPool.shared(config.io_threads)
         self._cache = BatchCache(config.cache_bytes)
         self._committed = engine.next_offset
         self._committed_changed = asyncio.Event()
         self._closed: BaseException | None = None
-        # Appends made during one pass of the event loop, handed to the writer together by _handoff: one
-        # lock and one wakeup per pass instead of per append (under many concurrent producers the writer
+        self._shut: asyncio.Future[None] = loop.create_future()  # set once the engine is closed
+        # Appends made during one pass of the event loop, handed to the pool together by _handoff: one
+        # lock and one task per pass instead of per append (under many concurrent producers the write task
         # then also sees bigger groups).
         self._outbox: list[_Append] = []
         self._handoff_scheduled = False
-        self._unacked = 0  # appends not yet answered; written on the loop, read by the writer
-        self._lingering = False  # the writer is gathering a group: appends need not wake it (guarded by _cv)
-        # Shared with the writer thread, guarded by _cv.
+        self._unacked = 0  # appends not yet answered; written on the loop, read by the write task
+        # Shared with the pool's threads, guarded by _cv.
         self._cv = threading.Condition()
         self._appends: deque[_Append] = deque()
         self._commands: deque[_Command] = deque()
         self._stopping = False
-        # Written groups waiting for the fdatasync that covers them (sync=always), guarded by _sync_cv.
-        self._sync_cv = threading.Condition()
+        self._writing = False  # a write task is queued, running or lingering (at most one: writes in order)
+        self._lingering = False  # the write task waits for the linger to end before taking a group
+        self._lingered = False  # ... and has waited once for the group it takes next
+        # Written groups waiting for the fdatasync that covers them (sync=always), and the state of this
+        # WAL's sync task: idle, queued or running (at most one; an inline fsync of the write task counts
+        # as running).
         self._unsynced: deque[tuple[list[_Append], AppendResult]] = deque()
-        self._writer_done = False
-        self._syncing = False  # an fdatasync is running (in the syncer, or inline in the writer)
-        self._syncer: threading.Thread | None = None
-        if config.sync.mode == "always":
-            self._syncer = threading.Thread(target=self._sync_loop, name=f"wal-sync:{engine.directory}",
-                                            daemon=True)
-            self._syncer.start()
-        self._thread = threading.Thread(target=self._writer, name=f"wal-writer:{engine.directory}",
-                                        daemon=True)
-        self._thread.start()
+        self._sync_state = "idle"
+        self._engine_closed = False
+        self._interval_timer = False  # sync=interval: a tick is queued for the pool
+        self._interval_due = False
+        self._last_sync = time.monotonic()
 
     @classmethod
     async def open(cls, directory: str | os.PathLike[str], config: WalConfig | None = None, *,
-                   initial_offset: int = 0) -> Wal:
+                   initial_offset: int = 0, pool: IoPool | None = None) -> Wal:
         """Open (and recover) the log in `directory`; recovery runs off the event loop."""
         config = config or WalConfig()
         loop = asyncio.get_running_loop()
@@ -105,7 +110,7 @@ class Wal:
             index_max_bytes=config.index_max_bytes,
             initial_offset=initial_offset,
         ))
-        return cls(engine, config, loop)
+        return cls(engine, config, loop, pool)
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -166,8 +171,7 @@ class Wal:
         items, self._outbox = self._outbox, []
         with self._cv:
             self._appends.extend(items)
-            if not self._lingering:
-                self._cv.notify()
+            self._kick()
 
     async def sync(self) -> None:
         """fdatasync now, whatever the policy (used at shutdown and before sealing a topic)."""
@@ -189,8 +193,8 @@ class Wal:
         self._handoff()  # appends accepted before close are written, as the docstring promises
         with self._cv:
             self._stopping = True
-            self._cv.notify()
-        await self._loop.run_in_executor(None, self._thread.join)
+            self._kick()
+        await self._shut
         self._closed = self._closed or WalClosed(f"the WAL in {self.directory} is closed")
         self._committed_changed.set()
 
@@ -199,66 +203,80 @@ class Wal:
         fut: asyncio.Future[Any] = self._loop.create_future()
         with self._cv:
             self._commands.append(_Command(run, fut))
-            self._cv.notify()
+            self._kick()
         return await fut
 
     def _check_open(self) -> None:
         if self._closed is not None or self._stopping:
             raise WalClosed(f"the WAL in {self.directory} is closed")
 
-    # -- the writer and syncer threads ---------------------------------------------------------------
+    # -- the pool's tasks ------------------------------------------------------------------------------
 
-    def _writer(self) -> None:
+    def _kick(self) -> None:
+        """Under _cv: queue the write task unless it is queued, running or lingering already."""
+        if not self._writing:
+            self._writing = True
+            self._pool.submit(self._write_task)
+
+    def _write_task(self) -> None:
+        """Write what is queued as one group, then run the queued commands; the last task closes the log.
+        With a linger, a small group while other appends await their ack waits `linger_us` for more first
+        (the task is queued again for then: no thread waits)."""
         policy = self._config.sync
-        linger = self._config.linger_us / 1e6
-        last_sync = time.monotonic()
-        while True:
-            with self._cv:
-                while not (self._appends or self._commands or self._stopping):
-                    timeout = None
-                    if policy.mode == "interval" and self._log.unsynced_bytes:
-                        timeout = last_sync + policy.interval_ms / 1000 - time.monotonic()
-                        if timeout <= 0:
-                            break
-                    self._cv.wait(timeout)
-                if linger and self._appends and not self._commands and not self._stopping \
-                        and self._unacked > len(self._appends) and self._queued_bytes() < INLINE_SYNC_BYTES:
-                    self._gather(linger)
-                group = self._take_group()
-                commands = list(self._commands)
-                self._commands.clear()
-                stopping = self._stopping and not self._appends
-            if group:
-                self._write_group(group)
-            if policy.mode == "interval" and self._log.unsynced_bytes and (
-                    time.monotonic() - last_sync) * 1000 >= policy.interval_ms:
-                self._sync_quietly()
-            if self._log.unsynced_bytes == 0:
-                last_sync = time.monotonic()
-            for cmd in commands:
-                self._run_command(cmd)
-            if stopping:
-                self._shutdown()
+        with self._cv:
+            linger = self._config.linger_us / 1e6
+            if linger and not self._lingered and self._appends and not self._commands and not self._stopping \
+                    and self._unacked > len(self._appends) and self._queued_bytes() < INLINE_SYNC_BYTES:
+                self._lingered = self._lingering = True
+                self._pool.submit_at(time.monotonic() + linger, self._write_task)
                 return
+            self._lingered = self._lingering = False
+            group = self._take_group()
+            commands = list(self._commands)
+            self._commands.clear()
+            stopping = self._stopping and not self._appends
+            interval_due, self._interval_due = self._interval_due, False
+        if group:
+            self._write_group(group)
+        if policy.mode == "interval":
+            self._interval_sync(interval_due)
+        for cmd in commands:
+            self._run_command(cmd)
+        if self._log.unsynced_bytes == 0:
+            self._last_sync = time.monotonic()
+        if stopping:
+            self._shutdown()
+            return
+        with self._cv:
+            self._writing = False
+            if self._appends or self._commands or self._stopping or self._interval_due:
+                self._kick()
+
+    def _interval_sync(self, due: bool) -> None:
+        """sync=interval: fdatasync once `interval_ms` passed since the last one, here or at a tick queued
+        for then."""
+        if not self._log.unsynced_bytes:
+            return
+        deadline = self._last_sync + self._config.sync.interval_ms / 1000
+        if due or time.monotonic() >= deadline:
+            self._sync_quietly()
+            return
+        with self._cv:
+            if not self._interval_timer:
+                self._interval_timer = True
+                self._pool.submit_at(deadline, self._interval_tick)
+
+    def _interval_tick(self) -> None:
+        with self._cv:
+            self._interval_timer = False
+            self._interval_due = True
+            if not self._engine_closed:
+                self._kick()
 
     def _queued_bytes(self) -> int:
         """Under _cv: the size of what waits for the writer (small appends are worth gathering; a big group
         is written at once)."""
         return sum(item.size for item in self._appends)
-
-    def _gather(self, linger: float) -> None:
-        """Under _cv: let appends from concurrent producers join the group for up to `linger` seconds.
-        Appends do not wake the writer meanwhile (each wakeup is a GIL handoff); commands and close do."""
-        self._lingering = True
-        deadline = time.monotonic() + linger
-        try:
-            while not (self._commands or self._stopping):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cv.wait(remaining)
-        finally:
-            self._lingering = False
 
     def _take_group(self) -> list[_Append]:
         group: list[_Append] = []
@@ -280,19 +298,22 @@ class Wal:
             err.__cause__ = e
             self._loop.call_soon_threadsafe(self._fail_groups, [group], err)
             return
-        if self._syncer is None or result.data is None:
+        if self._config.sync.mode != "always" or result.data is None:
             self._loop.call_soon_threadsafe(self._complete_groups, [(group, result)])
             return
-        with self._sync_cv:
-            # A small group while the syncer is idle: fsync here rather than wake it (one thread handoff less
-            # per group, which is what small appends pay most for). Large groups, or a busy syncer: hand
-            # over, so that the next group is written while this one is flushed (pipelining).
-            inline = not self._unsynced and not self._syncing and len(result.data) < INLINE_SYNC_BYTES
+        with self._cv:
+            # A small group while no fsync is queued or running: fsync here rather than queue a task (one
+            # thread handoff less per group, which is what small appends pay most for). Large groups, or a
+            # busy fsync: queue it, so that the next group is written while this one is flushed (pipelining).
+            small = len(result.data) < INLINE_SYNC_BYTES
+            inline = small and not self._unsynced and self._sync_state == "idle"
             if inline:
-                self._syncing = True
+                self._sync_state = "running"
             else:
                 self._unsynced.append((group, result))
-                self._sync_cv.notify()
+                if self._sync_state == "idle":
+                    self._sync_state = "queued"
+                    self._pool.submit(self._sync_task)
         if not inline:
             return
         try:
@@ -302,35 +323,41 @@ class Wal:
         else:
             self._loop.call_soon_threadsafe(self._complete_groups, [(group, result)])
         finally:
-            with self._sync_cv:
-                self._syncing = False
+            with self._cv:
+                self._sync_state = "idle"
+                self._cv.notify_all()
 
-    def _sync_loop(self) -> None:
-        """sync=always: fdatasync whatever the writer has written, acknowledge exactly what it covered.
-        Runs beside the writer so the next group is being written while this one is flushed."""
-        while True:
-            with self._sync_cv:
-                while not self._unsynced and not self._writer_done:
-                    self._sync_cv.wait()
-                if not self._unsynced:
-                    return
-                self._syncing = True
-            try:
-                covered = self._log.sync()
-            except Exception as e:
-                with self._sync_cv:
-                    failed = [group for group, _ in self._unsynced]
-                    self._unsynced.clear()
-                    self._syncing = False
-                self._loop.call_soon_threadsafe(self._fail_groups, failed, _sync_error(e, self.directory))
-                continue
-            with self._sync_cv:
-                done = []
-                while self._unsynced and self._unsynced[0][1].next_offset <= covered:
-                    done.append(self._unsynced.popleft())
-                self._syncing = False
-            if done:
-                self._loop.call_soon_threadsafe(self._complete_groups, done)
+    def _sync_task(self) -> None:
+        """sync=always: fdatasync whatever has been written, acknowledge exactly what it covered; queued
+        again while groups wait. Runs beside the write task, so the next group is written meanwhile."""
+        with self._cv:
+            if self._engine_closed or not self._unsynced:
+                self._sync_state = "idle"
+                self._cv.notify_all()
+                return
+            self._sync_state = "running"
+        try:
+            covered = self._log.sync()
+        except Exception as e:
+            with self._cv:
+                failed = [group for group, _ in self._unsynced]
+                self._unsynced.clear()
+                self._sync_state = "idle"
+                self._cv.notify_all()
+            self._loop.call_soon_threadsafe(self._fail_groups, failed, _sync_error(e, self.directory))
+            return
+        with self._cv:
+            done = []
+            while self._unsynced and self._unsynced[0][1].next_offset <= covered:
+                done.append(self._unsynced.popleft())
+            if self._unsynced:
+                self._sync_state = "queued"
+                self._pool.submit(self._sync_task)
+            else:
+                self._sync_state = "idle"
+            self._cv.notify_all()
+        if done:
+            self._loop.call_soon_threadsafe(self._complete_groups, done)
 
     def _sync_quietly(self) -> None:
         try:
@@ -347,15 +374,27 @@ class Wal:
             self._loop.call_soon_threadsafe(_set_result, cmd.future, value)
 
     def _shutdown(self) -> None:
-        if self._syncer is not None:
-            with self._sync_cv:
-                self._writer_done = True
-                self._sync_cv.notify()
-            self._syncer.join()
+        """The last write task: let a running fsync finish, fsync what still waits, close the engine."""
+        with self._cv:
+            while self._sync_state == "running":
+                self._cv.wait()
+            self._engine_closed = True  # a sync task still queued finds nothing to do
+            remaining = list(self._unsynced)
+            self._unsynced.clear()
+        if remaining:
+            try:
+                self._log.sync()
+            except Exception as e:
+                error = _sync_error(e, self.directory)
+                self._loop.call_soon_threadsafe(self._fail_groups, [g for g, _ in remaining], error)
+            else:
+                self._loop.call_soon_threadsafe(self._complete_groups, remaining)
         try:
             self._log.close()
         except DanubeError as e:
             log.error("closing the WAL in %s: %s", self.directory, e)
+        finally:
+            self._loop.call_soon_threadsafe(_set_result, self._shut, None)
 
     # -- back on the event loop ----------------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""`python -m bench topics [--topics N] [--step S] [--json] [--dir DIR] [--plot PATH]`: what a broker pays per
+topic as topics grow.
+
+A standalone broker (a subprocess, started by the harness, danube_fast/testing) gets N Reliable topics, each
+created by a FastProducer that sends one batch of RECORDS records of RECORD_BYTES bytes, waits for its
+acknowledgement and closes; CONCURRENCY producers at a time. After every S topics the broker's thread count
+and RSS are read from /proc, and the creation rate of those S topics (topics/s) is recorded.
+
+The figures: threads, RSS (MiB) and creation rate at the end, and the rate at the end against the rate of
+the first step (1.0: creating a topic costs as much at N topics as at the first S). One run: a topic count
+is not noise-limited the way a throughput is, and the run takes minutes at N = 10,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import uvloop
+
+from bench.common import describe_machine, machine_info, progress, text_table
+from danube_fast.client import FastProducer
+from danube_fast.testing.broker import Broker
+
+TOPICS = 10_000
+QUICK_TOPICS = 300
+STEP = 500
+QUICK_STEP = 100
+CONCURRENCY = 16
+RECORDS = 10
+RECORD_BYTES = 256
+TITLE = "Topics per broker"
+
+
+@dataclass(frozen=True)
+class Step:
+    topics: int  # topics created so far
+    seconds: float  # time the last step took
+    rate: float  # topics/s over the last step
+    threads: int  # the broker's threads now
+    rss_mib: float  # the broker's resident memory now
+
+
+def proc_status(pid: int) -> tuple[int, float]:
+    """(threads, RSS in MiB) of process `pid`."""
+    threads, rss = 0, 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            threads = int(line.split()[1])
+        elif line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+    return threads, rss
+
+
+async def create_topics(target: str, first: int, count: int) -> None:
+    """Topics first .. first + count - 1, each made by a producer that sends one acknowledged batch."""
+    batch = [bytes(RECORD_BYTES)] * RECORDS
+    queue = iter(range(first, first + count))
+
+    async def worker() -> None:
+        for i in queue:
+            producer = await FastProducer.connect(target, f"/default/topic-{i}", "p")
+            try:
+                await (await producer.send_batch(batch))
+            finally:
+                await producer.close()
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+
+async def measure(broker: Broker, topics: int, step: int) -> list[Step]:
+    pid = broker.pid
+    steps = []
+    made = 0
+    while made < topics:
+        count = min(step, topics - made)
+        start = time.perf_counter()
+        await create_topics(broker.target, made, count)
+        seconds = time.perf_counter() - start
+        made += count
+        threads, rss = proc_status(pid)
+        steps.append(Step(made, round(seconds, 3), round(count / seconds, 1), threads, round(rss, 1)))
+        progress(f"{made:>6} topics: {count / seconds:7.1f} topics/s, {threads} threads, {rss:.0f} MiB")
+    return steps
+
+
+def summary(steps: list[Step]) -> dict[str, float]:
+    last = steps[-1]
+    return {"topics": last.topics, "threads": last.threads, "rss_mib": last.rss_mib,
+            "rate_first_step": steps[0].rate, "rate_last_step": last.rate,
+            "rate_last_over_first": round(last.rate / steps[0].rate, 3)}
+
+
+def plot(steps: list[Step], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [s.topics for s in steps]
+    fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    for ax, values, label in ((axes[0], [s.threads for s in steps], "broker threads"),
+                              (axes[1], [s.rss_mib for s in steps], "broker RSS (MiB)"),
+                              (axes[2], [s.rate for s in steps], "topics created per second")):
+        ax.plot(x, values, marker="o")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    axes[2].set_xlabel("Reliable topics on the broker")
+    fig.suptitle("One standalone broker as topics grow (each made by a producer sending one batch)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(args: argparse.Namespace) -> int:
+    topics = args.topics or (QUICK_TOPICS if args.quick else TOPICS)
+    step = args.step or (QUICK_STEP if args.quick else STEP)
+    info = machine_info(args.dir)
+    progress(f"machine: {describe_machine(info)}; load average {info['load_average_1m']}")
+    scratch = Path(tempfile.mkdtemp(prefix="bench-topics-", dir=args.dir))
+    broker = Broker(scratch / "broker", "[wal]\nsync = \"always\"\n", metrics=False, die_with_parent=True)
+    try:
+        broker.start()
+        steps = uvloop.run(measure(broker, topics, step))
+    finally:
+        broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    figures = summary(steps)
+    if args.json:
+        print(json.dumps({"machine": describe_machine(info), "summary": figures,
+                          "steps": [asdict(s) for s in steps]}))
+    else:
+        print(f"machine: {describe_machine(info)}\n")
+        rows = [(f"{s.topics:,}", f"{s.rate:.1f}", str(s.threads), f"{s.rss_mib:.0f}") for s in steps]
+        columns = ["topics", "topics/s (last step)", "threads", "RSS MiB"]
+        print("\n".join(text_table(columns, rows, {0, 1, 2, 3})))
+        print(f"\nat {figures['topics']:,} topics: {figures['threads']} threads, {figures['rss_mib']:.0f} "
+              f"MiB; creation rate at the end / at the start: {figures['rate_last_over_first']:.2f}")
+    if args.plot:
+        plot(steps, Path(args.plot))
+        progress(f"plot: {args.plot}")
+    return 0
+
