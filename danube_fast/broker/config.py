@@ -14,6 +14,8 @@ max_message_size = 10485760       # the gRPC inbound limit is at least twice thi
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
 segment_bytes = 134217728
 retain_bytes = 1073741824         # uploaded segments kept locally (newest first) per topic; 0 = none
+io_threads = 0                    # threads writing and fsyncing every topic's WAL (storage/io_pool.py);
+                                  # 0 = 4 per core (at least 4, at most 32)
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer
