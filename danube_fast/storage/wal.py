@@ -92,6 +92,7 @@ class Wal:
         self._unsynced: deque[tuple[list[_Append], AppendResult]] = deque()
         self._sync_state = "idle"
         self._engine_closed = False
+        self._reading = 0  # disk reads running in the executor; the engine closes once there are none
         self._interval_timer = False  # sync=interval: a tick is queued for the pool
         self._interval_due = False
         self._last_sync = time.monotonic()
@@ -374,9 +375,10 @@ class Wal:
             self._loop.call_soon_threadsafe(_set_result, cmd.future, value)
 
     def _shutdown(self) -> None:
-        """The last write task: let a running fsync finish, fsync what still waits, close the engine."""
+        """The last write task: let a running fsync and the disk reads in progress finish, fsync what still
+        waits, close the engine. Reads that start later get WalClosed, never an error of a closed file."""
         with self._cv:
-            while self._sync_state == "running":
+            while self._sync_state == "running" or self._reading:
                 self._cv.wait()
             self._engine_closed = True  # a sync task still queued finds nothing to do
             remaining = list(self._unsynced)
@@ -446,7 +448,16 @@ class Wal:
         if offset < self._log.start_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is below the first stored offset {self._log.start_offset}")
-        data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
+        with self._cv:
+            if self._engine_closed:
+                raise WalClosed(f"the WAL in {self.directory} is closed")
+            self._reading += 1  # the engine is not closed under a read (close waits for it)
+        try:
+            data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
+        finally:
+            with self._cv:
+                self._reading -= 1
+                self._cv.notify_all()
         if data is None:
             return None
         return data, frames.span(data)[1]

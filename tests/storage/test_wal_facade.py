@@ -323,3 +323,41 @@ def test_the_linger_lets_a_late_append_join_the_group(tmp_path: Path, run: Run, 
         await wal.close()
 
     run(main())
+
+
+class GatedReadLog(SegmentedLog):  # type: ignore[misc]
+    """The real engine with a disk whose reads wait until the test lets them finish."""
+
+    gate: threading.Event
+    reading: threading.Event
+
+    def read(self, offset: int, max_bytes: int, limit: int) -> Any:
+        self.reading.set()
+        assert self.gate.wait(10), "the test never let the read finish"
+        return super().read(offset, max_bytes, limit)
+
+
+def test_close_waits_for_a_disk_read_in_progress(tmp_path: Path, run: Run) -> None:
+    """A read from disk running while the log closes gets its records, not an error of a closed file (it
+    got a raw EBADF before); a read that starts after the close gets WalClosed."""
+
+    async def main() -> None:
+        config = WalConfig(cache_bytes=1)
+        engine = GatedReadLog(str(tmp_path), segment_bytes=config.segment_bytes)
+        engine.gate, engine.reading = threading.Event(), threading.Event()
+        wal = Wal(engine, config, asyncio.get_running_loop())
+        for i in range(3):
+            await wal.append(batch(3 * i))
+        read = asyncio.ensure_future(wal.read(0))
+        await asyncio.to_thread(engine.reading.wait, 10)
+        closing = asyncio.ensure_future(wal.close())
+        await asyncio.sleep(0.2)
+        assert not closing.done()  # the engine stays open under the read
+        engine.gate.set()
+        got = await read
+        assert got is not None and [r.offset for r in frames.decode_records(got[0])][:3] == [0, 1, 2]
+        await closing
+        with pytest.raises(WalClosed):
+            await wal.read(0)
+
+    run(main())
