@@ -23,7 +23,7 @@ TEXT_SUFFIXES = {".py", ".pyx", ".pxd", ".pyi", ".md", ".proto", ".toml", ".sh",
 # Built from parts, so that this file does not match itself.
 OUTSIDE = re.compile("|".join([
     r"\.\./" + "shared",
-    r"\b(?i:seed)[s]? ?0\d\d",
+    r"\b(?i:seed)[s]?[ -]?0\d\d",
     r"\bCONTR" + r"ACT\b",
     r"\bDES" + r"IGN(\.md| \d)",
 ]))

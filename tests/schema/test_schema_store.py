@@ -67,7 +67,7 @@ def test_ids_per_subject_versions_per_subject_and_dedup(run: Run, tmp_path: Path
             assert (other.schema_id, other.version, other.fingerprint) == (2, 1, "string")
             assert (await reg.register("events", "string", b"other bytes")).is_new_version is False
 
-            # The seed-000 layout, readable by the typed resources.
+            # The layout of docs/METADATA.md#schema-keys, readable by the typed resources.
             kv = await store.get(keys.schema_next_id())
             assert kv is not None and NextSchemaId.from_json(kv.value).next_id == 3
             kv = await store.get(keys.schema_by_id(2))
