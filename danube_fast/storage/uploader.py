@@ -58,7 +58,7 @@ class UploaderConfig:
     interval: float = 30.0  # seconds: upload the active segment's committed records at least this often
     max_object_bytes: int = 64 * 1024 * 1024
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL
-    poll: float = 1.0  # seconds between checks for a sealed segment (at most `interval`)
+    poll: float = 1.0  # seconds between checks for a sealed segment while records arrive (at most `interval`)
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     delete_local: bool = True  # delete WAL segments once they are in the object tier
@@ -182,7 +182,10 @@ class Uploader:
         while True:
             limit = self._due(loop.time() - last_upload >= cfg.interval)
             if limit is None:
-                await asyncio.sleep(min(cfg.poll, cfg.interval))
+                try:
+                    await self._idle(last_upload + cfg.interval - loop.time())
+                except WalClosed:
+                    return
                 continue
             before = self.checkpoint
             try:
@@ -204,6 +207,20 @@ class Uploader:
             last_upload = loop.time()
             if self.checkpoint == before:  # nothing was readable up to `limit` after all: do not spin
                 await asyncio.sleep(min(cfg.poll, cfg.interval))
+
+    async def _idle(self, until_due: float) -> None:
+        """Nothing to upload yet: with nothing new since the checkpoint, sleep until a commit (an idle topic
+        costs no wakeup, which matters at 10,000 topics: bench topics); with records waiting for the
+        interval, until it ends or, sooner, for a segment roll, checked at most once per `poll`."""
+        committed = self._wal.committed_offset
+        if committed <= self._next_start():
+            await self._wal.wait_committed(committed)
+            return
+        try:
+            await asyncio.wait_for(self._wal.wait_committed(committed), max(0.0, until_due))
+        except TimeoutError:
+            return
+        await asyncio.sleep(min(self.config.poll, max(0.0, until_due)))
 
     def _due(self, interval_passed: bool) -> int | None:
         """The offset to upload up to (exclusive), or None if no trigger fired."""
