@@ -95,6 +95,8 @@ def _topics_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=_positive_int, help=f"topics per sample (default {topics.STEP})")
     parser.add_argument("--plot", help="also draw threads, RSS and creation rate against topics to this PNG")
     parser.add_argument("--dir", default="/tmp", help="where to create the scratch directory (removed after)")
+    parser.add_argument("--write-results", action="store_true",
+                        help=f"also rewrite the {topics.TITLE} section of bench/RESULTS.md from this run")
 
 
 def _positive_float(text: str) -> float:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "topics":
         from bench import topics
 
-        return topics.main(args)
+        return topics.main(args, argv)
     if args.suite == "cluster":
         from bench import cluster
 

@@ -16,14 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import uvloop
 
+from bench import results
 from bench.common import describe_machine, machine_info, progress, text_table
 from danube_fast.client import FastProducer
 from danube_fast.testing.broker import Broker
@@ -118,7 +121,32 @@ def plot(steps: list[Step], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(args: argparse.Namespace) -> int:
+def section(steps: list[Step], info: dict[str, object], command: str, date: str) -> str:
+    """The RESULTS.md section: the targets' figures, then every step."""
+    figures = summary(steps)
+    lines = results.head_lines(TITLE, info, command, date, "one run (see bench/topics.py)", False)
+    lines += [
+        f"- Load: Reliable topics (sync = always), each created by a FastProducer that sends one batch of "
+        f"{RECORDS} records of {RECORD_BYTES} B and waits for its acknowledgement; {CONCURRENCY} producers "
+        "at a time; the broker's threads and RSS read from /proc after each step",
+        "",
+        "| figure | value | target | met? |",
+        "|:---|---:|:---|:---:|",
+        f"| broker threads at {figures['topics']:,} topics | {figures['threads']} | <= 32 | "
+        f"{'yes' if figures['threads'] <= 32 else 'NO'} |",
+        f"| broker RSS (MiB) at {figures['topics']:,} topics | {figures['rss_mib']:.0f} | <= 1024 | "
+        f"{'yes' if figures['rss_mib'] <= 1024 else 'NO'} |",
+        f"| creation rate, last step / first step | {figures['rate_last_over_first']:.2f} | >= 0.5 | "
+        f"{'yes' if figures['rate_last_over_first'] >= 0.5 else 'NO'} |",
+        "",
+        "| topics | topics/s (last step) | threads | RSS MiB |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {s.topics:,} | {s.rate:.1f} | {s.threads} | {s.rss_mib:.0f} |" for s in steps]
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> int:
     topics = args.topics or (QUICK_TOPICS if args.quick else TOPICS)
     step = args.step or (QUICK_STEP if args.quick else STEP)
     info = machine_info(args.dir)
@@ -145,5 +173,10 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         plot(steps, Path(args.plot))
         progress(f"plot: {args.plot}")
+    if args.write_results:
+        command = shlex.join(["python", "-m", "bench", *argv])
+        date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        results.write_section(TITLE, section(steps, info, command, date))
+        progress(f"wrote the {TITLE} section of {results.RESULTS_PATH}")
     return 0
 
