@@ -106,7 +106,7 @@ class Timeline:
 
 
 async def unload(store: MetadataStore, topic: str, owner: int) -> None:
-    """What `danube-fast admin topics unload` writes (danube_fast.broker.cluster.admin_ops.unload_topic)."""
+    """What `danube-fast admin topics unload` writes (danube_fast.broker.cluster.admin.ops.unload_topic)."""
     ns, t = keys.split_topic_name(topic)
     key = keys.broker_topic(owner, ns, t)
     done = await store.transaction([Compare(key, "version", ">", 0)],
