@@ -22,6 +22,7 @@ from danube_fast.errors import WalWriteError
 from danube_fast.wal_engine import SegmentedLog
 
 WRITER = Path(__file__).parent / "wal_writer.py"
+MANY_WRITER = Path(__file__).parent / "wal_many_writer.py"
 FULL_INDEX = Path(__file__).parent / "wal_full_index.py"
 ROOT = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
@@ -206,3 +207,32 @@ def test_read_only_file_system_is_a_clear_error_and_keeps_data(small_tmpfs: Path
     log, records = read_back(wal_dir)
     assert [r.payload for r in records] == [b"keep me"] * 3
     log.close()
+
+
+@pytest.mark.slow
+def test_sigkill_while_1000_topics_are_written_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """1,000 WALs on the shared I/O pool, 250 producers appending to them at once, SIGKILL: every topic's log
+    holds every append it acknowledged, intact, at contiguous offsets."""
+    args = [sys.executable, str(MANY_WRITER), str(tmp_path), "1000", "0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), line + (proc.stderr.read() if proc.stderr else "")
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if len(lines) >= 5000:
+            break
+    proc.send_signal(signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    by_topic: dict[int, list[Ack]] = {}
+    complete = [x for x in lines + rest.splitlines(keepends=True) if x.endswith("\n")]  # a kill cuts the last
+    for text in [x for x in complete if x.startswith("ack ")]:
+        topic, *fields = map(int, text.split()[1:])
+        by_topic.setdefault(topic, []).append(Ack(*fields))
+    assert len(by_topic) > 500, "the writer should have reached most topics"
+    for topic, acks in by_topic.items():
+        log, records = read_back(tmp_path / f"t{topic}")
+        assert_acked_present(acks, records)
+        log.close()
