@@ -94,6 +94,13 @@ def _topics_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topics", type=_positive_int, help=f"topics to create (default {topics.TOPICS:,})")
     parser.add_argument("--step", type=_positive_int, help=f"topics per sample (default {topics.STEP})")
     parser.add_argument("--plot", help="also draw threads, RSS and creation rate against topics to this PNG")
+    parser.add_argument("--aggregate-rounds", type=int,
+                        help=f"rounds of Reliable produce on {topics.AGGREGATE_TOPICS:,} topics at once "
+                             f"against one topic (default {topics.AGGREGATE_ROUNDS}; 0: skip)")
+    parser.add_argument("--aggregate-topics", type=_positive_int,
+                        help=f"topics of that phase (default {topics.AGGREGATE_TOPICS:,})")
+    parser.add_argument("--aggregate-seconds", type=_positive_float,
+                        help=f"seconds per figure of that phase (default {topics.AGGREGATE_SECONDS})")
     parser.add_argument("--dir", default="/tmp", help="where to create the scratch directory (removed after)")
     parser.add_argument("--write-results", action="store_true",
                         help=f"also rewrite the {topics.TITLE} section of bench/RESULTS.md from this run")

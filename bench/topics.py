@@ -30,7 +30,7 @@ from pathlib import Path
 import uvloop
 
 from bench import results
-from bench.common import describe_machine, machine_info, progress, text_table
+from bench.common import describe_machine, machine_info, median, progress, text_table
 from danube_fast.client import FastProducer
 from danube_fast.testing.broker import Broker
 
@@ -42,6 +42,15 @@ CONCURRENCY = 16
 RECORDS = 10
 RECORD_BYTES = 256
 TITLE = "Topics per broker"
+AGGREGATE_TOPICS = 1000
+AGGREGATE_BATCH = 100
+SINGLE_INFLIGHT = 64  # unacknowledged batches of the lone producer (bench fast's figure)
+AGGREGATE_INFLIGHT = 2  # ... and of each of the 1,000
+AGGREGATE_SECONDS = 8.0
+AGGREGATE_ROUNDS = 3
+AGGREGATE_CONFIG = """[wal]
+sync = "always"
+"""
 UPLOAD_INTERVAL_MS = 1000
 CONFIG = f"""[wal]
 sync = "always"
@@ -87,6 +96,47 @@ async def create_topics(target: str, first: int, count: int) -> None:
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
 
+async def produce_rate(target: str, topics: int, inflight: int, seconds: float) -> float:
+    """Records/s acknowledged while one FastProducer per topic (topic-0 .. topic-{topics - 1}, which exist)
+    sends AGGREGATE_BATCH-record batches back to back, each with up to `inflight` unacknowledged; after a
+    warm-up of a fifth of `seconds`."""
+    batch = [bytes(RECORD_BYTES)] * AGGREGATE_BATCH
+    producers = await asyncio.gather(*(FastProducer.connect(target, f"/default/topic-{i}", f"agg-{i}")
+                                       for i in range(topics)))
+    counting = False
+    acked = 0
+    stop = asyncio.Event()
+
+    async def send(producer: FastProducer, slots: asyncio.Semaphore) -> None:
+        nonlocal acked
+        while not stop.is_set():
+            await slots.acquire()
+            future = await producer.send_batch(batch)
+
+            def done(f: asyncio.Future[tuple[int, int]]) -> None:
+                nonlocal acked
+                slots.release()
+                if counting and not f.cancelled() and f.exception() is None:
+                    acked += AGGREGATE_BATCH
+
+            future.add_done_callback(done)
+
+    tasks = [asyncio.create_task(send(p, asyncio.Semaphore(inflight))) for p in producers]
+    await asyncio.sleep(seconds / 5)
+    counting = True
+    start = time.perf_counter()
+    await asyncio.sleep(seconds)
+    elapsed = time.perf_counter() - start
+    rate = acked / elapsed
+    stop.set()
+    await asyncio.gather(*(p.flush() for p in producers), return_exceptions=True)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*(p.close() for p in producers))
+    return rate
+
+
 async def measure(broker: Broker, topics: int, step: int) -> list[Step]:
     pid = broker.pid
     steps = []
@@ -103,11 +153,40 @@ async def measure(broker: Broker, topics: int, step: int) -> list[Step]:
     return steps
 
 
-def summary(steps: list[Step]) -> dict[str, float]:
+@dataclass(frozen=True)
+class Aggregate:
+    """Reliable produce, records/s per round: one topic's producer (`single`) and one producer on each of
+    `topics` topics at once (`many`), alternating on one broker."""
+
+    topics: int
+    single: list[float]
+    many: list[float]
+
+    @property
+    def ratio(self) -> float:
+        return median([m / s for m, s in zip(self.many, self.single, strict=True)])
+
+
+async def aggregate(broker: Broker, topics: int, rounds: int, seconds: float) -> Aggregate:
+    await create_topics(broker.target, 0, topics)
+    single: list[float] = []
+    many: list[float] = []
+    for r in range(rounds):
+        single.append(await produce_rate(broker.target, 1, SINGLE_INFLIGHT, seconds))
+        many.append(await produce_rate(broker.target, topics, AGGREGATE_INFLIGHT, seconds))
+        progress(f"round {r + 1}: one topic {single[-1]:,.0f} records/s, {topics:,} topics {many[-1]:,.0f}")
+    return Aggregate(topics, single, many)
+
+
+def summary(steps: list[Step], agg: Aggregate | None = None) -> dict[str, float]:
     last = steps[-1]
-    return {"topics": last.topics, "threads": last.threads, "rss_mib": last.rss_mib,
-            "rate_first_step": steps[0].rate, "rate_last_step": last.rate,
-            "rate_last_over_first": round(last.rate / steps[0].rate, 3)}
+    figures = {"topics": last.topics, "threads": last.threads, "rss_mib": last.rss_mib,
+               "rate_first_step": steps[0].rate, "rate_last_step": last.rate,
+               "rate_last_over_first": round(last.rate / steps[0].rate, 3)}
+    if agg is not None and agg.single:
+        figures.update(aggregate_topics=agg.topics, aggregate_single=round(median(agg.single)),
+                       aggregate_many=round(median(agg.many)), aggregate_ratio=round(agg.ratio, 3))
+    return figures
 
 
 def plot(steps: list[Step], path: Path) -> None:
@@ -131,9 +210,10 @@ def plot(steps: list[Step], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def section(steps: list[Step], info: dict[str, object], command: str, date: str) -> str:
+def section(steps: list[Step], info: dict[str, object], command: str, date: str,
+            agg: Aggregate | None = None) -> str:
     """The RESULTS.md section: the targets' figures, then every step."""
-    figures = summary(steps)
+    figures = summary(steps, agg)
     lines = results.head_lines(TITLE, info, command, date, "one run (see bench/topics.py)", False)
     lines += [
         f"- Load: Reliable topics (sync = always), each created by a FastProducer that sends one batch of "
@@ -149,6 +229,17 @@ def section(steps: list[Step], info: dict[str, object], command: str, date: str)
         f"{'yes' if figures['rss_mib'] <= 1024 else 'NO'} |",
         f"| creation rate, last step / first step | {figures['rate_last_over_first']:.2f} | >= 0.5 | "
         f"{'yes' if figures['rate_last_over_first'] >= 0.5 else 'NO'} |",
+    ]
+    if agg is not None and "aggregate_ratio" in figures:
+        many, single = figures["aggregate_many"], figures["aggregate_single"]
+        ratio = figures["aggregate_ratio"]
+        lines += [
+            f"| Reliable produce, one producer on each of {agg.topics:,} topics (records/s) | {many:,} | | |",
+            f"| Reliable produce, one topic's producer (records/s) | {single:,} | | |",
+            f"| ratio, {agg.topics:,} topics / one topic (median of {len(agg.single)} paired rounds) | "
+            f"{ratio:.2f} | >= 0.8 | {'yes' if ratio >= 0.8 else 'NO'} |",
+        ]
+    lines += [
         "",
         "| topics | topics/s (last step) | threads | RSS MiB |",
         "|---:|---:|---:|---:|",
@@ -163,17 +254,32 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     info = machine_info(args.dir)
     progress(f"machine: {describe_machine(info)}; load average {info['load_average_1m']}")
     scratch = Path(tempfile.mkdtemp(prefix="bench-topics-", dir=args.dir))
-    broker = Broker(scratch / "broker", CONFIG, metrics=False, die_with_parent=True)
+    agg = None
     try:
-        broker.start()
-        steps = uvloop.run(measure(broker, topics, step))
+        broker = Broker(scratch / "broker", CONFIG, metrics=False, die_with_parent=True)
+        try:
+            broker.start()
+            steps = uvloop.run(measure(broker, topics, step))
+        finally:
+            broker.stop()
+        rounds = AGGREGATE_ROUNDS if args.aggregate_rounds is None else args.aggregate_rounds
+        if rounds:
+            # A fresh broker with the default upload interval: the 1 s uploads of the creation phase would
+            # upload every one of the 1,000 topics every second.
+            broker = Broker(scratch / "aggregate", AGGREGATE_CONFIG, metrics=False, die_with_parent=True)
+            try:
+                broker.start()
+                agg = uvloop.run(aggregate(broker, args.aggregate_topics or AGGREGATE_TOPICS, rounds,
+                                           args.aggregate_seconds or AGGREGATE_SECONDS))
+            finally:
+                broker.stop()
     finally:
-        broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    figures = summary(steps)
+    figures = summary(steps, agg)
     if args.json:
         print(json.dumps({"machine": describe_machine(info), "summary": figures,
-                          "steps": [asdict(s) for s in steps]}))
+                          "steps": [asdict(s) for s in steps],
+                          "aggregate": asdict(agg) if agg is not None else None}))
     else:
         print(f"machine: {describe_machine(info)}\n")
         rows = [(f"{s.topics:,}", f"{s.rate:.1f}", str(s.threads), f"{s.rss_mib:.0f}") for s in steps]
@@ -181,13 +287,16 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         print("\n".join(text_table(columns, rows, {0, 1, 2, 3})))
         print(f"\nat {figures['topics']:,} topics: {figures['threads']} threads, {figures['rss_mib']:.0f} "
               f"MiB; creation rate at the end / at the start: {figures['rate_last_over_first']:.2f}")
+        if agg is not None:
+            print(f"Reliable produce: {agg.topics:,} topics {figures['aggregate_many']:,} records/s, one "
+                  f"topic {figures['aggregate_single']:,}: {figures['aggregate_ratio']:.2f}")
     if args.plot:
         plot(steps, Path(args.plot))
         progress(f"plot: {args.plot}")
     if args.write_results:
         command = shlex.join(["python", "-m", "bench", *argv])
         date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        results.write_section(TITLE, section(steps, info, command, date))
+        results.write_section(TITLE, section(steps, info, command, date, agg))
         progress(f"wrote the {TITLE} section of {results.RESULTS_PATH}")
     return 0
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_a_tiny_run_measures_every_step(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "bench", "topics", "--topics", "60", "--step", "20", "--json", "--dir",
-            str(tmp_path)]
+            str(tmp_path), "--aggregate-rounds", "1", "--aggregate-topics", "10", "--aggregate-seconds", "1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                                       if p)}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
@@ -32,6 +32,10 @@ def test_a_tiny_run_measures_every_step(tmp_path: Path) -> None:
     assert all(s.rate > 0 and s.rss_mib > 0 for s in steps)
     assert max(s.threads for s in steps) < 60  # no thread per topic (each step adds 20 topics)
     assert report["summary"]["topics"] == 60 and report["summary"]["threads"] == steps[-1].threads
+    agg = topics.Aggregate(**report["aggregate"])
+    assert agg.topics == 10 and len(agg.single) == len(agg.many) == 1 and min(agg.single + agg.many) > 0
+    assert report["summary"]["aggregate_ratio"] == round(agg.many[0] / agg.single[0], 3)
     info = machine_info(str(tmp_path))
-    text = topics.section(steps, info, "python -m bench topics", "2026-01-01 00:00 UTC")
+    text = topics.section(steps, info, "python -m bench topics", "2026-01-01 00:00 UTC", agg)
     assert text.startswith(f"## {topics.TITLE}\n") and "| 60 |" in text and "| broker threads at 60" in text
+    assert "one producer on each of 10 topics" in text
