@@ -158,6 +158,20 @@ class Consumer:
         self.active = False
         return True
 
+    def resubscribed(self) -> None:
+        """Subscribe again under the same name: the stream it has ends, and it is active again, waiting for
+        its next stream (messages may queue for it meanwhile, C.7)."""
+        self.detach(self.attach())
+        self.active = True
+
+    def went_quiet(self, generation: int) -> bool:
+        """Subscribed (at `generation`) but no stream ever opened: it stops being active (it must not hold an
+        Exclusive or Failover subscription for ever). False if a stream came, or it is gone anyway."""
+        if self._next_token != generation or self.streaming or not self.active or self.removed:
+            return False
+        self.active = False
+        return True
+
     def end_streams(self) -> None:
         self.removed = True
         self.active = False

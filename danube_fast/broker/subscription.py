@@ -85,8 +85,6 @@ class Subscription:
 
     def takeover(self, consumer: Consumer) -> None:
         """Subscribe again under the same name: the old stream ends, what it held is delivered again."""
-        token = consumer.attach()
-        consumer.detach(token)
-        consumer.active = True
+        consumer.resubscribed()
         self.dispatcher.consumer_lost(consumer)
         self.idle_since = None

@@ -117,9 +117,7 @@ class Subscriptions:
         generation = consumer.generation
 
         def check() -> None:
-            if consumer.generation == generation and not consumer.streaming and consumer.active \
-                    and not consumer.removed:
-                consumer.active = False
+            if consumer.went_quiet(generation):
                 consumer.subscription.stream_ended(consumer)
 
         asyncio.get_running_loop().call_later(STREAM_WAIT, check)
