@@ -21,8 +21,10 @@ else:
     DIRECTIVES = {"boundscheck": False, "wraparound": False, "cdivision": True}
 
 extensions = [
+    # libzstd and liblz4: the batch compression codecs (docs/FORMAT.md#compression); Debian's libzstd-dev and
+    # liblz4-dev at build time (scripts/system-deps.sh), libzstd1 and liblz4-1 at run time.
     Extension("danube_fast._frames", ["danube_fast/_frames.pyx"], extra_compile_args=COMPILE_ARGS,
-              define_macros=MACROS),
+              define_macros=MACROS, libraries=["zstd", "lz4"]),
     Extension("danube_fast._wal", ["danube_fast/_wal.pyx"], extra_compile_args=COMPILE_ARGS,
               define_macros=MACROS),
 ]

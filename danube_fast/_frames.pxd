@@ -17,8 +17,8 @@ cdef enum:
     OFF_PRODUCER_ID = OFF_MAX_TS + 8
     OFF_NAME_LEN = OFF_PRODUCER_ID + 8
     OFF_ADDR_LEN = OFF_NAME_LEN + 2
-    OFF_RESERVED = OFF_ADDR_LEN + 2
-    HEADER_BYTES = OFF_RESERVED + 4
+    OFF_RAW_SIZE = OFF_ADDR_LEN + 2
+    HEADER_BYTES = OFF_RAW_SIZE + 4
     CRC_FROM = OFF_LENGTH          # the CRC covers [CRC_FROM, batch_length): base_offset and crc excluded
 
     # Record fields (relative to the record start).
@@ -40,6 +40,13 @@ cdef enum:
     # time waiting for the GIL on one-message groups), more than a small write into the page cache takes.
     NOGIL_MIN_BYTES = 64 * 1024
 
+    # Bits 0-2 of the batch flags: how the records are stored (docs/FORMAT.md#compression).
+    CODEC_MASK = 7
+    CODEC_NONE = 0
+    CODEC_ZSTD = 1
+    CODEC_LZ4 = 2
+    CODEC_LAST = CODEC_LZ4
+
     BATCH_MAGIC = 0xDB
     BATCH_VERSION = 1
     MAX_BATCH = 1 << 26
@@ -56,9 +63,12 @@ cdef struct BatchInfo:
     uint64_t producer_id
     uint16_t name_len
     uint16_t addr_len
+    uint8_t codec
+    uint32_t raw_size
 
 
-# Structure (and, with verify_crc, the CRC) of the batch at `pos`; fills `info`; raises FrameCorrupt.
+# Structure (and, with verify_crc, the CRC) of the batch at `pos`, its records decompressed first if it is
+# compressed; fills `info`; raises FrameCorrupt.
 cdef int check_batch(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos, BatchInfo* info,
                      bint verify_crc) except -1
 cdef uint32_t crc32c_of(const unsigned char* p, size_t n) noexcept nogil

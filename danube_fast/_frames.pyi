@@ -10,6 +10,7 @@ VERSION: int
 HEADER_SIZE: int
 LAYOUT: dict[str, int]
 MAX_BATCH_BYTES: int
+COMPRESSIONS: tuple[str, ...]
 ARROW_SCHEMA: pa.Schema
 
 class Record:
@@ -44,6 +45,8 @@ class BatchHeader:
     producer_id: int
     producer_name: str
     broker_addr: str
+    compression: str
+    raw_size: int
     @property
     def last_offset(self) -> int: ...
     @property
@@ -57,6 +60,8 @@ def encode_batch(
     producer_name: str = "",
     broker_addr: str = "",
     base_offset: int = 0,
+    compression: str | None = "none",
+    level: int | None = None,
 ) -> bytes: ...
 def encode_payloads(
     payloads: Sequence[bytes],
@@ -66,6 +71,8 @@ def encode_payloads(
     producer_name: str = "",
     broker_addr: str = "",
     base_offset: int = 0,
+    compression: str | None = "none",
+    level: int | None = None,
 ) -> bytes: ...
 def span(buf: Buffer) -> tuple[int, int]: ...
 def stamp_base_offset(buf: Buffer, base_offset: int, position: int = 0) -> None: ...

@@ -5,13 +5,15 @@ reference implementation: the native module must produce the same bytes, return 
 same exception types at the same batch positions. The byte layout and the order of the validation checks are
 written once, in docs/FORMAT.md; this module follows that document and does not repeat it.
 
-Only the standard library (`struct`) and pyarrow are used. Every reader accepts any buffer-protocol object and
-releases its view of the buffer before returning or raising, so a caller may resize a `bytearray` (for example
-to cut a torn tail) while handling a `FrameCorrupt`.
+Only the standard library (`struct`) and pyarrow are used (its codecs stand in for the native module's libzstd
+and liblz4: they write the same formats, not always the same bytes, so the tests compare what decodes). Every
+reader accepts any buffer-protocol object and releases its view of the buffer before returning or raising, so
+a caller may resize a `bytearray` (for example to cut a torn tail) while handling a `FrameCorrupt`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,10 +28,9 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 __all__ = [
-    "ARROW_SCHEMA", "HEADER_SIZE", "LAYOUT", "MAGIC", "MAX_BATCH_BYTES", "VERSION", "BatchHeader", "Record",
-    "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads", "iter_records",
-    "parse_header",
-    "scan_batches", "stamp_base_offset", "verify_batch",
+    "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "LAYOUT", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
+    "BatchHeader", "Record", "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads",
+    "iter_records", "parse_header", "scan_batches", "stamp_base_offset", "verify_batch",
 ]
 
 MAGIC = 0xDB
@@ -37,16 +38,20 @@ VERSION = 1
 MAX_BATCH_BYTES = 1 << 26  # 64 MiB
 
 # Batch header, see docs/FORMAT.md: base_offset, crc, batch_length, magic, version, flags, record_count,
-# base_timestamp, max_timestamp, producer_id, producer_name_len, broker_addr_len, reserved.
+# base_timestamp, max_timestamp, producer_id, producer_name_len, broker_addr_len, raw_size.
 _HEADER = struct.Struct("<QIIBBHIQQQHHI")
 _HEADER_FIELDS = ("base_offset", "crc", "batch_length", "magic", "version", "flags", "record_count",
                   "base_timestamp", "max_timestamp", "producer_id", "producer_name_len", "broker_addr_len",
-                  "reserved")
+                  "raw_size")
 HEADER_SIZE = _HEADER.size
 _CRC_POS = 8  # the u32 CRC sits right after base_offset ...
 _CRC_START = _CRC_POS + 4  # ... and covers everything after itself
+_LENGTH_POS = _CRC_START
 _MAGIC_POS = 16
 _VERSION_POS = _MAGIC_POS + 1
+_FLAGS_POS = _VERSION_POS + 1
+_NAME_LEN_POS = 48
+_RAW_SIZE_POS = 52
 
 # Record prefix: length (of what follows it), flags, timestamp_delta.
 _RECORD_PREFIX = struct.Struct("<IBI")
@@ -59,6 +64,15 @@ _F_SCHEMA_VERSION = 0x04
 _F_ROUTING_KEY = 0x08
 _F_ATTRIBUTES = 0x10
 _KNOWN_FLAGS = 0x1F
+
+# Batch flags bits 0-2: the codec, an index into COMPRESSIONS (docs/FORMAT.md#compression).
+_CODEC_MASK = 0x07
+_CODEC_ZSTD = 1
+_CODEC_LZ4 = 2
+COMPRESSIONS = ("none", "zstd", "lz4")
+_ARROW_CODECS = {_CODEC_ZSTD: "zstd", _CODEC_LZ4: "lz4_raw"}  # lz4_raw: the LZ4 block format, no frame
+_ZSTD_DEFAULT_LEVEL = 3
+_MIN_SAVING = 8  # a batch stays compressed only when that saves at least 1/8 of its records' bytes
 
 
 def _positions(layout: struct.Struct, names: Sequence[str], prefix: str = "") -> dict[str, int]:
@@ -73,7 +87,8 @@ LAYOUT = {
     **_positions(_RECORD_PREFIX, ("length", "flags", "timestamp_delta"), "record."),
     "record.fixed": _RECORD_PREFIX.size, "flag.request_id": _F_REQUEST_ID, "flag.schema_id": _F_SCHEMA_ID,
     "flag.schema_version": _F_SCHEMA_VERSION, "flag.routing_key": _F_ROUTING_KEY,
-    "flag.attributes": _F_ATTRIBUTES, "flag.known": _KNOWN_FLAGS,
+    "flag.attributes": _F_ATTRIBUTES, "flag.known": _KNOWN_FLAGS, "codec.mask": _CODEC_MASK,
+    "codec.zstd": _CODEC_ZSTD, "codec.lz4": _CODEC_LZ4,
 }
 
 _U16 = struct.Struct("<H")
@@ -158,12 +173,14 @@ class BatchHeader:
         "base_offset",
         "base_timestamp",
         "broker_addr",
+        "compression",
         "crc",
         "length",
         "max_timestamp",
         "position",
         "producer_id",
         "producer_name",
+        "raw_size",
         "record_count",
     )
 
@@ -179,6 +196,8 @@ class BatchHeader:
         producer_id: int,
         producer_name: str,
         broker_addr: str,
+        compression: str = "none",
+        raw_size: int = 0,
     ) -> None:
         self.position = position
         self.base_offset = base_offset
@@ -190,6 +209,8 @@ class BatchHeader:
         self.producer_id = producer_id
         self.producer_name = producer_name
         self.broker_addr = broker_addr
+        self.compression = compression
+        self.raw_size = raw_size
 
     @property
     def last_offset(self) -> int:
@@ -204,7 +225,8 @@ class BatchHeader:
             f"BatchHeader(position={self.position}, base_offset={self.base_offset}, length={self.length}, "
             f"crc=0x{self.crc:08x}, record_count={self.record_count}, base_timestamp={self.base_timestamp}, "
             f"max_timestamp={self.max_timestamp}, producer_id={self.producer_id}, "
-            f"producer_name={self.producer_name!r}, broker_addr={self.broker_addr!r})"
+            f"producer_name={self.producer_name!r}, broker_addr={self.broker_addr!r}, "
+            f"compression={self.compression!r})"
         )
 
 
@@ -374,8 +396,13 @@ def encode_batch(
     producer_name: str = "",
     broker_addr: str = "",
     base_offset: int = 0,
+    compression: str | None = "none",
+    level: int | None = None,
 ) -> bytes:
-    """Encode `records` as one batch. Their `offset` is ignored: the batch carries `base_offset`."""
+    """Encode `records` as one batch. Their `offset` is ignored: the batch carries `base_offset`. The records
+    are compressed with `compression` ("none", "zstd" or "lz4"; `level` for zstd) unless that saves less than
+    1/8 of their bytes."""
+    codec = _codec_of(compression)
     prepared = [_prepare_record(record, index) for index, record in enumerate(records)]
     if not prepared:
         raise ValueError("a batch needs at least one record")
@@ -395,7 +422,7 @@ def encode_batch(
         out += _RECORD_PREFIX.pack(length, p.flags, p.publish_time - base_timestamp)
         out += p.optional
         out += p.payload
-    return _finish_batch(out)
+    return _maybe_compress(_finish_batch(out), codec, level)
 
 
 def encode_payloads(
@@ -406,8 +433,11 @@ def encode_payloads(
     producer_name: str = "",
     broker_addr: str = "",
     base_offset: int = 0,
+    compression: str | None = "none",
+    level: int | None = None,
 ) -> bytes:
     """The bytes of `encode_batch([Record(p, publish_time) for p in payloads], ...)`, without the Records."""
+    codec = _codec_of(compression)
     checked = [_check_payload(payload, f"payload {index}") for index, payload in enumerate(payloads)]
     if not checked:
         raise ValueError("a batch needs at least one record")
@@ -420,7 +450,69 @@ def encode_payloads(
     for payload in checked:
         out += _RECORD_PREFIX.pack(_MIN_RECORD_LENGTH + len(payload), 0, 0)
         out += payload
+    return _maybe_compress(_finish_batch(out), codec, level)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Compression (docs/FORMAT.md#compression)
+
+
+def _codec_of(compression: str | None) -> int:
+    if compression is None:
+        return 0
+    try:
+        return COMPRESSIONS.index(compression)
+    except ValueError:
+        raise ValueError(
+            f"unknown compression {compression!r}, expected one of {', '.join(COMPRESSIONS)}"
+        ) from None
+
+
+def _maybe_compress(batch: bytes, codec: int, level: int | None) -> bytes:
+    """`batch` with its records compressed by `codec`, or `batch` when that saves less than 1/8 of their
+    bytes (not worth a decompression in every reader)."""
+    if codec == 0:
+        return batch
+    if codec == _CODEC_ZSTD:
+        level = _ZSTD_DEFAULT_LEVEL if level is None else operator.index(level)
+        if not -(1 << 17) <= level <= 22:
+            raise ValueError(f"zstd level {level} is outside {-(1 << 17)}..22")
+        compressor = pa.Codec("zstd", compression_level=level)
+    else:
+        compressor = pa.Codec(_ARROW_CODECS[codec])
+    name_len, addr_len = struct.unpack_from("<HH", batch, _NAME_LEN_POS)
+    head = HEADER_SIZE + name_len + addr_len
+    raw = len(batch) - head
+    packed = compressor.compress(memoryview(batch)[head:], asbytes=True)
+    if len(packed) > raw - raw // _MIN_SAVING:
+        return batch
+    out = bytearray(batch[:head])
+    _U16.pack_into(out, _FLAGS_POS, codec)
+    _U32.pack_into(out, _RAW_SIZE_POS, raw)
+    _U32.pack_into(out, _LENGTH_POS, head + len(packed))
+    out += packed
     return _finish_batch(out)
+
+
+def _decompress(view: memoryview, header: BatchHeader, records_start: int) -> bytes:
+    """The records of the compressed batch `header`, exactly `raw_size` bytes (check 4)."""
+    codec = pa.Codec(_ARROW_CODECS[COMPRESSIONS.index(header.compression)])
+    block = view[records_start:header.end]
+    raw: bytes | None = None
+    with contextlib.suppress(OSError, ValueError, pa.ArrowException):
+        raw = codec.decompress(block, decompressed_size=header.raw_size, asbytes=True)
+    if raw is not None and header.compression == "lz4":
+        # pyarrow returns raw_size bytes even when the block held fewer (its zstd codec checks, its lz4 codec
+        # does not): the block decodes to exactly raw_size bytes only if it overflows one byte less.
+        with contextlib.suppress(OSError, ValueError, pa.ArrowException):
+            codec.decompress(block, decompressed_size=header.raw_size - 1, asbytes=True)
+            raw = None
+    if raw is None or len(raw) != header.raw_size:
+        raise FrameCorrupt(
+            f"{header.compression} records do not decompress to the {header.raw_size} bytes raw_size gives",
+            header.position,
+        )
+    return bytes(raw)
 
 
 def stamp_base_offset(buf: Buffer, base_offset: int, position: int = 0) -> None:
@@ -490,11 +582,16 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
     _check_header_room(view, position)
     _check_magic_version(view, position)
     (base_offset, crc, length, _magic, _version, flags, record_count, base_timestamp, max_timestamp,
-     producer_id, name_len, addr_len, reserved) = _HEADER.unpack_from(view, position)
-    if flags:
-        raise FrameCorrupt(f"batch flags are 0x{flags:04x}, must be 0", position)
-    if reserved:
-        raise FrameCorrupt(f"reserved header field is 0x{reserved:08x}, must be 0", position)
+     producer_id, name_len, addr_len, raw_size) = _HEADER.unpack_from(view, position)
+    if flags & ~_CODEC_MASK:
+        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's", position)
+    codec = flags & _CODEC_MASK
+    if codec >= len(COMPRESSIONS):
+        raise FrameCorrupt(f"unknown compression codec {codec}", position)
+    if codec == 0 and raw_size:
+        raise FrameCorrupt(f"raw_size is {raw_size} in an uncompressed batch, must be 0", position)
+    if codec and not raw_size:
+        raise FrameCorrupt("raw_size is 0 in a compressed batch", position)
     if record_count == 0:
         raise FrameCorrupt("record_count is 0, a batch has at least one record", position)
     records_start = HEADER_SIZE + name_len + addr_len
@@ -505,6 +602,10 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
     # Above the limit before torn: such a length is corrupt whatever the buffer holds.
     if length > MAX_BATCH_BYTES:
         raise FrameCorrupt(f"batch_length {length} exceeds MAX_BATCH_BYTES ({MAX_BATCH_BYTES})", position)
+    if records_start + raw_size > MAX_BATCH_BYTES:
+        raise FrameCorrupt(
+            f"raw_size {raw_size} would make the batch exceed MAX_BATCH_BYTES ({MAX_BATCH_BYTES})", position
+        )
     remaining = len(view) - position
     if length > remaining:
         raise FrameCorrupt(f"batch is torn: needs {length} bytes, buffer has {remaining}", position)
@@ -513,7 +614,7 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
     broker_addr = _decode_utf8(view, name_start + name_len, addr_len, "broker_addr", position)
     header = BatchHeader(
         position, base_offset, length, crc, record_count, base_timestamp, max_timestamp, producer_id,
-        producer_name, broker_addr,
+        producer_name, broker_addr, COMPRESSIONS[codec], raw_size,
     )
     return header, position + records_start
 
@@ -575,9 +676,17 @@ class _RecordReader:
         return attributes or None
 
 
-def _walk_records(view: memoryview, header: BatchHeader, records_start: int) -> Iterator[_Fields]:
-    """Check 4 of FORMAT.md "Validation", decoding each record on the way."""
-    position, end, cursor = header.position, header.end, records_start
+def _records(view: memoryview, header: BatchHeader, records_start: int) -> Iterator[_Fields]:
+    """Checks 4 and 5 of FORMAT.md "Validation", decoding each record on the way."""
+    if header.compression == "none":
+        return _walk_records(view, header, records_start, header.end)
+    raw = _decompress(view, header, records_start)
+    return _walk_records(memoryview(raw), header, 0, len(raw))
+
+
+def _walk_records(view: memoryview, header: BatchHeader, cursor: int, end: int) -> Iterator[_Fields]:
+    """Check 5: the records [cursor, end) of `view`, errors naming the batch's position."""
+    position = header.position
     for index in range(header.record_count):
         if end - cursor < _LENGTH_SIZE:
             raise FrameCorrupt(f"record {index} overruns the batch end", position)
@@ -611,8 +720,7 @@ def _walk_records(view: memoryview, header: BatchHeader, records_start: int) -> 
         cursor = record_end
     if cursor != end:
         raise FrameCorrupt(
-            f"the {header.record_count} records end at batch byte {cursor - position}, "
-            f"batch_length is {header.length}", position,
+            f"the {header.record_count} records end {end - cursor} bytes before the batch does", position
         )
 
 
@@ -623,14 +731,14 @@ def _batches(view: memoryview, verify: bool) -> Iterator[tuple[BatchHeader, list
         header, records_start = _read_header(view, position)
         if verify:
             _check_crc(view, header)
-        yield header, list(_walk_records(view, header, records_start))
+        yield header, list(_records(view, header, records_start))
         position = header.end
 
 
 def _verify(view: memoryview, position: int) -> BatchHeader:
     header, records_start = _read_header(view, position)
     _check_crc(view, header)
-    for _ in _walk_records(view, header, records_start):
+    for _ in _records(view, header, records_start):
         pass
     return header
 

@@ -14,6 +14,7 @@ PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 if PURE and not TYPE_CHECKING:
     from danube_fast._frames_py import (
         ARROW_SCHEMA,
+        COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,
         MAX_BATCH_BYTES,
@@ -35,6 +36,7 @@ if PURE and not TYPE_CHECKING:
 else:
     from danube_fast._frames import (
         ARROW_SCHEMA,
+        COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,
         MAX_BATCH_BYTES,
@@ -57,7 +59,7 @@ else:
 IMPL = "pure" if PURE else "native"
 
 __all__ = [
-    "ARROW_SCHEMA", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION", "BatchHeader", "Record",
-    "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads", "iter_records",
-    "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
+    "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
+    "BatchHeader", "Record", "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads",
+    "iter_records", "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
 ]

@@ -8,6 +8,9 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 [ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+# The native codec links the batch compression libraries (docs/FORMAT.md#compression).
+dpkg -s libzstd-dev >/dev/null 2>&1 || need+=(libzstd-dev)
+dpkg -s liblz4-dev >/dev/null 2>&1 || need+=(liblz4-dev)
 # The contract tests start their own etcd (free loopback ports, temporary data dir); Debian's etcd-server puts
 # it at /usr/bin/etcd. The package's own service is not used by anything here.
 command -v etcd >/dev/null || need+=(etcd-server)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 from bench.common import PUBLISH_TIME, time_calls
@@ -12,6 +13,25 @@ from danube_fast import frames
 
 def make_payloads(count: int, payload_bytes: int) -> list[bytes]:
     return [os.urandom(payload_bytes) for _ in range(count)]
+
+
+TEXT_WORDS = ("order", "customer", "amount", "currency", "EUR", "USD", "status", "shipped", "pending",
+              "returned", "sku", "quantity", "warehouse", "berlin", "lisbon", "priority")
+
+
+def text_payloads(count: int, payload_bytes: int, seed: int = 1) -> list[bytes]:
+    """JSON-like payloads (field names from a small vocabulary, numbers drawn at random), each different:
+    the "text-like" records the compression figures use."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        parts: list[str] = []
+        size = 0
+        while size < payload_bytes:
+            parts.append(f'"{rng.choice(TEXT_WORDS)}": {rng.randint(0, 999_999)}, ')
+            size += len(parts[-1])
+        out.append("".join(parts).encode()[:payload_bytes])
+    return out
 
 
 def make_records(payloads: list[bytes]) -> list[frames.Record]:
@@ -30,11 +50,21 @@ def encode_payloads_rate(payloads: list[bytes], budget_s: float) -> float:
     return calls * len(payloads) / elapsed
 
 
-def batches_buffer(batches: int, records: int, payload_bytes: int) -> bytes:
-    """`batches` back-to-back batches of `records` records each with contiguous offsets, as in the WAL."""
-    payloads = make_payloads(records, payload_bytes)
+def batches_buffer(batches: int, records: int, payload_bytes: int, text: bool = False,
+                   compression: str = "none") -> bytes:
+    """`batches` back-to-back batches of `records` records each with contiguous offsets, as in the WAL
+    (random payloads, or `text` ones, compressed with `compression`)."""
+    payloads = text_payloads(records, payload_bytes) if text else make_payloads(records, payload_bytes)
     return b"".join(frames.encode_payloads(payloads, publish_time=PUBLISH_TIME, producer_name="bench",
-                                           base_offset=i * records) for i in range(batches))
+                                           base_offset=i * records, compression=compression)
+                    for i in range(batches))
+
+
+def decode_arrow_records_rate(buf: bytes, budget_s: float) -> float:
+    """Records/s of a (possibly compressed) batch buffer turned into one pyarrow.RecordBatch."""
+    records = sum(h.record_count for h in frames.scan_batches(buf, verify=False))
+    calls, elapsed = time_calls(lambda: frames.decode_arrow(buf), budget_s)
+    return calls * records / elapsed
 
 
 def decode_arrow_rate(buf: bytes, verify: bool, budget_s: float) -> float:

@@ -16,7 +16,19 @@ import tempfile
 from dataclasses import dataclass
 from typing import Literal
 
-from bench.common import GIB, MB, MIB, Options, Result, Target, median, paired_ratio, progress, time_calls
+from bench.common import (
+    GIB,
+    MB,
+    MIB,
+    PUBLISH_TIME,
+    Options,
+    Result,
+    Target,
+    median,
+    paired_ratio,
+    progress,
+    time_calls,
+)
 from bench.micro import codec, disk
 from danube_fast import frames, wal_engine
 
@@ -53,6 +65,14 @@ class WalWorkload:
     batches_per_call: int = 1  # engine only: batches handed to one append() before its sync()
     target_bytes: Target | None = None
     target_records: Target | None = None
+    text: bool = False  # JSON-like payloads (codec.text_payloads) instead of random bytes
+    compression: str = "none"  # the producer's codec (docs/FORMAT.md#compression)
+
+    def batch(self) -> bytes:
+        if not self.text:
+            return disk.encode_batch_of(self.payload_bytes, self.records_per_batch)
+        return frames.encode_payloads(codec.text_payloads(self.records_per_batch, self.payload_bytes),
+                                      publish_time=PUBLISH_TIME, compression=self.compression)
 
 
 WAL_WORKLOADS = (
@@ -61,7 +81,13 @@ WAL_WORKLOADS = (
     WalWorkload("wal_append_always_256b", 256, 1000, "facade",
                 target_records=Target(">= 5,000,000 records/s", ">=", 5_000_000)),
     WalWorkload("wal_append_engine_256b", 256, 1000, "engine", batches_per_call=16),
+    # The same text-like records, plain and compressed by the producer: the pair the compression targets use.
+    WalWorkload("wal_append_text_256b", 256, 1000, "facade", text=True),
+    WalWorkload("wal_append_zstd_text_256b", 256, 1000, "facade", text=True, compression="zstd"),
+    WalWorkload("wal_append_lz4_text_256b", 256, 1000, "facade", text=True, compression="lz4"),
 )
+COMPRESSED_VS_PLAIN = {"wal_append_zstd_text_256b": "wal_append_text_256b",
+                       "wal_append_lz4_text_256b": "wal_append_text_256b"}
 
 
 def run_storage(options: Options) -> list[Result]:
@@ -85,7 +111,7 @@ def wal_figures(scratch: str, runs: int, write_bytes: int) -> list[Result]:
     base_bytes = chunks * CHUNK_BYTES
     all_baselines: list[float] = []
     measured: dict[str, tuple[list[float], list[float]]] = {w.name: ([], []) for w in WAL_WORKLOADS}
-    batches = {w.name: disk.encode_batch_of(w.payload_bytes, w.records_per_batch) for w in WAL_WORKLOADS}
+    batches = {w.name: w.batch() for w in WAL_WORKLOADS}
     def baseline(tag: str) -> float:
         path = os.path.join(scratch, f"baseline-{tag}")
         rate = base_bytes / disk.write_baseline(path, chunk, chunks) / MB
@@ -114,7 +140,29 @@ def wal_figures(scratch: str, runs: int, write_bytes: int) -> list[Result]:
         # The baseline in records/s: what plain writes of the same bytes would carry.
         results.append(Result(f"{w.name}_records", "records/s", median(values) * MB / per_record, runs,
                               median(bases) * MB / per_record, ratio, w.target_records))
+    results += compression_results(measured, batches, runs)
     return results
+
+
+def compression_results(measured: dict[str, tuple[list[float], list[float]]], batches: dict[str, bytes],
+                        runs: int) -> list[Result]:
+    """Each compressed workload against the same records plain: bytes written per record (the object tier
+    stores the same bytes: an upload copies the WAL's), and records/s, paired within each run."""
+    by_name = {w.name: w for w in WAL_WORKLOADS}
+    out = []
+    for name, plain_name in COMPRESSED_VS_PLAIN.items():
+        w, plain = by_name[name], by_name[plain_name]
+        per_record = len(batches[name]) / w.records_per_batch
+        plain_per_record = len(batches[plain_name]) / plain.records_per_batch
+        rates = [v * MB / per_record for v in measured[name][0]]
+        plain_rates = [v * MB / plain_per_record for v in measured[plain_name][0]]
+        out.append(Result(f"{name}_bytes_per_record", "B", per_record, 1, plain_per_record,
+                          per_record / plain_per_record,
+                          Target("<= 0.5x the plain bytes", "<=", 0.5, of="ratio")))
+        out.append(Result(f"{name}_vs_plain_records", "records/s", median(rates), runs, median(plain_rates),
+                          paired_ratio(rates, plain_rates),
+                          Target(">= 0.8x the plain record rate", ">=", 0.8, of="ratio")))
+    return out
 
 
 def _run_wal(w: WalWorkload, batch: bytes, directory: str, write_bytes: int) -> float:
@@ -140,6 +188,7 @@ def codec_figures(runs: int, budget_s: float) -> list[Result]:
     buf_256 = codec.batches_buffer(64, 1000, 256)
     buf_1k = codec.batches_buffer(64, 1000, 1024)
     crc_data = os.urandom(64 * MIB)
+    text = {c: codec.batches_buffer(64, 1000, 256, text=True, compression=c) for c in ("none", "zstd", "lz4")}
     encode_target = Target(">= 3,000,000 records/s", ">=", 3_000_000)
     decode_target = Target(">= 4 GiB/s", ">=", 4.0)
     rows: dict[str, list[float]] = {}
@@ -157,6 +206,9 @@ def codec_figures(runs: int, budget_s: float) -> list[Result]:
         measure("decode_arrow_1k_noverify", codec.decode_arrow_rate(buf_1k, False, budget_s) / GIB)
         measure("crc32c", codec.crc32c_rate(crc_data, budget_s / 2) / GIB)
         measure("zlib_crc32", codec.zlib_crc32_rate(crc_data, budget_s / 2) / GIB)
+        for c, buf in text.items():
+            measure(f"decode_arrow_{c}_text_records", codec.decode_arrow_records_rate(buf, budget_s))
+    plain = rows["decode_arrow_none_text_records"]  # the same text-like records, not compressed
     return [
         Result("encode_batch_records", "records/s", median(rows["encode_batch_records"]), runs,
                target=encode_target),
@@ -168,6 +220,10 @@ def codec_figures(runs: int, budget_s: float) -> list[Result]:
         Result("decode_arrow_1k_noverify", "GiB/s", median(rows["decode_arrow_1k_noverify"]), runs),
         Result("crc32c", "GiB/s", median(rows["crc32c"]), runs, median(rows["zlib_crc32"]),
                paired_ratio(rows["crc32c"], rows["zlib_crc32"])),
+        Result("decode_arrow_none_text_records", "records/s", median(rows["decode_arrow_none_text_records"]),
+               runs),
+        *[Result(name, "records/s", median(rows[name]), runs, median(plain), paired_ratio(rows[name], plain))
+          for name in ("decode_arrow_zstd_text_records", "decode_arrow_lz4_text_records")],
     ]
 
 

@@ -4,7 +4,9 @@
 once the broker acknowledged it, as durable as the topic promises). A batch ships when it holds
 `batch_records` records or `batch_bytes` bytes, or `linger_ms` after its first record. `send_batch(payloads)`
 ships a list as one batch. Back-pressure: at most `max_inflight_bytes` of unacknowledged batches; `send`
-waits beyond that. `flush()` ships what is open and waits for every ack.
+waits beyond that. `flush()` ships what is open and waits for every ack. `compression` ("zstd" or "lz4",
+`compression_level` for zstd) compresses each batch here, before it is sent; the broker, its WAL, the object
+tier and the fast consumer keep it compressed (docs/FORMAT.md#compression).
 
 If the stream fails with a retriable status (client/status.py: UNAVAILABLE, or the INTERNAL that grpc gives a
 write the dying connection could not finish), or the broker rejects a batch with UNAVAILABLE (the broker
@@ -68,7 +70,11 @@ class _Open:
 class FastProducer:
     def __init__(self, target: str, topic: str, name: str, *, reliable: bool = True,
                  batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
-                 max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50) -> None:
+                 max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50, compression: str = "none",
+                 compression_level: int | None = None) -> None:
+        if compression not in frames.COMPRESSIONS:
+            raise ValueError(f"unknown compression {compression!r}, expected one of "
+                             f"{', '.join(frames.COMPRESSIONS)}")
         self.topic = topic
         self.name = name
         self.reliable = reliable
@@ -79,6 +85,10 @@ class FastProducer:
         self._linger = linger_ms / 1000
         self._max_inflight = max_inflight_bytes
         self._reconnect_tries = reconnect_tries
+        # Batches are compressed here, before they are sent; the broker stores them as they come
+        # (docs/FORMAT.md#compression).
+        self._compression = compression
+        self._level = compression_level
         self._attempts = 0  # stream attempts since the broker last answered (the bound on reconnecting)
         self._loop = asyncio.get_running_loop()
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
@@ -144,7 +154,8 @@ class FastProducer:
         self._check()
         await self._ship_open()
         future: asyncio.Future[Offsets] = self._loop.create_future()
-        data = frames.encode_batch(list(records), producer_id=self.producer_id, producer_name=self.name)
+        data = frames.encode_batch(list(records), producer_id=self.producer_id, producer_name=self.name,
+                                   compression=self._compression, level=self._level)
         await self._ship_data(data, future)
         return future
 
@@ -199,7 +210,8 @@ class FastProducer:
 
     async def _ship(self, payloads: list[bytes], future: asyncio.Future[Offsets]) -> None:
         data = frames.encode_payloads(payloads, publish_time=int(time.time() * 1000),
-                                      producer_id=self.producer_id, producer_name=self.name)
+                                      producer_id=self.producer_id, producer_name=self.name,
+                                      compression=self._compression, level=self._level)
         await self._ship_data(data, future)
 
     async def _ship_data(self, data: bytes, future: asyncio.Future[Offsets]) -> None:
@@ -365,7 +377,7 @@ def _with_producer_id(data: bytes, producer_id: int) -> bytes:
     for h in headers:
         records = frames.decode_records(memoryview(data)[h.position:h.end], verify=False)
         out.append(frames.encode_batch(records, producer_id=producer_id, producer_name=h.producer_name,
-                                       broker_addr=h.broker_addr))
+                                       broker_addr=h.broker_addr, compression=h.compression))
     return b"".join(out)
 
 

@@ -55,7 +55,7 @@ BATCH_BYTES = 1 << 20
 MAX_PREFIX_CHARS = 100  # producerName: the broker takes names up to 256 bytes, the rest of ours is ~50
 QUERY_ID = "sql.streaming.queryId"  # the local property Spark's StreamExecution sets on every task
 
-_NAMES = ("broker", "topic", "reliable", "producerName", "brokerTimeoutMs")
+_NAMES = ("broker", "topic", "reliable", "producerName", "brokerTimeoutMs", "compression")
 _CANONICAL = {n.lower(): n for n in _NAMES}
 # DataStreamWriter hands its own options to the sink along with the user's.
 _STREAM_OWN = frozenset({"checkpointlocation"})
@@ -75,6 +75,7 @@ class WriteOptions:
     producer_prefix: str = "spark"
     timeout: float = 10.0  # seconds: the driver's check that the broker answers, and a stream's Open
     records: bool = False  # the rows carry a key or attributes: sent as records, else as payloads
+    compression: str = "none"  # batches compressed by the task before they are sent (docs/FORMAT.md)
 
 
 def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> WriteOptions:
@@ -114,7 +115,12 @@ def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> Wri
         raise OptionError(f"option brokerTimeoutMs is {timeout_text!r}: expected an integer") from None
     if timeout_ms < 1:
         raise OptionError(f"option brokerTimeoutMs is {timeout_ms}: expected at least 1")
-    return WriteOptions(broker, topic, reliable == "true", prefix, timeout_ms / 1000, _records(schema))
+    compression = given.get("compression", "none").strip().lower()
+    if compression not in frames.COMPRESSIONS:
+        raise OptionError(f"option compression is {given['compression']!r}: expected one of "
+                          f"{', '.join(frames.COMPRESSIONS)}")
+    return WriteOptions(broker, topic, reliable == "true", prefix, timeout_ms / 1000, _records(schema),
+                        compression)
 
 
 def _records(schema: StructType) -> bool:
@@ -327,7 +333,8 @@ class Payloads:
 
     @classmethod
     async def open(cls, opts: WriteOptions, name: str) -> Payloads:
-        return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable))
+        return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable,
+                                              compression=opts.compression))
 
     async def publish(self, rows: pa.RecordBatch) -> None:
         self._futures.append(await self._producer.send_batch(rows.column("value").to_pylist()))
@@ -349,7 +356,8 @@ class Records:
 
     @classmethod
     async def open(cls, opts: WriteOptions, name: str) -> Records:
-        return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable))
+        return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable,
+                                              compression=opts.compression))
 
     async def publish(self, rows: pa.RecordBatch) -> None:
         records = _to_records(rows, int(time.time() * 1000))

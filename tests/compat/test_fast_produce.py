@@ -13,7 +13,7 @@ from compat_support import Session, offsets, payloads, run_async
 from danube import SubType
 
 from danube_fast import frames
-from danube_fast.client import FastProducer, ProduceRejected
+from danube_fast.client import FastConsumer, FastProducer, ProduceRejected
 from danube_fast.client.reader import TopicReader
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -140,6 +140,56 @@ def test_non_reliable_batches_reach_live_consumers(broker: Broker, topic: str) -
             got = await consumer.get_n(5)
             assert payloads(got) == [b"n-%d" % i for i in range(5)]
             await producer.close()
+
+    run_async(scenario())
+
+
+@pytest.mark.parametrize("reliable", [True, False], ids=["reliable", "non-reliable"])
+def test_compressed_batches_reach_both_apis(broker: Broker, topic: str, reliable: bool) -> None:
+    """docs/FORMAT.md#compression: a producer's zstd batches are stored and served to the fast API as they
+    came (compressed) and decompressed for a Danube-API consumer."""
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await FastProducer.connect(broker.target, topic, "zp", reliable=reliable,
+                                                  compression="zstd")
+            danube = await s.consumer(topic, "c", "danube-sub", SubType.EXCLUSIVE)
+            fast_consumer = await FastConsumer.connect(broker.target, topic, "fast-sub", "fc") \
+                if reliable else None
+            sent = [b'{"order": %d, "status": "shipped", "currency": "EUR"}' % i for i in range(300)]
+            for start in range(0, 300, 100):
+                await producer.send_batch(sent[start:start + 100])
+            await producer.flush()
+            got = await danube.get_n(300)
+            assert payloads(got) == sent
+            if fast_consumer is not None:
+                assert offsets(got) == list(range(300))
+                stream = fast_consumer.batches()
+                deliveries = [await asyncio.wait_for(anext(stream), 5)]
+                while deliveries[-1].last_offset < 299:
+                    deliveries.append(await asyncio.wait_for(anext(stream), 5))
+                data = b"".join(d.data for d in deliveries)
+                assert {h.compression for h in frames.scan_batches(data)} == {"zstd"}
+                assert len(data) < len(b"".join(sent))
+                assert [r.payload for r in frames.decode_records(data)] == sent
+                await fast_consumer.close()
+            await producer.close()
+
+    run_async(scenario())
+
+
+def test_a_compressed_batch_cannot_hide_an_oversized_record(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        raw = RawStream(broker)
+        try:
+            pid = await raw.open(topic, "raw-z")
+            big = frames.encode_payloads([b"y" * 5000], producer_id=pid, producer_name="raw-z",
+                                         compression="zstd")
+            assert len(big) < 4096 and frames.parse_header(big).compression == "zstd"
+            oversize = await raw.send(1, big)
+            assert oversize.rejected.code == "INVALID_ARGUMENT"
+            assert "max_message_size" in oversize.rejected.message
+        finally:
+            await raw.close()
 
     run_async(scenario())
 

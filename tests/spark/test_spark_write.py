@@ -57,16 +57,20 @@ def write(df: DataFrame, broker: Broker, topic: str, **options: str) -> None:
         .options(**options).save()
 
 
-@pytest.mark.parametrize(("columns", "carried"), [
-    ([VALUE, KEY, ATTRIBUTES], {"key", "attributes"}),
-    ([VALUE_TEXT], set()),
-    ([VALUE_TEXT, KEY_BYTES], {"key"}),
-], ids=["records", "value-only", "text-value-binary-key"])
+@pytest.mark.parametrize(("columns", "carried", "options"), [
+    ([VALUE, KEY, ATTRIBUTES], {"key", "attributes"}, {}),
+    ([VALUE_TEXT], set(), {}),
+    ([VALUE_TEXT, KEY_BYTES], {"key"}, {}),
+    # compressed by the tasks, stored compressed, decompressed by the reader (docs/FORMAT.md#compression)
+    ([VALUE, KEY, ATTRIBUTES], {"key", "attributes"}, {"compression": "zstd"}),
+    ([VALUE_TEXT], set(), {"compression": "lz4"}),
+], ids=["records", "value-only", "text-value-binary-key", "records-zstd", "value-only-lz4"])
 def test_every_row_is_read_back_exactly_in_each_tasks_order(spark: SparkSession, broker: Broker,
                                                            columns: list[str], carried: set[str],
+                                                           options: dict[str, str],
                                                            request: pytest.FixtureRequest) -> None:
     topic = f"/default/w_{request.node.callspec.id.replace('-', '_')}"
-    write(source(spark, columns), broker, topic)
+    write(source(spark, columns), broker, topic, **options)
     rows = read(spark, broker, topic)
     assert [r.offset for r in rows] == list(range(ROWS)), "every row once, offsets from 0"
     names = {r.producer_name for r in rows}
@@ -109,6 +113,7 @@ def test_a_topic_of_the_other_delivery_mode_fails_the_task_naming_it(spark: Spar
     ({"topic": "default/t"}, [VALUE], "append", ["option topic", "/namespace/topic", "default/t"]),
     ({"reliable": "maybe"}, [VALUE], "append", ["option reliable", "maybe", "true", "false"]),
     ({"brokerTimeoutMs": "soon"}, [VALUE], "append", ["option brokerTimeoutMs", "integer"]),
+    ({"compression": "gzip"}, [VALUE], "append", ["option compression", "gzip", "none, zstd, lz4"]),
     ({"broker": "unreachable"}, [VALUE], "append", ["no broker answers", "brokerTimeoutMs"]),
     ({}, ["id as offset", VALUE], "append", ["column 'offset' cannot be written", "value", "attributes"]),
     ({}, [KEY], "append", ["needs a value column"]),
@@ -117,8 +122,8 @@ def test_a_topic_of_the_other_delivery_mode_fails_the_task_naming_it(spark: Spar
     ({}, ["id as value"], "append", ["value is bigint", "binary or string"]),
     ({}, [VALUE], "overwrite", ["mode('overwrite')", "append-only", "mode('append')"]),
     ({}, [VALUE], "errorifexists", ["ErrorIfExists", "Append"]),  # Spark's own refusal
-], ids=["unknown", "no-broker", "topic", "reliable", "timeout", "unreachable", "column", "no-value",
-        "attribute-type", "value-type", "overwrite", "errorifexists"])
+], ids=["unknown", "no-broker", "topic", "reliable", "timeout", "compression", "unreachable", "column",
+        "no-value", "attribute-type", "value-type", "overwrite", "errorifexists"])
 def test_bad_options_columns_and_modes_fail_before_any_task(spark: SparkSession, broker: Broker,
                                                             options: dict[str, str], columns: list[str],
                                                             mode: str, words: list[str],

@@ -361,3 +361,52 @@ def test_close_waits_for_a_disk_read_in_progress(tmp_path: Path, run: Run) -> No
             await wal.read(0)
 
     run(main())
+
+
+def compressed_with_bad_records() -> bytes:
+    """A zstd batch whose CRC and decompression pass but whose first record overruns it (a buggy producer)."""
+    import struct
+
+    import pyarrow as pa
+
+    plain = bytearray(frames.encode_payloads([b"a" * 100] * 10))
+    head = frames.HEADER_SIZE
+    struct.pack_into("<I", plain, head, 10_000)
+    packed = pa.Codec("zstd").compress(bytes(plain[head:]), asbytes=True)
+    out = bytearray(plain[:head]) + packed
+    struct.pack_into("<H", out, 18, 1)  # flags: codec zstd
+    struct.pack_into("<I", out, 52, len(plain) - head)  # raw_size
+    struct.pack_into("<I", out, 12, len(out))
+    struct.pack_into("<I", out, 8, frames.crc32c(bytes(out[12:])))
+    return bytes(out)
+
+
+def test_compressed_batches_are_stored_as_they_came_and_recovered(tmp_path: Path, run: Run) -> None:
+    """docs/FORMAT.md#compression: the WAL checks a compressed batch by decompressing it, stores and serves
+    the compressed bytes, and recovers them after a reopen; one whose records do not walk is refused alone."""
+    payloads = [f'{{"order": {i}, "status": "shipped", "currency": "EUR"}}'.encode() * 4 for i in range(100)]
+    zstd = frames.encode_payloads(payloads, compression="zstd")
+    lz4 = frames.encode_payloads(payloads, compression="lz4")
+    assert len(zstd) < len(frames.encode_payloads(payloads)) // 2
+
+    async def stored(wal: Wal) -> bytes:
+        return b"".join([bytes(chunk) async for chunk in wal.reader(0, follow=False)])
+
+    async def main() -> None:
+        wal = await Wal.open(tmp_path)
+        results = await asyncio.gather(wal.append(zstd), wal.append(compressed_with_bad_records()),
+                                       wal.append(lz4), return_exceptions=True)
+        assert results[0] == (0, 99) and results[2] == (100, 199)
+        assert isinstance(results[1], FrameCorrupt) and "record 0" in str(results[1])
+        data = await stored(wal)
+        assert len(data) == len(zstd) + len(lz4)
+        assert [h.compression for h in frames.scan_batches(data)] == ["zstd", "lz4"]
+        assert [r.payload for r in frames.decode_records(data)] == payloads * 2
+        await wal.close()
+        wal = await Wal.open(tmp_path)
+        assert wal.committed_offset == 200
+        assert await stored(wal) == data
+        assert await wal.append(zstd) == (200, 299)
+        await wal.close()
+
+    run(main())

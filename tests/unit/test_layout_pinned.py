@@ -19,7 +19,7 @@ def test_the_header_positions_follow_each_other() -> None:
     layout = native.LAYOUT
     order = ["base_offset", "crc", "batch_length", "magic", "version", "flags", "record_count",
              "base_timestamp", "max_timestamp", "producer_id", "producer_name_len", "broker_addr_len",
-             "reserved", "header"]
+             "raw_size", "header"]
     sizes = [8, 4, 4, 1, 1, 2, 4, 8, 8, 8, 2, 2, 4]
     assert [layout[name] for name in order] == [sum(sizes[:i]) for i in range(len(order))]
     assert layout["header"] == native.HEADER_SIZE == 56

@@ -137,7 +137,7 @@ def _check(data: bytes, topic: Topic, producer_id: int) -> int:
             raise invalid(f"batch at byte {h.position} names producer {h.producer_id}, but this stream "
                           f"is producer {producer_id}")
         records += h.record_count
-        if limit and h.length > limit:
+        if limit and max(h.length, h.raw_size) > limit:  # a compressed batch: its records' size
             for r in frames.iter_records(memoryview(data)[h.position:h.end], verify=False):
                 if len(r.payload) > limit:
                     raise invalid(f"a record of {len(r.payload)} bytes exceeds the max_message_size policy "
