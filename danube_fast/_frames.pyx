@@ -466,20 +466,25 @@ cdef int _decompress(const unsigned char* src, size_t n, unsigned char* dst, Bat
     return 0
 
 
-cdef object _inflate(const unsigned char* buf, BatchInfo* h):
-    """The compressed batch `h` as the uncompressed batch it stands for (bytes), its records checked; errors
-    name the compressed batch's position."""
+cdef Py_ssize_t _inflate_into(const unsigned char* buf, BatchInfo* h, unsigned char* dst) except -1:
+    """Write the compressed batch `h` into `dst` as the uncompressed batch it stands for, its records checked;
+    returns the bytes written. Errors name the compressed batch's position. The copy's CRC is left as it was:
+    expanded batches never leave this module, and nothing verifies them again."""
     cdef const unsigned char* p = buf + h.position
     cdef Py_ssize_t head = _head(h), total = head + h.raw_size
-    out = PyBytes_FromStringAndSize(NULL, total)
-    cdef unsigned char* dst = <unsigned char*>PyBytes_AS_STRING(out)
     memcpy(dst, p, head)
     _decompress(p + head, h.length - head, dst + head, h)
     _walk_records(dst + head, dst + total, h, NULL)
     store_u16(dst + OFF_FLAGS, CODEC_NONE)
     store_u32(dst + OFF_RAW_SIZE, 0)
     store_u32(dst + OFF_LENGTH, <uint32_t>total)
-    store_u32(dst + OFF_CRC, crc32c_update(0, dst + CRC_FROM, total - CRC_FROM))
+    return total
+
+
+cdef object _inflate(const unsigned char* buf, BatchInfo* h):
+    """The compressed batch `h` expanded (see _inflate_into), as bytes."""
+    out = PyBytes_FromStringAndSize(NULL, _head(h) + h.raw_size)
+    _inflate_into(buf, h, <unsigned char*>PyBytes_AS_STRING(out))
     return out
 
 
@@ -487,18 +492,23 @@ cdef object _expand_all(const unsigned char* buf, Py_ssize_t size, bint verify):
     """None when no batch of `buf` is compressed; else a copy with every compressed batch expanded, every
     batch checked (CRC if `verify`, records always) in order, errors naming positions in `buf`."""
     cdef BatchInfo h
-    cdef Py_ssize_t pos = 0
-    cdef bint careful = False
+    cdef Py_ssize_t pos = 0, total = 0, at = 0
+    cdef bint compressed = False
     try:
-        while pos < size and not careful:   # headers only: the common buffer has no compressed batch
+        while pos < size:   # headers only: the common buffer has no compressed batch
             _check_header(buf, size, pos, &h)
-            careful = h.codec != CODEC_NONE
+            compressed |= h.codec != CODEC_NONE
+            total += _head(&h) + h.raw_size if h.codec != CODEC_NONE else h.length
             pos += h.length
     except FrameCorrupt:
-        careful = True   # report it in order, after the checks of the batches before it
-    if not careful:
+        if not compressed:
+            return None   # the decoder reports it, in order
+        total = -1   # a bad header after a compressed batch: expand batch by batch up to it
+    if not compressed:
         return None
-    parts = []
+    parts = [] if total < 0 else None
+    out = PyBytes_FromStringAndSize(NULL, max(total, 0))
+    cdef unsigned char* dst = <unsigned char*>PyBytes_AS_STRING(out)
     pos = 0
     while pos < size:
         _check_header(buf, size, pos, &h)
@@ -506,11 +516,17 @@ cdef object _expand_all(const unsigned char* buf, Py_ssize_t size, bint verify):
             _check_crc(buf, &h)
         if h.codec == CODEC_NONE:
             _walk_records(buf + pos + _head(&h), buf + pos + h.length, &h, NULL)
-            parts.append(PyBytes_FromStringAndSize(<const char*>buf + pos, h.length))
+            if parts is None:
+                memcpy(dst + at, buf + pos, h.length)
+                at += h.length
+            else:
+                parts.append(PyBytes_FromStringAndSize(<const char*>buf + pos, h.length))
+        elif parts is None:
+            at += _inflate_into(buf, &h, dst + at)
         else:
             parts.append(_inflate(buf, &h))
         pos += h.length
-    return b"".join(parts)
+    return out if parts is None else b"".join(parts)
 
 
 cdef object _compress(object batch, int codec, int level):
