@@ -126,7 +126,8 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumers", type=_positive_int, default=1)
     parser.add_argument("--sizes", type=_positive_int, nargs="*", default=list(e2e.SIZES),
                         help="record sizes of the throughput sweep (default: %(default)s; none: no sweep); "
-                             f"N is scaled down above {e2e.SCALE_FROM} B")
+                             f"at most {e2e.SWEEP_BYTES >> 20} MiB of records a size ("
+                             f"--quick: {e2e.QUICK_SWEEP_BYTES >> 20} MiB)")
     parser.add_argument("--systems", nargs="+", choices=e2e.SYSTEMS,
                         help="systems to run (default: every one installed; a named one must be)")
     parser.add_argument("--linger-ms", type=float, default=e2e.LINGER_MS,

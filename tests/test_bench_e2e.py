@@ -71,6 +71,7 @@ def test_tiny_run_json() -> None:
             for name in ("produce", "consume"):
                 _check_phase(by_size[name], by_size["size"], 1000)
     assert report["systems"][0]["durability"] == "reliable_fsync"
+    assert len(report["disk_mb_s"]) == 2 and all(rate > 0 for rate in report["disk_mb_s"])  # before, after
     peers = names[1:]
     assert sorted(report["ratios"]) == sorted(peers) and sorted(report["ratios_by_size"]) == sorted(peers)
     for peer in peers:

@@ -12,8 +12,10 @@ Per run, for each system in turn: the main workload (N records of S bytes, P pro
 produce as fast as acks come back, a catch-up consume with acks, then producers and consumers at once at a
 fixed rate, by default half the produce rate that system reached in that run, for publish-ack and
 end-to-end latencies (bench/peers/workload.py has the phases). Then produce and consume only for each other
-size of --sizes, N scaled down for large records (`records_for`). Every figure is the median over the runs;
-a ratio of ours to a peer is the median of the per-run ratios (each run measures both).
+size of --sizes, N sized by bytes for large records (`records_for`). Every figure is the median over the
+runs; a ratio of ours to a peer is the median of the per-run ratios (each run measures both). The disk's own
+bandwidth (os.write of 16 MiB chunks, fdatasync after each, on --dir) is measured before and after the
+systems run, so large-record produce figures can be set against it.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ RECORDS = 200_000
 QUICK_RECORDS = 20_000
 RUNS = 3
 QUICK_RUNS = 1
-SCALE_FROM = 256  # record size above which the size sweep scales N down: N * SCALE_FROM / size records
+SWEEP_BYTES = 512 << 20  # the size sweep's records at a size: N, or fewer, so that they hold about this many
+QUICK_SWEEP_BYTES = 128 << 20  # bytes (a few thousand 64 KiB records: long enough to leave the start-up)
 MIN_RECORDS = 2_000  # the size sweep never goes below this (or N)
+DISK_BYTES = 256 << 20  # per disk baseline measurement (quick: a quarter)
 OURS = "danube"
 SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec")  # all_configs() checks them
 CLIENT_MODULES = {"nats": ("nats",), "redis_always": ("redis", "hiredis"),
@@ -76,9 +80,9 @@ def missing(config: Config, consumers: int = 1) -> str | None:
     return None
 
 
-def records_for(size: int, records: int) -> int:
-    """N for the size sweep: `records` up to SCALE_FROM bytes, then scaled down with the size."""
-    return min(records, max(MIN_RECORDS, records * SCALE_FROM // size))
+def records_for(size: int, records: int, sweep_bytes: int = SWEEP_BYTES) -> int:
+    """N for the size sweep: `records`, or fewer where they would hold more than `sweep_bytes`."""
+    return min(records, max(MIN_RECORDS, sweep_bytes // size))
 
 
 def _warmup(records: int) -> int:
@@ -104,8 +108,9 @@ class Settings:
         main = Workload(size=self.size, records=self.records, producers=self.producers,
                         consumers=self.consumers, e2e_rate=self.e2e_rate, warmup=_warmup(self.records),
                         phases=MAIN_PHASES)
-        sweep = [replace(main, size=s, records=records_for(s, self.records), phases=SWEEP_PHASES,
-                         warmup=_warmup(records_for(s, self.records)))
+        budget = QUICK_SWEEP_BYTES if self.quick else SWEEP_BYTES
+        sweep = [replace(main, size=s, records=records_for(s, self.records, budget), phases=SWEEP_PHASES,
+                         warmup=_warmup(records_for(s, self.records, budget)))
                  for s in sorted(set(self.sizes) - {self.size})]
         return [main, *sweep]
 
@@ -192,6 +197,7 @@ class Report:
     skipped: dict[str, str]  # system -> why it did not run
     ratios: dict[str, dict[str, float]]  # peer name -> ratio key -> ours / peer (main size)
     size_ratios: dict[str, dict[int, dict[str, float]]]  # peer -> size -> produce / consume -> ours / peer
+    disk_mb_s: list[float] = field(default_factory=list)  # the disk baseline, before and after the systems
 
     def system(self, name: str) -> System | None:
         return next((s for s in self.systems if s.config.name == name), None)
@@ -269,8 +275,30 @@ def run_e2e(settings: Settings, bar: ProgressBar | None, explicit: bool = False)
             bar.advance()
 
     options = Options(settings.runs, settings.quick, settings.parent_dir)
+    disk_bytes = DISK_BYTES // 4 if settings.quick else DISK_BYTES
+    before = disk_baseline(settings.parent_dir, disk_bytes)
     measured = suite.measure(workloads, options, configs, starting, finished)
-    return summarise(settings, configs, workloads, measured, skipped)
+    report = summarise(settings, configs, workloads, measured, skipped)
+    report.disk_mb_s = [before, disk_baseline(settings.parent_dir, disk_bytes)]
+    return report
+
+
+def disk_baseline(parent_dir: str, total: int) -> float:
+    """MB/s of os.write of 16 MiB chunks with an fdatasync after each, to a new file in `parent_dir`: what
+    the disk gives a writer that syncs (bench/micro/disk.py; `dd oflag=dsync bs=16M` does the same)."""
+    import os
+    import tempfile
+
+    from bench.micro import disk
+
+    chunk = os.urandom(16 << 20)
+    chunks = max(1, total // len(chunk))
+    fd, path = tempfile.mkstemp(prefix="danube-bench-disk-", dir=parent_dir)
+    os.close(fd)
+    try:
+        return chunks * len(chunk) / disk.write_baseline(path, chunk, chunks) / 1e6
+    finally:
+        os.unlink(path)
 
 
 def versions(report: Report) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.common import fmt, markdown_table, text_table
+from bench.common import fmt, markdown_table, median, text_table
 from bench.e2e import OURS, RATIOS, SWEEP_PHASES, Phase, Report, System
 from bench.peers.workload import Percentiles
 from bench.results import RESULTS_PATH, head_lines
@@ -104,6 +104,15 @@ def tables(report: Report) -> list[Table]:
             [[size_text(size), *(" / ".join(_ratio(report.size_ratios[peer][size].get(ph))
                                             for ph in SWEEP_PHASES) for peer in peers)]
              for size in sizes]))
+    ours = report.system(OURS)
+    if report.disk_mb_s and ours is not None:
+        disk = median(report.disk_mb_s)
+        found.append(Table(
+            f"The disk: os.write of 16 MiB chunks, fdatasync after each: {fmt(disk)} MB/s (median of "
+            f"{len(report.disk_mb_s)}, before and after the systems ran); ours against it",
+            ["size", "ours produce MB/s", "/ disk"],
+            [[size_text(size), fmt(ours.by_size[size]["produce"].mb_per_s),
+              _ratio(ours.by_size[size]["produce"].mb_per_s / disk)] for size in sizes]))
     return found
 
 
@@ -153,6 +162,7 @@ def as_json(report: Report, machine: dict[str, object], versions: str) -> dict[s
                     for y in report.systems],
         "ratios": {peer: {key: round(value, 4) for key, value in found.items()}
                    for peer, found in report.ratios.items()},
+        "disk_mb_s": [round(v, 1) for v in report.disk_mb_s],
         "ratios_by_size": {peer: [{"size": size, **{k: round(v, 4) for k, v in found.items()}}
                                   for size, found in by_size.items()]
                            for peer, by_size in report.size_ratios.items()},
