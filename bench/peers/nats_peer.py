@@ -7,12 +7,13 @@
   ack and not the wait for a free slot (the client's own bound, `publish_async_max_pending`, is set above
   it and never binds). Each producer has its own connection.
 - Consume: a durable push consumer, deliveries to a callback. With one consumer its ack policy is `all`
-  (cumulative, as ours): the consumer acks every `batch`-th record and the last one. With several, they
+  (cumulative, as ours): the consumer acks every `ack_every` records (`batch`, fewer for large records)
+  and the last one. With several, they
   form a queue group on one durable consumer with the `explicit` policy and ack every record (a cumulative
-  ack would ack the other members' records). The server keeps up to `credit` records unacknowledged per
-  consumer in flight. A pull consumer (`fetch` batches) was measured slower on nats-py 2.16 (about 26,000
-  records/s against 130,000 for this one, 256 B records): its `fetch` waits for each message with its own
-  timeout.
+  ack would ack the other members' records). The server keeps up to `credit` records (at most
+  CREDIT_BYTES of them) unacknowledged per consumer in flight. A pull consumer (`fetch` batches) was
+  measured slower on nats-py 2.16 (about 26,000 records/s against 130,000 for this one, 256 B records): its
+  `fetch` waits for each message with its own timeout.
 - Consume, no acks (`consume_noack`): one ordered consumer (ephemeral, ack policy none, flow control): a
   catch-up read that keeps no position on the server.
 """
@@ -55,9 +56,20 @@ def batching_text(workload: Workload) -> str:
             "per record")
 
 
+# The server cuts a client whose outbound buffer passes its max_pending (64 MiB) as a slow consumer ("Slow
+# Consumer Detected: MaxPending of 67108864 Exceeded", then the consumer hangs): a push consumer's credit is
+# bounded in bytes too, as a NATS user sizes it for large records.
+CREDIT_BYTES = 16 << 20
+
+
 def credit(workload: Workload) -> int:
     """Records a consumer may hold unacknowledged (the server's max_ack_pending)."""
-    return max(workload.window, 4 * workload.batch)
+    return max(16, min(max(workload.window, 4 * workload.batch), CREDIT_BYTES // workload.size))
+
+
+def ack_every(workload: Workload) -> int:
+    """A cumulative ack every this many records: well inside the credit, so the server never waits."""
+    return max(1, min(workload.batch, credit(workload) // 4))
 
 
 class Peer:
@@ -153,7 +165,7 @@ class Peer:
                          ) -> list[JetStreamContext.PushSubscription]:
         workload = self.workload
         alone = workload.consumers == 1
-        batch, total = workload.batch, tally.total
+        batch, total = ack_every(workload), tally.total
         config = ConsumerConfig(ack_policy=AckPolicy.ALL if alone else AckPolicy.EXPLICIT,
                                 deliver_policy=DeliverPolicy.ALL, max_ack_pending=credit(workload))
 

@@ -86,7 +86,7 @@ class Topic:
     async def publish(self, msg: pb.StreamMessage) -> None:
         raise NotImplementedError
 
-    async def publish_batch(self, data: bytes, records: int) -> tuple[int, int]:
+    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
         """The fast API's publish: whole record batches, already checked by the caller."""
         raise NotImplementedError
 
@@ -129,7 +129,7 @@ class ReliableTopic(Topic):
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
 
-    async def publish_batch(self, data: bytes, records: int) -> tuple[int, int]:
+    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
         """Appended to the WAL as they are (offsets stamped there), answered with their offsets once
         durable."""
         if self.publish_rate.per_second:
@@ -160,7 +160,7 @@ class NonReliableTopic(Topic):
             assert isinstance(live, LiveDispatcher)  # a NonReliable topic has only live dispatchers
             live.publish(msg)
 
-    async def publish_batch(self, data: bytes, records: int) -> tuple[int, int]:
+    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
         """Decoded and handed to the live dispatchers (offsets 0 .. records - 1)."""
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)

@@ -39,8 +39,8 @@ from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.errors import DanubeError
+from danube_fast.fast_wire import encode_batch_request, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
-from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
 Offsets = tuple[int, int]
 
@@ -92,7 +92,7 @@ class FastProducer:
         self._attempts = 0  # stream attempts since the broker last answered (the bound on reconnecting)
         self._loop = asyncio.get_running_loop()
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = fast_grpc.FastProducerStub(self._channel)  # type: ignore[no-untyped-call]
+        self._produce = produce_method(self._channel)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -230,12 +230,12 @@ class FastProducer:
                 return  # a reconnect that ran while this waited for the lock has sent it already
             self._written = seq
             # A broken stream is noticed by the reader, which resends everything unacknowledged.
-            await write_or_broken(self._call, batch_request(seq, self._unacked[seq].data))
+            await write_or_broken(self._call, encode_batch_request(seq, self._unacked[seq].data))
 
     # -- the stream ---------------------------------------------------------------------------------
 
     async def _start_stream(self) -> None:
-        call = self._stub.Produce()
+        call = self._produce()
         try:
             await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
                                                                 reliable=self.reliable)))
@@ -297,7 +297,7 @@ class FastProducer:
         channel, self._target = await follow(self._channel, self._target, self.topic)
         if channel is not self._channel:
             self._channel = channel
-            self._stub = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
+            self._produce = produce_method(channel)
 
     async def _reconnect(self, cause: ProduceRejected) -> None:
         """Look the topic up, open a new stream and send every unacknowledged batch again (re-stamped with
@@ -321,7 +321,7 @@ class FastProducer:
                         data = _with_producer_id(shipped.data, self.producer_id)
                         shipped.data = data
                         self._written = max(self._written, seq)
-                        if not await write_or_broken(self._call, batch_request(seq, data)):
+                        if not await write_or_broken(self._call, encode_batch_request(seq, data)):
                             break  # the new stream broke too: its reader reconnects
                 return
             except ProduceRejected as e:
@@ -357,6 +357,16 @@ async def first_answer(call: Any, kind: str, what: str) -> Any:
 def rejection(error: grpc.aio.AioRpcError, what: str) -> ProduceRejected:
     """`error` (the call's status) as a ProduceRejected, retriable by client/status.py's rule."""
     return ProduceRejected(error.code().name, error.details() or f"could not {what}", retriable(error))
+
+
+PRODUCE_METHOD = "/danube_fast.v1.FastProducer/Produce"
+
+
+def produce_method(channel: grpc.aio.Channel) -> Any:
+    """The Produce stream of `channel`, taking Batch requests as the bytes encode_batch_request gives (one
+    copy of the batch, against two through a protobuf message) and Open requests as messages."""
+    return channel.stream_stream(PRODUCE_METHOD, request_serializer=serialize_request,
+                                 response_deserializer=fast.ProduceResponse.FromString)
 
 
 def batch_request(seq: int, data: bytes) -> fast.ProduceRequest:

@@ -29,18 +29,25 @@ from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, FrameCorrupt
+from danube_fast.fast_wire import BatchRequest, decode_produce_request
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+
+ProduceRequest = fast.ProduceRequest | BatchRequest  # as decode_produce_request reads them
 
 MAX_INFLIGHT = 64  # batches per stream being published at once
 
 
 class FastProducerService(fast_grpc.FastProducerServicer):
+    # A Batch request's data is taken as a view into the message grpc received (fast_wire.py), not parsed
+    # into a protobuf message and copied out of it again.
+    request_decoders = {"Produce": decode_produce_request}
+
     def __init__(self, topics: Topics) -> None:
         self._topics = topics
 
-    async def Produce(self, request_iterator: AsyncIterator[fast.ProduceRequest], context: Context
+    async def Produce(self, request_iterator: AsyncIterator[ProduceRequest], context: Context
                       ) -> AsyncIterator[fast.ProduceResponse]:
         requests = aiter(request_iterator)
         first = await anext(requests, None)
@@ -75,8 +82,8 @@ class FastProducerService(fast_grpc.FastProducerServicer):
             with contextlib.suppress(asyncio.CancelledError, DanubeError):
                 await reader
 
-    async def _open(self, request: fast.ProduceRequest) -> tuple[Topic, int]:
-        if request.WhichOneof("kind") != "open":
+    async def _open(self, request: ProduceRequest) -> tuple[Topic, int]:
+        if isinstance(request, BatchRequest) or request.WhichOneof("kind") != "open":
             raise invalid("the first request of a Produce stream must be Open (topic, producer name)")
         req = request.open
         check_name(req.producer_name, "Open.producer_name")  # before the topic is created
@@ -87,15 +94,17 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                                                   "publish to it through the Danube API")
         return topic, await self._topics.add_producer(topic, req.producer_name, 0)
 
-    async def _read(self, requests: AsyncIterator[fast.ProduceRequest], topic: Topic, producer_id: int,
+    async def _read(self, requests: AsyncIterator[ProduceRequest], topic: Topic, producer_id: int,
                     pending: asyncio.Queue[tuple[int, asyncio.Future[tuple[int, int, int]]] | None]) -> None:
         loop = asyncio.get_running_loop()
         try:
             async for request in requests:
-                if request.WhichOneof("kind") != "batch":
+                if isinstance(request, BatchRequest):
+                    seq, data = request.seq, request.data  # a view into the request: not copied
+                elif request.WhichOneof("kind") == "batch":
+                    seq, data = request.batch.seq, request.batch.data
+                else:
                     raise invalid("after Open, every request of a Produce stream must be a Batch")
-                batch = request.batch
-                data = batch.data  # each access to a bytes field copies it
                 fut: asyncio.Future[tuple[int, int, int]]
                 try:
                     records = _check(data, topic, producer_id)
@@ -106,7 +115,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     fut = asyncio.ensure_future(_publish(topic, data, records))
                     # Should the client go first, nobody answers this one: its outcome is not an error here.
                     fut.add_done_callback(_retrieved)
-                await pending.put((batch.seq, fut))
+                await pending.put((seq, fut))
         finally:
             await pending.put(None)
 
@@ -116,12 +125,12 @@ def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
         fut.exception()
 
 
-async def _publish(topic: Topic, data: bytes, records: int) -> tuple[int, int, int]:
+async def _publish(topic: Topic, data: bytes | memoryview, records: int) -> tuple[int, int, int]:
     first, last = await topic.publish_batch(data, records)
     return first, last, records
 
 
-def _check(data: bytes, topic: Topic, producer_id: int) -> int:
+def _check(data: bytes | memoryview, topic: Topic, producer_id: int) -> int:
     """The batch's record count, or raise: structure (CRC too when no WAL checks it), the producer id in
     every header, max_message_size per record."""
     if not data:

@@ -146,8 +146,10 @@ def _relaying(responses: Responses, method: str) -> Callable[[AsyncIterator[byte
     return handler
 
 
-def _guard(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    decode: Decode = handler.request_deserializer
+def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = None
+           ) -> grpc.RpcMethodHandler:
+    """`handler` guarded; `decode` reads its requests instead of the generated deserializer when given."""
+    decode = decode or handler.request_deserializer
     serialize = handler.response_serializer
     if handler.unary_unary is not None:
         unary_unary: Callable[[Any, Any], Awaitable[Any]] = handler.unary_unary
@@ -178,8 +180,9 @@ def _guard(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler
 class _Registrar:
     """Stands in for the server in a generated `add_*Servicer_to_server`: wraps its method handlers."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, decoders: dict[str, Decode]) -> None:
         self._server = server
+        self._decoders = decoders
         self.registered = False
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
@@ -188,15 +191,17 @@ class _Registrar:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
                                        ) -> None:
-        wrapped = {name: _guard(f"{service}/{name}", h) for name, h in handlers.items()}
+        wrapped = {name: _guard(f"{service}/{name}", h, self._decoders.get(name))
+                   for name, h in handlers.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         self._server.add_registered_method_handlers(service, wrapped)
         self.registered = True
 
 
 def register(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
-    """`add(servicer, server)` (a generated `add_*Servicer_to_server`) with every method guarded."""
-    registrar = _Registrar(server)
+    """`add(servicer, server)` (a generated `add_*Servicer_to_server`) with every method guarded. A servicer's
+    `request_decoders` (method name -> decoder of the raw request) replace the generated deserializers."""
+    registrar = _Registrar(server, getattr(servicer, "request_decoders", {}))
     add(servicer, registrar)
     if not registrar.registered:
         raise RuntimeError(f"{add.__name__} registered no method handlers: the generated code changed shape")

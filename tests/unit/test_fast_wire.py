@@ -1,0 +1,88 @@
+"""danube_fast/fast_wire.py against the protobuf runtime: the bytes it writes are protobuf's, and every input
+it reads (canonical Batch requests through its own path, anything else through protobuf) means what protobuf
+says it means, malformed ones failing as protobuf fails."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from danube_fast.fast_wire import BatchRequest, decode_produce_request, encode_batch_request, serialize_request
+from danube_fast.proto import FastApi_pb2 as fast
+
+
+def protobuf_batch(seq: int, data: bytes) -> bytes:
+    request = fast.ProduceRequest()
+    request.batch.seq = seq
+    request.batch.data = data
+    out: bytes = request.SerializeToString()
+    return out
+
+
+def meaning(decoded: object) -> tuple[str, int, bytes] | fast.ProduceRequest:
+    """What a decoded request says, in one comparable form."""
+    if isinstance(decoded, BatchRequest):
+        return ("batch", decoded.seq, bytes(decoded.data))
+    assert isinstance(decoded, fast.ProduceRequest)
+    if decoded.WhichOneof("kind") == "batch":
+        return ("batch", decoded.batch.seq, decoded.batch.data)
+    return decoded
+
+
+@settings(max_examples=150, deadline=None)
+@given(seq=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
+       data=st.one_of(st.binary(max_size=300), st.binary(min_size=20_000, max_size=20_010)))
+def test_encoding_is_protobufs_and_reads_back_without_a_copy(seq: int, data: bytes) -> None:
+    raw = encode_batch_request(seq, data)
+    if data:  # protobuf leaves an empty data field out; ours writes it, which parses the same
+        assert raw == protobuf_batch(seq, data)
+    assert meaning(fast.ProduceRequest.FromString(raw)) == ("batch", seq, data)
+    decoded = decode_produce_request(raw)
+    assert meaning(decoded) == ("batch", seq, data)
+    if data:
+        assert isinstance(decoded, BatchRequest) and decoded.data.obj is raw  # a view, not a copy
+
+
+def test_other_requests_and_other_encodings_go_to_protobuf() -> None:
+    open_request = fast.ProduceRequest(open=fast.Open(topic="/default/t", producer_name="p", reliable=True))
+    assert decode_produce_request(open_request.SerializeToString()) == open_request
+    batch = fast.Batch(seq=7, data=b"abc").SerializeToString()
+    reordered = b"\x12" + bytes([len(batch)]) + b"\x12\x03abc\x08\x07"  # data before seq
+    duplicated = protobuf_batch(7, b"abc") + protobuf_batch(8, b"xyz")  # two batch fields: merged
+    unknown = b"\x12" + bytes([len(batch) + 2]) + batch + b"\x18\x01"  # an unknown field 3 in Batch
+    for raw in (reordered, duplicated, unknown):
+        decoded = decode_produce_request(raw)
+        assert isinstance(decoded, fast.ProduceRequest), raw.hex()
+        assert decoded == fast.ProduceRequest.FromString(raw)
+
+
+def test_malformed_requests_fail_as_protobuf_fails() -> None:
+    rng = random.Random(1)
+    good = encode_batch_request(5, b"x" * 100)
+    cases = [good[:cut] for cut in range(1, len(good))]
+    cases += [bytes(b ^ rng.randint(1, 255) if i == pos else b for i, b in enumerate(good))
+              for pos in rng.sample(range(len(good)), 40)]
+    cases += [b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x12\x02\x08\x80"]
+    for raw in cases:
+        try:
+            expected: object = meaning(fast.ProduceRequest.FromString(raw))
+        except DecodeError:
+            expected = DecodeError
+        try:
+            got: object = meaning(decode_produce_request(raw))
+        except DecodeError:
+            got = DecodeError
+        assert got == expected, raw.hex()
+
+
+def test_the_serializer_passes_bytes_and_serializes_messages() -> None:
+    raw = encode_batch_request(1, b"data")
+    assert serialize_request(raw) is raw
+    request = fast.ProduceRequest(open=fast.Open(topic="/default/t", producer_name="p"))
+    assert serialize_request(request) == request.SerializeToString()
+    with pytest.raises(AttributeError):
+        serialize_request(object())
