@@ -11,7 +11,12 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_fast.fast_wire import BatchRequest, decode_produce_request, encode_batch_request, serialize_request
+from danube_fast.fast_wire import (
+    BatchRequest,
+    decode_produce_request,
+    encode_batch_request,
+    serialize_request,
+)
 from danube_fast.proto import FastApi_pb2 as fast
 
 
