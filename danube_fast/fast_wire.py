@@ -1,15 +1,16 @@
-"""The fast API's Batch requests (FastApi.proto: `ProduceRequest{batch: Batch{seq, data}}`) written and read
-without the protobuf runtime, so that a batch's bytes are copied once on each side instead of three times.
+"""The fast API's two bulk messages written and read without the protobuf runtime: a producer's Batch
+request (FastApi.proto: `ProduceRequest{batch: Batch{seq, data}}`) and a consumer's Records response
+(`ConsumeResponse{records: Records{data, first_offset, last_offset}}`), so that their record batches are
+copied once on the writing side and not at all on the reading side, instead of twice on each.
 
-Hand-written because it is the hot path of large records (docs/WIRE.md, "The fast API"): the protobuf
-runtime copies `data` into its arena when it parses a request and again on every access of the field, and
-on the client once when the field is set and once when the message is serialised. Here the client joins a
-few header bytes and the data (one copy), and the broker takes `data` as a memoryview into the message grpc
-handed over (no copy).
+Hand-written because it is the hot path of large records: the protobuf runtime copies a bytes field into its
+arena when it parses a message and again on every access of the field, and once when the field is set and
+once when the message is serialised. Here the writer joins a few header bytes and the data (one copy), and
+the reader takes the data as a memoryview into the message grpc handed over (no copy).
 
-Only the canonical form is read this way: field 2 (batch) holding field 1 (seq, a varint) then field 2
-(data), each at most once, lengths exact. Anything else, including every Open request, goes to the protobuf
-parser, so the set of accepted messages and their meaning are exactly protobuf's.
+Only the canonical form (fields in number order, each at most once, lengths exact) is read this way.
+Anything else, including every other message of the two streams, goes to the protobuf parser, so the set of
+accepted messages and their meaning are exactly protobuf's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from danube_fast.proto import FastApi_pb2 as fast
 
 _BATCH = 0x12  # field 2, length-delimited: ProduceRequest.batch, and Batch.data
 _SEQ = 0x08  # field 1, varint: Batch.seq
+_RECORDS = 0x12  # field 2, length-delimited: ConsumeResponse.records
+_DATA = 0x0A  # field 1, length-delimited: Records.data
+_FIRST = 0x10  # field 2, varint: Records.first_offset
+_LAST = 0x18  # field 3, varint: Records.last_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +54,33 @@ def encode_batch_request(seq: int, data: bytes) -> bytes:
 
 
 def serialize_request(request: Any) -> bytes:
-    """The Produce stream's request serializer: bytes from encode_batch_request as they are, messages
-    through protobuf."""
+    """A serializer for the two streams: bytes from the encoders here as they are, messages through
+    protobuf."""
     if isinstance(request, bytes):
         return request
     data: bytes = request.SerializeToString()
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsResponse:
+    """A ConsumeResponse holding Records, read by `decode_consume_response`: `data` is a view into the
+    response's bytes."""
+
+    data: memoryview
+    first_offset: int
+    last_offset: int
+
+
+def encode_records_response(data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
+    """The wire bytes of `ConsumeResponse(records=Records(data, first_offset, last_offset))`, as protobuf
+    writes them."""
+    size = memoryview(data).nbytes
+    head = (_DATA.to_bytes(1, "little") + _varint(size)) if size else b""
+    tail = (_FIRST.to_bytes(1, "little") + _varint(first_offset) if first_offset else b"") + \
+        (_LAST.to_bytes(1, "little") + _varint(last_offset) if last_offset else b"")
+    inner = len(head) + size + len(tail)
+    return b"".join((_RECORDS.to_bytes(1, "little"), _varint(inner), head, data, tail))
 
 
 def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
@@ -68,6 +94,28 @@ def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
             return value, at
         shift += 7
     return 0, -1
+
+
+def decode_consume_response(raw: bytes) -> RecordsResponse | fast.ConsumeResponse:
+    """A Records response as a RecordsResponse without copying its data; any other message through
+    protobuf."""
+    end = len(raw)
+    if end >= 2 and raw[0] == _RECORDS:
+        length, at = _read_varint(raw, 1, end)
+        if at > 0 and at + length == end and at < end and raw[at] == _DATA:
+            size, start = _read_varint(raw, at + 1, end)
+            stop = start + size
+            if start > 0 and stop <= end:
+                first = last = 0
+                at = stop
+                if at < end and raw[at] == _FIRST:
+                    first, at = _read_varint(raw, at + 1, end)
+                if 0 < at < end and raw[at] == _LAST:
+                    last, at = _read_varint(raw, at + 1, end)
+                if at == end and first < 1 << 64 and last < 1 << 64:
+                    return RecordsResponse(memoryview(raw)[start:stop], first, last)
+    response: fast.ConsumeResponse = fast.ConsumeResponse.FromString(raw)
+    return response
 
 
 def decode_produce_request(raw: bytes) -> BatchRequest | fast.ProduceRequest:

@@ -30,8 +30,8 @@ from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
 from danube_fast.client.status import retriable, write_or_broken
+from danube_fast.fast_wire import RecordsResponse, decode_consume_response, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
-from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
 # While the old stream of a reconnecting consumer is still being torn down, its broker may still name it
 # the holder of the subscription for a moment.
@@ -40,9 +40,19 @@ RESUBSCRIBE_CODES = frozenset({"PERMISSION_DENIED"})
 
 @dataclass(frozen=True)
 class Delivery:
-    data: bytes
+    data: bytes | memoryview  # a view into the response grpc received (not copied): bytes-like
     first_offset: int
     last_offset: int
+
+
+CONSUME_METHOD = "/danube_fast.v1.FastConsumer/Consume"
+
+
+def consume_method(channel: grpc.aio.Channel) -> Any:
+    """The Consume stream of `channel`, reading Records responses without copying their data
+    (fast_wire.py)."""
+    return channel.stream_stream(CONSUME_METHOD, request_serializer=serialize_request,
+                                 response_deserializer=decode_consume_response)
 
 
 class FastConsumer:
@@ -96,7 +106,7 @@ class FastConsumer:
                 continue
             if response is grpc.aio.EOF:
                 return
-            r = response.records
+            r = response if isinstance(response, RecordsResponse) else response.records
             yield Delivery(r.data, r.first_offset, r.last_offset)
 
     async def records(self) -> AsyncIterator[frames.Record]:
@@ -172,8 +182,7 @@ class FastConsumer:
                                                f"{error}", True)
 
     async def _subscribe(self) -> None:
-        stub: Any = fast_grpc.FastConsumerStub(self._channel)  # type: ignore[no-untyped-call]
-        call = stub.Consume()
+        call = consume_method(self._channel)()
         try:
             await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
                 topic=self.topic, subscription=self.subscription, consumer_name=self.name,

@@ -39,7 +39,7 @@ from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.errors import DanubeError
-from danube_fast.fast_wire import encode_batch_request, serialize_request
+from danube_fast.fast_wire import RecordsResponse, encode_batch_request, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
 
 Offsets = tuple[int, int]
@@ -349,7 +349,8 @@ async def first_answer(call: Any, kind: str, what: str) -> Any:
         response = await call.read()
     except grpc.aio.AioRpcError as e:
         raise rejection(e, what) from e
-    if response is grpc.aio.EOF or response.WhichOneof("kind") != kind:
+    if response is grpc.aio.EOF or isinstance(response, RecordsResponse) or \
+            response.WhichOneof("kind") != kind:
         raise ProduceRejected("UNKNOWN", f"the broker ended the stream without answering: could not {what}")
     return response
 

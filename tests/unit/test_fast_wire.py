@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from danube_fast.fast_wire import (
     BatchRequest,
+    RecordsResponse,
+    decode_consume_response,
     decode_produce_request,
     encode_batch_request,
+    encode_records_response,
     serialize_request,
 )
 from danube_fast.proto import FastApi_pb2 as fast
@@ -91,3 +94,53 @@ def test_the_serializer_passes_bytes_and_serializes_messages() -> None:
     assert serialize_request(request) == request.SerializeToString()
     with pytest.raises(AttributeError):
         serialize_request(object())
+
+
+def records_meaning(decoded: object) -> tuple[str, bytes, int, int] | fast.ConsumeResponse:
+    if isinstance(decoded, RecordsResponse):
+        return ("records", bytes(decoded.data), decoded.first_offset, decoded.last_offset)
+    assert isinstance(decoded, fast.ConsumeResponse)
+    if decoded.WhichOneof("kind") == "records":
+        r = decoded.records
+        return ("records", r.data, r.first_offset, r.last_offset)
+    return decoded
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.one_of(st.binary(max_size=300), st.binary(min_size=20_000, max_size=20_010)),
+       first=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
+       last=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)))
+def test_records_encoding_is_protobufs_and_reads_back_without_a_copy(data: bytes, first: int, last: int
+                                                                     ) -> None:
+    raw = encode_records_response(data, first, last)
+    expected = fast.ConsumeResponse()
+    expected.records.data = data
+    expected.records.first_offset = first
+    expected.records.last_offset = last
+    assert raw == expected.SerializeToString()
+    assert encode_records_response(memoryview(data), first, last) == raw
+    decoded = decode_consume_response(raw)
+    assert records_meaning(decoded) == ("records", data, first, last)
+    if data:
+        assert isinstance(decoded, RecordsResponse) and decoded.data.obj is raw  # a view, not a copy
+
+
+def test_other_responses_and_malformed_ones_are_protobufs() -> None:
+    subscribed = fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=3, start_offset=9))
+    assert decode_consume_response(subscribed.SerializeToString()) == subscribed
+    good = encode_records_response(b"y" * 100, 5, 104)
+    rng = random.Random(2)
+    cases = [good[:cut] for cut in range(1, len(good))]
+    cases += [bytes(b ^ rng.randint(1, 255) if i == pos else b for i, b in enumerate(good))
+              for pos in rng.sample(range(len(good)), 40)]
+    cases.append(good[:-4] + b"\x20\x01" + good[-4:])  # an unknown field between data and the offsets
+    for raw in cases:
+        try:
+            expected: object = records_meaning(fast.ConsumeResponse.FromString(raw))
+        except DecodeError:
+            expected = DecodeError
+        try:
+            got: object = records_meaning(decode_consume_response(raw))
+        except DecodeError:
+            got = DecodeError
+        assert got == expected, raw.hex()

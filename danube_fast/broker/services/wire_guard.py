@@ -146,11 +146,12 @@ def _relaying(responses: Responses, method: str) -> Callable[[AsyncIterator[byte
     return handler
 
 
-def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = None
-           ) -> grpc.RpcMethodHandler:
-    """`handler` guarded; `decode` reads its requests instead of the generated deserializer when given."""
+def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = None,
+           serialize: Callable[[Any], bytes] | None = None) -> grpc.RpcMethodHandler:
+    """`handler` guarded; `decode` reads its requests and `serialize` writes its responses instead of the
+    generated code when given."""
     decode = decode or handler.request_deserializer
-    serialize = handler.response_serializer
+    serialize = serialize or handler.response_serializer
     if handler.unary_unary is not None:
         unary_unary: Callable[[Any, Any], Awaitable[Any]] = handler.unary_unary
 
@@ -180,9 +181,11 @@ def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = 
 class _Registrar:
     """Stands in for the server in a generated `add_*Servicer_to_server`: wraps its method handlers."""
 
-    def __init__(self, server: grpc.aio.Server, decoders: dict[str, Decode]) -> None:
+    def __init__(self, server: grpc.aio.Server, decoders: dict[str, Decode],
+                 serializers: dict[str, Callable[[Any], bytes]]) -> None:
         self._server = server
         self._decoders = decoders
+        self._serializers = serializers
         self.registered = False
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
@@ -191,7 +194,7 @@ class _Registrar:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
                                        ) -> None:
-        wrapped = {name: _guard(f"{service}/{name}", h, self._decoders.get(name))
+        wrapped = {name: _guard(f"{service}/{name}", h, self._decoders.get(name), self._serializers.get(name))
                    for name, h in handlers.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         self._server.add_registered_method_handlers(service, wrapped)
@@ -200,8 +203,10 @@ class _Registrar:
 
 def register(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
     """`add(servicer, server)` (a generated `add_*Servicer_to_server`) with every method guarded. A servicer's
-    `request_decoders` (method name -> decoder of the raw request) replace the generated deserializers."""
-    registrar = _Registrar(server, getattr(servicer, "request_decoders", {}))
+    `request_decoders` (method name -> decoder of the raw request) and `response_serializers` (method name ->
+    serializer) replace the generated ones."""
+    registrar = _Registrar(server, getattr(servicer, "request_decoders", {}),
+                           getattr(servicer, "response_serializers", {}))
     add(servicer, registrar)
     if not registrar.registered:
         raise RuntimeError(f"{add.__name__} registered no method handlers: the generated code changed shape")
