@@ -17,7 +17,7 @@ from bench.results import RESULTS_PATH, head_lines
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-PLOTS_DIR = Path(__file__).resolve().parent / "plots"
+PLOTS_DIR = Path(__file__).resolve().parents[1] / "plots"  # bench/plots, next to RESULTS.md
 THROUGHPUT_PNG = "e2e_throughput_by_size.png"
 LATENCY_PNG = "e2e_latency_cdf.png"
 CDF_POINTS = 600  # points per curve: a linear spread plus a geometric one into the tail
