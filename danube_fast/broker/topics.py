@@ -168,14 +168,15 @@ class Topics:
         return sorted(self._broken)
 
     async def _discard(self, name: TopicName) -> None:
-        """Forget what a failed load of `name` set up."""
+        """Forget what a failed load of `name` set up. Its consumers are removed as at an unload (their
+        streams end, health checks say CLOSE), so their clients look the topic up again instead of waiting
+        on an instance that is gone; nothing is saved."""
         topic = self._topics.pop(name.full, None)
         if topic is None:
             return
         self.clients.forget_producers(topic)
-        for sub in topic.subscriptions.values():
-            with contextlib.suppress(Exception):
-                await sub.dispatcher.close(save=False)
+        with contextlib.suppress(Exception):
+            await self.subscriptions.close(topic, save=False)
         with contextlib.suppress(Exception):
             await self._close_storage(topic)
 

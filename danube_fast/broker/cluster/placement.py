@@ -29,6 +29,7 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache, Subscription
 from danube_fast.meta.fencing import Ownership
@@ -38,6 +39,10 @@ from danube_fast.meta.store import MetadataError, MetadataStore
 log = logging.getLogger("danube_fast.cluster")
 
 RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
+# A load refused as retriable (the topic's guard: it moved on meanwhile) is placed again this many times,
+# this long apart, before the topic counts as broken here.
+MOVED_ON_RETRIES = 3
+MOVED_ON_DELAY = 0.05
 
 # Hooks the object tier adds (broker/tiering.py, cluster/orphans.py): start serving a loaded topic's uploads
 # and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
@@ -96,6 +101,7 @@ class Reconciler:
     async def _reconcile(self, ns: str, t: str) -> None:
         lock = self._locks.setdefault((ns, t), asyncio.Lock())
         async with lock:
+            moved_on = 0
             while True:
                 try:
                     await self._reconcile_once(TopicName(ns, t))
@@ -103,6 +109,15 @@ class Reconciler:
                 except MetadataError as e:
                     log.warning("placing %s: %s; retrying", keys.topic_name(ns, t), e)
                     await asyncio.sleep(RETRY_DELAY)
+                except DanubeError as e:
+                    moved_on += 1
+                    if not e.retriable or moved_on > MOVED_ON_RETRIES:
+                        await self._topics.mark_broken(TopicName(ns, t), e)
+                        break
+                    # Most likely the topic moved on while it loaded (its guard refused with UNAVAILABLE):
+                    # nothing is broken; place it again from what the assignments say now.
+                    log.info("placing %s: %s; placing it again", keys.topic_name(ns, t), e)
+                    await asyncio.sleep(MOVED_ON_DELAY)
                 except Exception as e:  # this topic's storage: the broker serves its others
                     await self._topics.mark_broken(TopicName(ns, t), e)
                     break

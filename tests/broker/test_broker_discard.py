@@ -1,0 +1,42 @@
+"""A topic whose load fails after clients attached to it (cluster mode: an ownership race while a move is
+under way) is discarded like an unload: its consumers are told to look it up again, not left waiting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker_support import Run
+
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.names import TopicName
+from danube_fast.broker.topics import Topics
+from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.resources import DeliveryMode
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.storage import SyncPolicy, WalConfig
+
+
+def test_a_discarded_topic_ends_its_consumers_streams(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        store = await EmbeddedStore.open(str(tmp_path / "meta.db"))
+        config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("none")))
+        topics = await Topics.open(config, store, 1)
+        try:
+            name = TopicName("default", "t")
+            topic = await topics.topic_for_producer(name, DeliveryMode.RELIABLE)
+            consumer_id = await topics.subscriptions.subscribe(topic, pb.ConsumerRequest(
+                topic_name=topic.full, consumer_name="c", subscription="s", subscription_type=0))
+            consumer = topics.clients.find_consumer(consumer_id)
+            assert consumer is not None and not consumer.removed
+
+            await topics.mark_broken(name, RuntimeError("the WAL could not be opened"))
+
+            assert consumer.removed  # its stream ends
+            assert topics.clients.find_consumer(consumer_id) is None
+            assert topics.clients.gone(consumer_id) is not None  # a health check answers CLOSE
+            assert topics.find(topic.full) is None and topics.broken() == [topic.full]
+        finally:
+            await topics.close()
+            await store.close()
+
+    run(main(), timeout=20)
