@@ -5,6 +5,7 @@ says it means, malformed ones failing as protobuf fails."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -69,22 +70,29 @@ def test_other_requests_and_other_encodings_go_to_protobuf() -> None:
 
 
 def test_malformed_requests_fail_as_protobuf_fails() -> None:
-    rng = random.Random(1)
-    good = encode_batch_request(5, b"x" * 100)
+    cases = broken_copies(encode_batch_request(5, b"x" * 100), random.Random(1))
+    cases += [b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x12\x02\x08\x80"]
+    assert_read_as_protobuf(cases, fast.ProduceRequest.FromString, decode_produce_request, meaning)
+
+
+def broken_copies(good: bytes, rng: random.Random) -> list[bytes]:
+    """Every truncation of `good`, and 40 copies with one byte changed."""
     cases = [good[:cut] for cut in range(1, len(good))]
     cases += [bytes(b ^ rng.randint(1, 255) if i == pos else b for i, b in enumerate(good))
               for pos in rng.sample(range(len(good)), 40)]
-    cases += [b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x12\x02\x08\x80"]
+    return cases
+
+
+def assert_read_as_protobuf(cases: list[bytes], parse: Any, decode: Any, say: Any) -> None:
+    """`decode` means what protobuf's `parse` means for each case, and fails where it fails."""
     for raw in cases:
-        try:
-            expected: object = meaning(fast.ProduceRequest.FromString(raw))
-        except DecodeError:
-            expected = DecodeError
-        try:
-            got: object = meaning(decode_produce_request(raw))
-        except DecodeError:
-            got = DecodeError
-        assert got == expected, raw.hex()
+        outcomes = []
+        for read in (parse, decode):
+            try:
+                outcomes.append(say(read(raw)))
+            except DecodeError:
+                outcomes.append(DecodeError)
+        assert outcomes[1] == outcomes[0], raw.hex()
 
 
 def test_the_serializer_passes_bytes_and_serializes_messages() -> None:
@@ -129,18 +137,6 @@ def test_other_responses_and_malformed_ones_are_protobufs() -> None:
     subscribed = fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=3, start_offset=9))
     assert decode_consume_response(subscribed.SerializeToString()) == subscribed
     good = encode_records_response(b"y" * 100, 5, 104)
-    rng = random.Random(2)
-    cases = [good[:cut] for cut in range(1, len(good))]
-    cases += [bytes(b ^ rng.randint(1, 255) if i == pos else b for i, b in enumerate(good))
-              for pos in rng.sample(range(len(good)), 40)]
+    cases = broken_copies(good, random.Random(2))
     cases.append(good[:-4] + b"\x20\x01" + good[-4:])  # an unknown field between data and the offsets
-    for raw in cases:
-        try:
-            expected: object = records_meaning(fast.ConsumeResponse.FromString(raw))
-        except DecodeError:
-            expected = DecodeError
-        try:
-            got: object = records_meaning(decode_consume_response(raw))
-        except DecodeError:
-            got = DecodeError
-        assert got == expected, raw.hex()
+    assert_read_as_protobuf(cases, fast.ConsumeResponse.FromString, decode_consume_response, records_meaning)
