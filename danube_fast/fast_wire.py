@@ -1,7 +1,8 @@
-"""The fast API's two bulk messages written and read without the protobuf runtime: a producer's Batch
-request (FastApi.proto: `ProduceRequest{batch: Batch{seq, data}}`) and a consumer's Records response
-(`ConsumeResponse{records: Records{data, first_offset, last_offset}}`), so that their record batches are
-copied once on the writing side and not at all on the reading side, instead of twice on each.
+"""The fast API's bulk messages written and read without the protobuf runtime: a producer's Batch request
+(FastApi.proto: `ProduceRequest{batch: Batch{seq, data}}`) and the Records a consumer or a reader gets
+(`ConsumeResponse{records: Records{data, first_offset, last_offset}}`, `ReadResponse{records: ...}`), so
+that their record batches are copied once on the writing side and not at all on the reading side, instead
+of twice on each.
 
 Hand-written because it is the hot path of large records: the protobuf runtime copies a bytes field into its
 arena when it parses a message and again on every access of the field, and once when the field is set and
@@ -23,6 +24,7 @@ from danube_fast.proto import FastApi_pb2 as fast
 _BATCH = 0x12  # field 2, length-delimited: ProduceRequest.batch, and Batch.data
 _SEQ = 0x08  # field 1, varint: Batch.seq
 _RECORDS = 0x12  # field 2, length-delimited: ConsumeResponse.records
+_READ_RECORDS = 0x0A  # field 1, length-delimited: ReadResponse.records
 _DATA = 0x0A  # field 1, length-delimited: Records.data
 _FIRST = 0x10  # field 2, varint: Records.first_offset
 _LAST = 0x18  # field 3, varint: Records.last_offset
@@ -75,12 +77,21 @@ class RecordsResponse:
 def encode_records_response(data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
     """The wire bytes of `ConsumeResponse(records=Records(data, first_offset, last_offset))`, as protobuf
     writes them."""
+    return _encode_records(_RECORDS, data, first_offset, last_offset)
+
+
+def encode_read_response(data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
+    """The wire bytes of `ReadResponse(records=Records(data, first_offset, last_offset))`."""
+    return _encode_records(_READ_RECORDS, data, first_offset, last_offset)
+
+
+def _encode_records(outer: int, data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
     size = memoryview(data).nbytes
     head = (_DATA.to_bytes(1, "little") + _varint(size)) if size else b""
     tail = (_FIRST.to_bytes(1, "little") + _varint(first_offset) if first_offset else b"") + \
         (_LAST.to_bytes(1, "little") + _varint(last_offset) if last_offset else b"")
     inner = len(head) + size + len(tail)
-    return b"".join((_RECORDS.to_bytes(1, "little"), _varint(inner), head, data, tail))
+    return b"".join((outer.to_bytes(1, "little"), _varint(inner), head, data, tail))
 
 
 def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
@@ -99,8 +110,26 @@ def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
 def decode_consume_response(raw: bytes) -> RecordsResponse | fast.ConsumeResponse:
     """A Records response as a RecordsResponse without copying its data; any other message through
     protobuf."""
+    found = _records(raw, _RECORDS)
+    if found is not None:
+        return found
+    response: fast.ConsumeResponse = fast.ConsumeResponse.FromString(raw)
+    return response
+
+
+def decode_read_response(raw: bytes) -> RecordsResponse | fast.ReadResponse:
+    """A ReadResponse as a RecordsResponse without copying its data (any other encoding through protobuf)."""
+    found = _records(raw, _READ_RECORDS)
+    if found is not None:
+        return found
+    response: fast.ReadResponse = fast.ReadResponse.FromString(raw)
+    return response
+
+
+def _records(raw: bytes, outer: int) -> RecordsResponse | None:
+    """`raw` as a RecordsResponse when it is the canonical encoding of Records in field `outer`, else None."""
     end = len(raw)
-    if end >= 2 and raw[0] == _RECORDS:
+    if end >= 2 and raw[0] == outer:
         length, at = _read_varint(raw, 1, end)
         if at > 0 and at + length == end and at < end and raw[at] == _DATA:
             size, start = _read_varint(raw, at + 1, end)
@@ -114,8 +143,7 @@ def decode_consume_response(raw: bytes) -> RecordsResponse | fast.ConsumeRespons
                     last, at = _read_varint(raw, at + 1, end)
                 if at == end and first < 1 << 64 and last < 1 << 64:
                     return RecordsResponse(memoryview(raw)[start:stop], first, last)
-    response: fast.ConsumeResponse = fast.ConsumeResponse.FromString(raw)
-    return response
+    return None
 
 
 def decode_produce_request(raw: bytes) -> BatchRequest | fast.ProduceRequest:

@@ -38,6 +38,7 @@ from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, lookup
 from danube_fast.client.status import retriable
 from danube_fast.errors import DanubeError
+from danube_fast.fast_wire import RecordsResponse, decode_read_response
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 
@@ -51,7 +52,18 @@ READER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1
                           ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 2000)]
 
-Records = tuple[bytes, int, int]  # data, first offset, last offset
+Records = tuple[bytes | memoryview, int, int]  # data (bytes-like), first offset, last offset
+READ_METHOD = "/danube_fast.v1.FastReader/Read"
+
+
+class _Stub:
+    """FastReader on one channel, its Read responses read without copying their data (fast_wire.py)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        generated: Any = fast_grpc.FastReaderStub(channel)  # type: ignore[no-untyped-call]
+        self.Offsets = generated.Offsets
+        self.Read = channel.unary_stream(READ_METHOD, request_serializer=fast.ReadRequest.SerializeToString,
+                                         response_deserializer=decode_read_response)
 
 
 class ReadFailed(DanubeError):
@@ -112,7 +124,7 @@ class TopicReader:
             call = stub.Read(request)
             try:
                 async for response in call:
-                    r = response.records
+                    r = response if isinstance(response, RecordsResponse) else response.records
                     if r.last_offset < low:
                         continue  # nothing new (cannot happen with a correct broker; never yield twice)
                     failures = 0
@@ -160,7 +172,7 @@ class TopicReader:
                 if found is not None:
                     break
             self._where[topic] = found or self._where.get(topic, self._bootstrap)
-        return fast_grpc.FastReaderStub(self._channel(self._where[topic]))  # type: ignore[no-untyped-call]
+        return _Stub(self._channel(self._where[topic]))
 
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)

@@ -177,7 +177,7 @@ def _lost(chunk: Chunk, what: str, records: int) -> None:
     log.warning("skipped up to %d records: %s", records, what)
 
 
-async def _tail(chunk: Chunk) -> AsyncIterator[bytes]:
+async def _tail(chunk: Chunk) -> AsyncIterator[bytes | memoryview]:
     """The chunk's offsets from the broker serving the topic (records not in the object tier yet)."""
     from danube_fast.client.reader import TopicReader
 

@@ -17,7 +17,9 @@ from danube_fast.fast_wire import (
     RecordsResponse,
     decode_consume_response,
     decode_produce_request,
+    decode_read_response,
     encode_batch_request,
+    encode_read_response,
     encode_records_response,
     serialize_request,
 )
@@ -104,39 +106,48 @@ def test_the_serializer_passes_bytes_and_serializes_messages() -> None:
         serialize_request(object())
 
 
-def records_meaning(decoded: object) -> tuple[str, bytes, int, int] | fast.ConsumeResponse:
+def records_meaning(decoded: object) -> object:
     if isinstance(decoded, RecordsResponse):
         return ("records", bytes(decoded.data), decoded.first_offset, decoded.last_offset)
-    assert isinstance(decoded, fast.ConsumeResponse)
-    if decoded.WhichOneof("kind") == "records":
+    assert isinstance(decoded, (fast.ConsumeResponse, fast.ReadResponse))
+    if isinstance(decoded, fast.ReadResponse) or decoded.WhichOneof("kind") == "records":
         r = decoded.records
         return ("records", r.data, r.first_offset, r.last_offset)
     return decoded
 
 
-@settings(max_examples=150, deadline=None)
+# (encoder, decoder, message type) of the two responses that carry Records: a consumer's and a reader's.
+RESPONSES = [(encode_records_response, decode_consume_response, fast.ConsumeResponse),
+             (encode_read_response, decode_read_response, fast.ReadResponse)]
+
+
+@settings(max_examples=100, deadline=None)
 @given(data=st.one_of(st.binary(max_size=300), st.binary(min_size=20_000, max_size=20_010)),
        first=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
        last=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)))
 def test_records_encoding_is_protobufs_and_reads_back_without_a_copy(data: bytes, first: int, last: int
                                                                      ) -> None:
-    raw = encode_records_response(data, first, last)
-    expected = fast.ConsumeResponse()
-    expected.records.data = data
-    expected.records.first_offset = first
-    expected.records.last_offset = last
-    assert raw == expected.SerializeToString()
-    assert encode_records_response(memoryview(data), first, last) == raw
-    decoded = decode_consume_response(raw)
-    assert records_meaning(decoded) == ("records", data, first, last)
-    if data:
-        assert isinstance(decoded, RecordsResponse) and decoded.data.obj is raw  # a view, not a copy
+    for encode, decode, message in RESPONSES:
+        raw = encode(data, first, last)
+        expected = message()
+        expected.records.data = data
+        expected.records.first_offset = first
+        expected.records.last_offset = last
+        assert raw == expected.SerializeToString()
+        assert encode(memoryview(data), first, last) == raw
+        decoded = decode(raw)
+        assert records_meaning(decoded) == ("records", data, first, last)
+        if data:
+            assert isinstance(decoded, RecordsResponse) and decoded.data.obj is raw  # a view, not a copy
 
 
 def test_other_responses_and_malformed_ones_are_protobufs() -> None:
     subscribed = fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=3, start_offset=9))
     assert decode_consume_response(subscribed.SerializeToString()) == subscribed
-    good = encode_records_response(b"y" * 100, 5, 104)
-    cases = broken_copies(good, random.Random(2))
-    cases.append(good[:-4] + b"\x20\x01" + good[-4:])  # an unknown field between data and the offsets
-    assert_read_as_protobuf(cases, fast.ConsumeResponse.FromString, decode_consume_response, records_meaning)
+    for encode, decode, message in RESPONSES:
+        good = encode(b"y" * 100, 5, 104)
+        cases = broken_copies(good, random.Random(2))
+        cases.append(good[:-4] + b"\x20\x01" + good[-4:])  # an unknown field between data and the offsets
+        cases.append(encode_records_response(b"z", 1, 1) if message is fast.ReadResponse
+                     else encode_read_response(b"z", 1, 1))  # the other message's field number
+        assert_read_as_protobuf(cases, message.FromString, decode, records_meaning)

@@ -159,14 +159,6 @@ def _check(data: bytes | memoryview, topic: Topic, producer_id: int) -> int:
     return records
 
 
-def fill_records(records: fast.Records, data: bytes, first_offset: int, last_offset: int) -> None:
-    """A response's Records set field by field: passing a message to a protobuf constructor takes a slow
-    merge path (see client.producer.batch_request)."""
-    records.data = data
-    records.first_offset = first_offset
-    records.last_offset = last_offset
-
-
 DEFAULT_WINDOW = 8 * 1024 * 1024  # unacknowledged bytes per consumer stream when Subscribe names none
 
 

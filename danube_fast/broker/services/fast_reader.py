@@ -25,11 +25,11 @@ import grpc
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError, invalid, precondition
 from danube_fast.broker.names import parse_topic
-from danube_fast.broker.services.fast import fill_records
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, OffsetOutOfRange
+from danube_fast.fast_wire import encode_read_response, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.storage.objects.format import clip_batches
@@ -42,6 +42,9 @@ MAX_READ_BYTES = 16 * 1024 * 1024  # a client asking more gets this: one stream 
 
 
 class FastReaderService(fast_grpc.FastReaderServicer):
+    # Read responses go out as bytes written by fast_wire.py (the batches copied once, not twice).
+    response_serializers = {"Read": serialize_request}
+
     def __init__(self, topics: Topics) -> None:
         self._topics = topics
 
@@ -50,7 +53,7 @@ class FastReaderService(fast_grpc.FastReaderServicer):
         log = self._readable(request.topic)[1]
         return fast.OffsetsResponse(start_offset=log.start_offset, next_offset=log.committed_offset)
 
-    async def Read(self, request: fast.ReadRequest, context: Context) -> AsyncIterator[fast.ReadResponse]:
+    async def Read(self, request: fast.ReadRequest, context: Context) -> AsyncIterator[bytes]:
         try:
             topic, log = self._readable(request.topic)
             low, end = _range(request, log)
@@ -68,9 +71,7 @@ class FastReaderService(fast_grpc.FastReaderServicer):
             if got is None:
                 return
             data, first, next_offset = got
-            response = fast.ReadResponse()
-            fill_records(response.records, data, first, next_offset - 1)
-            yield response
+            yield encode_read_response(data, first, next_offset - 1)
             low = next_offset
 
     def _readable(self, name: str) -> tuple[ReliableTopic, ReadableLog]:
