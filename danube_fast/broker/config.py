@@ -70,6 +70,8 @@ from typing import Any
 from danube_fast.meta.resources import Policy
 from danube_fast.storage.config import SyncPolicy, WalConfig
 
+MAX_SEGMENT_BYTES = 1 << 30  # the WAL's limit (_wal.pyx MAX_SEGMENT: positions are u32)
+
 
 class ConfigError(ValueError):
     pass
@@ -222,6 +224,13 @@ def check(config: BrokerConfig) -> None:
             raise ConfigError(f"[dispatch] {name} must be at least 1")
     if not 0 < config.max_message_size <= 1 << 30:
         raise ConfigError("max_message_size must be in 1..1 GiB")
+    # The WAL engines refuse these when a topic's log opens, which would fail every topic with INTERNAL.
+    if not 0 < config.wal.segment_bytes <= MAX_SEGMENT_BYTES:
+        raise ConfigError(f"[wal] segment_bytes must be in 1..{MAX_SEGMENT_BYTES} (1 GiB), "
+                          f"not {config.wal.segment_bytes}")
+    for name in ("index_interval_bytes", "index_max_bytes", "max_group_bytes"):
+        if getattr(config.wal, name) < 1:
+            raise ConfigError(f"[wal] {name} must be at least 1")
 
 
 def _host_port(text: str, what: str) -> tuple[str, int]:

@@ -142,6 +142,9 @@ def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
     ('[broker]\nprom_exporter = ":9040"\n', "prom_exporter"),
     ("[dispatch]\nwindow = 0\n", "window"),
     ("[broker]\nmax_message_size = 0\n", "max_message_size"),
+    ("[wal]\nsegment_bytes = 2147483648\n", "segment_bytes"),  # the WAL refused it per topic (INTERNAL)
+    ("[wal]\nsegment_bytes = 0\n", "segment_bytes"),
+    ("[wal]\nmax_group_bytes = 0\n", "max_group_bytes"),
 ])
 def test_invalid_values_are_refused(tmp_path: Path, text: str, name: str) -> None:
     with pytest.raises(ConfigError, match=name):
