@@ -225,6 +225,11 @@ class FastProducer:
         seq = next(self._seq)
         self._unacked[seq] = _Shipped(data, future)
         self._inflight += len(data)
+        # Registered, so flush() waits for its ack: it must reach the stream even when the caller is cancelled
+        # while it waits for the write lock (it would otherwise sit in _unacked unsent, and flush hang).
+        await asyncio.shield(self._write(seq))
+
+    async def _write(self, seq: int) -> None:
         async with self._write_lock:
             if seq <= self._written or seq not in self._unacked:
                 return  # a reconnect that ran while this waited for the lock has sent it already

@@ -247,3 +247,25 @@ def test_records_keep_keys_and_attributes_and_resend_after_a_restart(broker_fact
         assert [r.payload for r in got[-20:]] == [r.payload for r in sent[20:]]
 
     run_async(scenario(), timeout=60)
+
+
+def test_a_send_cancelled_while_it_waits_to_write_is_still_sent_and_flush_returns(broker: Broker,
+                                                                                 topic: str) -> None:
+    """A caller cancelled after its batch was registered (here: waiting for the stream's write lock, as a
+    task cancelled at the end of a benchmark was) must not leave the batch unsent: flush() would wait for its
+    ack for ever."""
+    async def scenario() -> None:
+        producer = await FastProducer.connect(broker.target, topic, "cancelled", reliable=True)
+        try:
+            await producer._write_lock.acquire()  # another write in progress
+            sending = asyncio.create_task(producer.send_batch([b"a", b"b"]))
+            await asyncio.sleep(0.05)  # registered, waiting for the lock
+            sending.cancel()
+            producer._write_lock.release()
+            await asyncio.wait_for(producer.flush(), 10)
+            after = await producer.send_batch([b"c"])
+            assert await asyncio.wait_for(after, 10) == (2, 2)  # the cancelled batch took 0..1
+        finally:
+            await asyncio.wait_for(producer.close(), 10)
+
+    run_async(scenario())
