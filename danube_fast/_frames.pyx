@@ -574,8 +574,9 @@ cdef object _compress(object batch, int codec, int level):
         store_u16(scratch + OFF_FLAGS, <uint16_t>codec)
         store_u32(scratch + OFF_RAW_SIZE, <uint32_t>raw)
         store_u32(scratch + OFF_LENGTH, <uint32_t>(head + got))
-        store_u32(scratch + OFF_CRC, crc32c_update(0, scratch + CRC_FROM, head + got - CRC_FROM))
-        return PyBytes_FromStringAndSize(<const char*>scratch, head + got)
+        out = PyBytes_FromStringAndSize(<const char*>scratch, head + got)
+        _seal(out)
+        return out
     finally:
         free(scratch)
 
