@@ -259,7 +259,9 @@ def test_a_send_cancelled_while_it_waits_to_write_is_still_sent_and_flush_return
         try:
             await producer._write_lock.acquire()  # another write in progress
             sending = asyncio.create_task(producer.send_batch([b"a", b"b"]))
-            await asyncio.sleep(0.05)  # registered, waiting for the lock
+            async with asyncio.timeout(5):
+                while not producer._unacked:  # until it is registered and waits for the lock
+                    await asyncio.sleep(0)
             sending.cancel()
             producer._write_lock.release()
             await asyncio.wait_for(producer.flush(), 10)
