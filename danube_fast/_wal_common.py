@@ -1,4 +1,4 @@
-"""Plain result types shared by the native WAL engine (_wal.pyx) and its twin (_wal_py.py)."""
+"""Result types and file naming shared by the WAL policy (storage/segmented_log.py) and its two cores."""
 
 from __future__ import annotations
 

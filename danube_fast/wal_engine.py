@@ -1,6 +1,7 @@
-"""The WAL engine: native (Cython) unless DANUBE_FAST_PURE=1 selects the pure-Python twin.
+"""The WAL's segment primitives: native (Cython) unless DANUBE_FAST_PURE=1 selects the pure-Python twin.
 
-Import SegmentedLog from here, never from `_wal` or `_wal_py` directly, so the switch applies everywhere.
+The log itself (storage/segmented_log.py) is written once and takes its primitives from here, so the switch
+applies everywhere; nothing else imports `_wal` or `_wal_py` directly.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 
 # The type checker reads the native module's .pyi; the twin implements the same API.
 if PURE and not TYPE_CHECKING:
-    from danube_fast._wal_py import SegmentedLog
+    from danube_fast import _wal_py as segments
 else:
-    from danube_fast._wal import SegmentedLog
+    from danube_fast import _wal as segments
 
 IMPL = "pure" if PURE else "native"
 
-__all__ = ["IMPL", "SegmentedLog"]
+__all__ = ["IMPL", "segments"]

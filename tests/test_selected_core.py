@@ -12,7 +12,7 @@ def test_selected_core_matches_the_switch() -> None:
     module = {"native": ("danube_fast._frames", "danube_fast._wal"),
               "pure": ("danube_fast._frames_py", "danube_fast._wal_py")}[want]
     assert frames.Record.__module__ == module[0]
-    assert wal_engine.SegmentedLog.__module__ == module[1]
+    assert wal_engine.segments.__name__ == module[1]
     if want == "native":
         assert frames.encode_batch.__module__ == "danube_fast._frames"
         compiled = ("builtin_function_or_method", "cython_function_or_method")

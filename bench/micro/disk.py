@@ -16,7 +16,7 @@ from bench.common import PUBLISH_TIME, no_gc
 from danube_fast import frames
 from danube_fast._wal_common import INDEX_ENTRY_BYTES
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
-from danube_fast.wal_engine import SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -20,8 +20,8 @@ from bench.micro import codec, disk
 from danube_fast import frames
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.format import build_object
+from danube_fast.storage.segmented_log import SegmentedLog
 from danube_fast.storage.uploader import READ_BYTES
-from danube_fast.wal_engine import SegmentedLog
 
 pytest.importorskip("pytest_benchmark")
 

@@ -33,7 +33,7 @@ from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWrit
 from danube_fast.storage.cache import BatchCache, CachedGroup
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
-from danube_fast.wal_engine import SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
 
 log = logging.getLogger("danube_fast.wal")
 
@@ -92,7 +92,6 @@ class Wal:
         self._unsynced: deque[tuple[list[_Append], AppendResult]] = deque()
         self._sync_state = "idle"
         self._engine_closed = False
-        self._reading = 0  # disk reads running in the executor; the engine closes once there are none
         self._interval_timer = False  # sync=interval: a tick is queued for the pool
         self._interval_due = False
         self._last_sync = time.monotonic()
@@ -375,10 +374,11 @@ class Wal:
             self._loop.call_soon_threadsafe(_set_result, cmd.future, value)
 
     def _shutdown(self) -> None:
-        """The last write task: let a running fsync and the disk reads in progress finish, fsync what still
-        waits, close the engine. Reads that start later get WalClosed, never an error of a closed file."""
+        """The last write task: let a running fsync finish, fsync what still waits, close the engine (which
+        waits for disk reads in progress; reads that start later get WalClosed, never an error of a closed
+        file)."""
         with self._cv:
-            while self._sync_state == "running" or self._reading:
+            while self._sync_state == "running":
                 self._cv.wait()
             self._engine_closed = True  # a sync task still queued finds nothing to do
             remaining = list(self._unsynced)
@@ -448,16 +448,8 @@ class Wal:
         if offset < self._log.start_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is below the first stored offset {self._log.start_offset}")
-        with self._cv:
-            if self._engine_closed:
-                raise WalClosed(f"the WAL in {self.directory} is closed")
-            self._reading += 1  # the engine is not closed under a read (close waits for it)
-        try:
-            data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
-        finally:
-            with self._cv:
-                self._reading -= 1
-                self._cv.notify_all()
+        # The engine's close waits for reads in progress; a read that starts after it gets WalClosed.
+        data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
         if data is None:
             return None
         return data, frames.span(data)[1]

@@ -19,7 +19,7 @@ from wal_writer import payload
 
 from danube_fast import frames
 from danube_fast.errors import WalWriteError
-from danube_fast.wal_engine import SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
 
 WRITER = Path(__file__).parent / "wal_writer.py"
 MANY_WRITER = Path(__file__).parent / "wal_many_writer.py"

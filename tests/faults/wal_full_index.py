@@ -25,7 +25,7 @@ from typing import Any
 
 from danube_fast import frames
 from danube_fast.errors import WalWriteError
-from danube_fast.wal_engine import SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
 
 PAGE = mmap.PAGESIZE
 SEGMENT_BYTES = 8 * 1024  # roll: a few dozen batches per segment

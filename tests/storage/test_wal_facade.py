@@ -7,14 +7,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast import frames, wal_engine
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
-from danube_fast.wal_engine import SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
 
 Run = Callable[..., Any]
 
@@ -325,16 +326,16 @@ def test_the_linger_lets_a_late_append_join_the_group(tmp_path: Path, run: Run, 
     run(main())
 
 
-class GatedReadLog(SegmentedLog):  # type: ignore[misc]
-    """The real engine with a disk whose reads wait until the test lets them finish."""
+class GatedSegment(wal_engine.segments.Segment):  # type: ignore[misc]
+    """The real segment on a disk whose reads wait until the test lets them finish."""
 
-    gate: threading.Event
-    reading: threading.Event
+    gate = threading.Event()
+    reading = threading.Event()
 
-    def read(self, offset: int, max_bytes: int, limit: int) -> Any:
+    def read(self, *args: Any) -> Any:
         self.reading.set()
         assert self.gate.wait(10), "the test never let the read finish"
-        return super().read(offset, max_bytes, limit)
+        return super().read(*args)
 
 
 def test_close_waits_for_a_disk_read_in_progress(tmp_path: Path, run: Run) -> None:
@@ -343,17 +344,20 @@ def test_close_waits_for_a_disk_read_in_progress(tmp_path: Path, run: Run) -> No
 
     async def main() -> None:
         config = WalConfig(cache_bytes=1)
-        engine = GatedReadLog(str(tmp_path), segment_bytes=config.segment_bytes)
-        engine.gate, engine.reading = threading.Event(), threading.Event()
+        GatedSegment.gate, GatedSegment.reading = threading.Event(), threading.Event()
+        gated = SimpleNamespace(Segment=GatedSegment, check_buffers=wal_engine.segments.check_buffers,
+                                MAX_SEGMENT=wal_engine.segments.MAX_SEGMENT)
+        engine = SegmentedLog(str(tmp_path), segment_bytes=config.segment_bytes,
+                              segments=gated)  # type: ignore[arg-type]
         wal = Wal(engine, config, asyncio.get_running_loop())
         for i in range(3):
             await wal.append(batch(3 * i))
         read = asyncio.ensure_future(wal.read(0))
-        await asyncio.to_thread(engine.reading.wait, 10)
+        await asyncio.to_thread(GatedSegment.reading.wait, 10)
         closing = asyncio.ensure_future(wal.close())
         await asyncio.sleep(0.2)
         assert not closing.done()  # the engine stays open under the read
-        engine.gate.set()
+        GatedSegment.gate.set()
         got = await read
         assert got is not None and [r.offset for r in frames.decode_records(got[0])][:3] == [0, 1, 2]
         await closing

@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
 from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, index_reservation
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
+from danube_fast.storage.segmented_log import SegmentedLog
 
 WAL_MODULES = {"native": "danube_fast._wal", "pure": "danube_fast._wal_py"}
 CODEC_MODULES = {"native": "danube_fast._frames", "pure": "danube_fast._frames_py"}
@@ -38,6 +39,11 @@ REPO = Path(__file__).resolve().parents[2]
 HEADER_SIZE = 56
 OFF_BASE_OFFSET, OFF_LENGTH, OFF_COUNT = 0, 12, 20  # docs/FORMAT.md
 SEGMENT = 4096  # small segments: a few dozen batches each
+
+
+def make_log(segments: ModuleType, directory: str, **options: Any) -> SegmentedLog:
+    """The log (written once) over the primitives of one engine."""
+    return SegmentedLog(directory, segments=segments, **options)
 
 
 def impl_name(module: ModuleType) -> str:
@@ -62,7 +68,7 @@ def open_log(wal_impl: ModuleType, tmp_path: Path) -> Iterator[Callable[..., Any
     opened: list[Any] = []
 
     def factory(directory: Path | None = None, **options: Any) -> Any:
-        log = wal_impl.SegmentedLog(str(directory or tmp_path / "wal"), **options)
+        log = make_log(wal_impl, str(directory or tmp_path / "wal"), **options)
         opened.append(log)
         return log
 
@@ -251,13 +257,13 @@ def index_entries(path: Path) -> list[tuple[int, int]]:
 # Selection
 
 
-def test_selector_picks_native_unless_pure_is_set() -> None:
+def test_selector_picks_native_unless_pure_is_set(tmp_path: Path) -> None:
     from danube_fast import wal_engine
 
     pure = os.environ.get("DANUBE_FAST_PURE", "") == "1"
     assert ("pure" if pure else "native") == wal_engine.IMPL
-    module = importlib.import_module(WAL_MODULES[wal_engine.IMPL])
-    assert wal_engine.SegmentedLog is module.SegmentedLog
+    assert wal_engine.segments is importlib.import_module(WAL_MODULES[wal_engine.IMPL])
+    assert SegmentedLog(str(tmp_path / "wal"))._impl is wal_engine.segments
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -730,7 +736,7 @@ def test_damaged_sealed_segment_without_index_is_refused_untouched(
     idx_path(d, bases[1]).unlink()
     before = files(d)
     with pytest.raises(WalCorrupt, match="damaged"):
-        wal_impl.SegmentedLog(str(d), segment_bytes=SEGMENT, index_interval_bytes=0)
+        make_log(wal_impl, str(d), segment_bytes=SEGMENT, index_interval_bytes=0)
     assert files(d) == before
 
 
@@ -739,7 +745,7 @@ def test_missing_middle_segment_is_refused(wal_impl: ModuleType, written: tuple[
     bases = sorted(int(p.stem) for p in d.glob("*.log"))
     log_path(d, bases[1]).unlink()
     with pytest.raises(WalCorrupt, match="starts at"):
-        wal_impl.SegmentedLog(str(d), segment_bytes=SEGMENT, index_interval_bytes=0)
+        make_log(wal_impl, str(d), segment_bytes=SEGMENT, index_interval_bytes=0)
 
 
 @pytest.mark.parametrize("damage", ["zero_length", "zero_length_and_count_no_index"])
@@ -761,9 +767,11 @@ def test_zero_length_batch_in_a_sealed_segment_is_refused(
         data[pos + OFF_LENGTH - 4:pos + OFF_COUNT + 4] = bytes(16)
         idx_path(d, bases[1]).unlink()
     victim.write_bytes(data)
-    script = (f"import sys\nfrom {wal_impl.__name__} import SegmentedLog\n"
+    script = (f"import sys\nimport {wal_impl.__name__} as segments\n"
+              "from danube_fast.storage.segmented_log import SegmentedLog\n"
               "from danube_fast.errors import WalCorrupt\n"
-              "try:\n    SegmentedLog(sys.argv[1], segment_bytes=4096, index_interval_bytes=0)\n"
+              "try:\n    SegmentedLog(sys.argv[1], segment_bytes=4096, index_interval_bytes=0,\n"
+              "                 segments=segments)\n"
               "except WalCorrupt:\n    print('WalCorrupt')\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", script, str(d)], capture_output=True, text=True, timeout=3,
@@ -791,7 +799,7 @@ def test_constructor_rejects_bad_settings(wal_impl: ModuleType, tmp_path: Path) 
     for options in ({"segment_bytes": 0}, {"segment_bytes": (1 << 30) + 1}, {"segment_ms": -1},
                     {"index_interval_bytes": -1}, {"index_max_bytes": 8}, {"index_max_bytes": 20}):
         with pytest.raises(ValueError):
-            wal_impl.SegmentedLog(str(tmp_path / "wal"), **options)
+            make_log(wal_impl, str(tmp_path / "wal"), **options)
 
 
 def test_failed_write_is_cut_back(frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
@@ -827,7 +835,7 @@ def test_failed_sync_refuses_appends_until_reopened_pure(
     from danube_fast import _frames_py, _wal_py
 
     gen, model = Batches(_frames_py, 22), Model(_frames_py)
-    log = _wal_py.SegmentedLog(str(tmp_path / "wal"))
+    log = make_log(_wal_py, str(tmp_path / "wal"))
     fill(log, gen, model, 3)
 
     def eio(*_: Any) -> None:
@@ -842,7 +850,7 @@ def test_failed_sync_refuses_appends_until_reopened_pure(
             call()
     assert_all_readable(log, model)
     log.close()
-    log = _wal_py.SegmentedLog(str(tmp_path / "wal"))
+    log = make_log(_wal_py, str(tmp_path / "wal"))
     model.add(log.append([gen.batch()]).data)
     # A failed write whose cut-back fails too: the same refusal.
     with monkeypatch.context() as patch:
@@ -853,7 +861,7 @@ def test_failed_sync_refuses_appends_until_reopened_pure(
     with pytest.raises(WalWriteError, match="reopen"):
         log.append([gen.batch()])
     log.close()
-    log = _wal_py.SegmentedLog(str(tmp_path / "wal"))
+    log = make_log(_wal_py, str(tmp_path / "wal"))
     assert_all_readable(log, model)
     log.close()
 
@@ -919,7 +927,7 @@ def test_index_without_disk_space_refuses_the_append_pure(
 
     gen, model = Batches(_frames_py, 31), Model(_frames_py)
     options = {"index_interval_bytes": 0, "index_max_bytes": 64 * 1024}
-    log = _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
+    log = make_log(_wal_py, str(tmp_path / "wal"), **options)
     fill(log, gen, model, mmap.PAGESIZE // 8)  # the first page of the index is full
     before = files(tmp_path / "wal")
 
@@ -940,8 +948,8 @@ def test_index_without_disk_space_refuses_the_append_pure(
     with monkeypatch.context() as patch:
         patch.setattr(os, "posix_fallocate", enospc)  # recovery rebuilds the active index
         with pytest.raises(WalWriteError, match=r"cannot open the WAL .*: cannot reserve index space"):
-            _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
-    log = _wal_py.SegmentedLog(str(tmp_path / "wal"), **options)
+            make_log(_wal_py, str(tmp_path / "wal"), **options)
+    log = make_log(_wal_py, str(tmp_path / "wal"), **options)
     assert log.recovery.truncated_segment is None
     assert_all_readable(log, model)
     log.close()
@@ -1002,6 +1010,75 @@ def test_concurrent_reads_while_appending_and_rolling(
     assert len(log.segment_bases) > 10
 
 
+def test_close_waits_for_a_read_in_progress_and_later_reads_get_wal_closed(
+        wal_impl: ModuleType, frames: ModuleType, tmp_path: Path) -> None:
+    """The policy, not the GIL, keeps close from pulling a descriptor from under a pread: a read blocked
+    inside the segment's read holds close back; once it returns with its data, every read gets WalClosed."""
+    entered, release = threading.Event(), threading.Event()
+
+    class GatedSegment(wal_impl.Segment):  # type: ignore[name-defined,misc]
+        def read(self, *args: Any) -> Any:
+            entered.set()
+            assert release.wait(10)
+            return super().read(*args)
+
+    gated = SimpleNamespace(Segment=GatedSegment, check_buffers=wal_impl.check_buffers,
+                            MAX_SEGMENT=wal_impl.MAX_SEGMENT)
+    log = SegmentedLog(str(tmp_path / "wal"), segments=gated)  # type: ignore[arg-type]
+    end = log.append([Batches(frames, 30).batch(records=3)]).next_offset
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(log.read(0, 1 << 20, end)))
+    reader.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close returned while a read was running"
+    release.set()
+    reader.join(10)
+    closer.join(10)
+    assert not closer.is_alive()
+    assert len(got) == 1 and got[0] is not None and frames.scan_batches(bytes(got[0]))[0].record_count == 3
+    with pytest.raises(WalClosed):
+        log.read(0, 1 << 20, end)
+
+
+def test_concurrent_appends_are_serialized(frames: ModuleType, open_log: Callable[..., Any],
+                                           tmp_path: Path) -> None:
+    """Appends from two threads (large buffers: the native copy and write release the GIL) get disjoint,
+    contiguous ranges and land whole; the files reopen to exactly what was acknowledged."""
+    log = open_log(segment_bytes=1 << 20)
+    gens = [Batches(frames, 31), Batches(frames, 32)]
+    results: list[list[tuple[int, int, bytes]]] = [[], []]
+
+    def writer(k: int) -> None:
+        for _ in range(40):
+            batch = gens[k].batch(records=2, payload_max=0)
+            big = frames.encode_payloads([bytes([k]) * 70_000, bytes([k]) * 10], publish_time=1,
+                                         producer_id=k)
+            for data in (batch, big):
+                result = log.append([data])
+                first, last = result.ranges[0]
+                results[k].append((first, last, bytes(result.data)))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    spans = sorted((first, last) for per in results for first, last, _ in per)
+    assert spans[0][0] == 0 and all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))
+    end = log.next_offset
+    assert end == spans[-1][1] + 1
+    log.close()
+    reopened = open_log()
+    assert reopened.next_offset == end and reopened.recovery.truncated_segment is None
+    for per in results:
+        for first, _, data in per:
+            got = reopened.read(first, len(data), end)
+            assert bytes(got)[:len(data)] == data
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Native and pure engines against each other
 
@@ -1023,7 +1100,7 @@ def test_same_files_and_interchangeable_directories_across_impls(tmp_path: Path)
     outcomes = {}
     models = {}
     for name, engine in both_engines():
-        log = engine.SegmentedLog(str(tmp_path / name), **options)
+        log = make_log(engine, str(tmp_path / name), **options)
         model = Model(codec)
         results = []
         for i, call in enumerate(calls):
@@ -1043,7 +1120,7 @@ def test_same_files_and_interchangeable_directories_across_impls(tmp_path: Path)
     assert outcomes["native"] == outcomes["pure"]
     assert files(tmp_path / "native") == files(tmp_path / "pure")
     for (name, engine), other in zip(both_engines(), ("pure", "native"), strict=True):
-        log = engine.SegmentedLog(str(tmp_path / other), **options)
+        log = make_log(engine, str(tmp_path / other), **options)
         assert (log.segment_bases, log.start_offset, log.next_offset) == outcomes[other][1:], name
         assert log.recovery.truncated_segment is None and log.recovery.rebuilt_indexes == []
         assert_all_readable(log, models[other])
@@ -1058,7 +1135,7 @@ def test_same_recovery_across_impls(tmp_path: Path) -> None:
     codec = importlib.import_module(CODEC_MODULES["native"])
     gen = Batches(codec, 27)
     source = tmp_path / "source"
-    log = importlib.import_module(WAL_MODULES["native"]).SegmentedLog(
+    log = make_log(importlib.import_module(WAL_MODULES["native"]),
         str(source), segment_bytes=SEGMENT, index_interval_bytes=300)
     for _ in range(50):
         log.append([gen.buffer()])
@@ -1075,7 +1152,7 @@ def test_same_recovery_across_impls(tmp_path: Path) -> None:
         copy = tmp_path / name
         copy.mkdir()
         restore(copy, pristine)
-        log = engine.SegmentedLog(str(copy), segment_bytes=SEGMENT, index_interval_bytes=300)
+        log = make_log(engine, str(copy), segment_bytes=SEGMENT, index_interval_bytes=300)
         report = log.recovery
         assert report.cut_reason
         reports[name] = (report.segments, report.next_offset, report.scanned_bytes, report.truncated_segment,
