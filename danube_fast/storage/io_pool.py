@@ -45,21 +45,34 @@ class IoPool:
         self._timed: list[tuple[float, int, Task]] = []  # (monotonic due time, tie-break, task), a heap
         self._tie = itertools.count()
         self._closing = False
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(self.size)]
-        for t in self._threads:
-            t.start()
+        self._name = name
+        self._threads: list[threading.Thread] = []
+        self._grow(self.size)
 
     _shared: IoPool | None = None
     _shared_lock = threading.Lock()
 
     @classmethod
     def shared(cls, threads: int | None = None) -> IoPool:
-        """The process's pool, started on first use with `threads` (later sizes are ignored)."""
+        """The process's pool, started on first use with `threads` (0 or None: default_threads()). A later
+        call asking for more threads grows it: the pool is sized by the largest request, not by whichever WAL
+        opened first (several brokers in one process, or a config read after a tool opened a WAL)."""
         with cls._shared_lock:
             if cls._shared is None:
                 cls._shared = cls(threads)
+            elif threads and threads > cls._shared.size:
+                cls._shared._grow(threads)
             return cls._shared
+
+    def _grow(self, threads: int) -> None:
+        with self._cv:
+            start = len(self._threads)
+            self.size = max(self.size, threads)
+            added = [threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
+                     for i in range(start, threads)]
+            self._threads.extend(added)
+        for t in added:
+            t.start()
 
     def submit(self, task: Task) -> None:
         """Run `task` on a pool thread soon. It must not raise (an exception is logged and dropped)."""

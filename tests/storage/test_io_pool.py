@@ -52,6 +52,28 @@ def test_tasks_run_soon_or_at_their_time_and_a_failing_task_does_not_stop_the_po
     assert not any(t.name.startswith("test-io") for t in threading.enumerate())
 
 
+def test_the_shared_pool_grows_to_the_largest_size_asked_for() -> None:
+    """The broker's `[wal] io_threads` applies even when another WAL of the process opened the pool first
+    with fewer threads; asking for fewer never shrinks it."""
+
+    class Fresh(IoPool):  # its own process-wide instance, so the real shared pool is left alone
+        _shared = None
+
+    first = Fresh.shared(2)
+    assert Fresh.shared(3) is first and first.size == 3
+    assert Fresh.shared(1) is first and Fresh.shared() is first and first.size == 3
+    running = threading.Barrier(4)  # three pool threads at once, and this one
+
+    def meet() -> None:
+        running.wait(5)
+
+    for _ in range(3):
+        first.submit(meet)
+    running.wait(5)
+    first.close()
+    assert sum(t.name.startswith("wal-io") and t.is_alive() for t in first._threads) == 0
+
+
 def batch(n: int) -> bytes:
     return frames.encode_payloads([b"r%d" % n])
 
