@@ -10,7 +10,9 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
 - `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
   danube_fast.client.FastConsumer reading back (from the WAL, cumulative acks) what was produced after
-  its subscription was made.
+  its subscription was made, starting as soon as the producer's last ack came: the broker is then still
+  uploading the segments the produce rolled, on the same two cores. `fast_consume_catchup_settled`: the
+  same on another topic, started once the broker's CPU has gone quiet (uploads done).
 The issue's targets (>= 2,000,000 records/s reliable publish, >= 3,000,000 catch-up consume) are put on
 `fast_produce_reliable` and `fast_consume_catchup`.
 """
@@ -29,7 +31,7 @@ import grpc
 import uvloop
 
 from bench.broker import metered, percentile, start_bare_server, start_broker
-from bench.common import Options, Result, Target, median, paired_ratio, progress
+from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.producer import batch_request
@@ -97,8 +99,10 @@ async def bare_consume(server: ServerProcess, count: int) -> tuple[float, None, 
         await channel.close()
 
 
-async def consume_through_broker(server: ServerProcess, topic: str, count: int) -> tuple[float, None, None]:
-    """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks."""
+async def consume_through_broker(server: ServerProcess, topic: str, count: int, settle: bool = False
+                                 ) -> tuple[float, None, None]:
+    """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks;
+    with `settle`, once the broker has finished what the produce left it (uploads)."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=True)  # creates the topic
     consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench")
     try:
@@ -106,6 +110,8 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int) 
         for _ in range(count):
             await producer.send_batch(payloads)
         await producer.flush()
+        if settle:
+            await quiet(server.pid)
         total = count * BATCH_RECORDS
         got = 0
         with metered(server.pid) as usage:
@@ -118,6 +124,16 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int) 
     finally:
         await consumer.close()
         await producer.close()
+
+
+async def quiet(pid: int, window: float = 0.5, busy: float = 0.05, limit: float = 60.0) -> None:
+    """Wait until process `pid` uses less than `busy` of a core over `window` seconds (at most `limit`)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        before = process_cpu(pid)
+        await asyncio.sleep(window)
+        if process_cpu(pid) - before < busy * window:
+            return
 
 
 async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int
@@ -165,6 +181,8 @@ def run_fast(options: Options) -> list[Result]:
                     figures["bare_batch_consume"] = runner.run(bare_consume(bare_server, count))
                     figures["fast_consume_catchup"] = runner.run(
                         consume_through_broker(broker, f"/default/fast_consume-{run}", count))
+                    figures["fast_consume_catchup_settled"] = runner.run(consume_through_broker(
+                        broker, f"/default/fast_consume_settled-{run}", count, settle=True))
             finally:
                 broker.stop()
             runs.append(figures)
@@ -194,6 +212,9 @@ def summarise(runs: list[Figures]) -> list[Result]:
     results.append(Result("bare_batch_consume", "records/s", median(consume_bare), n))
     results.append(Result("fast_consume_catchup", "records/s", median(consume), n, median(consume_bare),
                           paired_ratio(consume, consume_bare), CONSUME_TARGET))
+    settled = [r["fast_consume_catchup_settled"][0] for r in runs]
+    results.append(Result("fast_consume_catchup_settled", "records/s", median(settled), n,
+                          median(consume_bare), paired_ratio(settled, consume_bare), CONSUME_TARGET))
     return results
 
 
