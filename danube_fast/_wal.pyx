@@ -157,10 +157,20 @@ cdef class Segment:
         self.size = os.fstat(self.fd).st_size
 
     def close(self):
+        """Close the descriptor and unmap the index; the fields (size, entry count, capacity) stay, so that
+        reopen can bring the segment back as it was."""
         self._unmap()
         if self.fd >= 0:
             c_close(self.fd)
             self.fd = -1
+
+    def reopen(self, bint active):
+        """Reopen a segment this process closed: the .log, and the index mapped as before (the active one
+        writable at its full capacity, a sealed one read-only)."""
+        self.fd = c_open(os.fsencode(self.log_path), O_RDWR | O_CLOEXEC)
+        if self.fd < 0:
+            raise _os_error("cannot open segment", self.log_path)
+        self._map(self.idx_capacity if active else self.idx_count, active)
 
     def write(self, data, Py_ssize_t pos):
         """pwrite all of `data` at `pos`."""

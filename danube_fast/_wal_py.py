@@ -123,6 +123,13 @@ class Segment:
             os.close(self.fd)
             self.fd = -1
 
+    def reopen(self, active: bool) -> None:
+        try:
+            self.fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise _os_error("cannot open segment", self.log_path, e) from e
+        self._map(self.idx_capacity if active else self.idx_count, writable=active)
+
     def write(self, data: Buffer, pos: int) -> None:
         try:
             _write_all(self.fd, data, pos)

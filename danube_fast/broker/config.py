@@ -16,6 +16,8 @@ segment_bytes = 134217728
 retain_bytes = 1073741824         # uploaded segments kept locally (newest first) per topic; 0 = none
 io_threads = 0                    # threads writing and fsyncing every topic's WAL (storage/io_pool.py);
                                   # 0 = 4 per core (at least 4, at most 32)
+idle_release_ms = 300000          # a topic's log unused this long gives back its cache, descriptors and
+                                  # index mappings until the next append or read; 0 = never
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer
@@ -231,6 +233,8 @@ def check(config: BrokerConfig) -> None:
     for name in ("index_interval_bytes", "index_max_bytes", "max_group_bytes"):
         if getattr(config.wal, name) < 1:
             raise ConfigError(f"[wal] {name} must be at least 1")
+    if config.wal.idle_release_ms < 0:
+        raise ConfigError("[wal] idle_release_ms must not be negative (0 = never release)")
 
 
 def _host_port(text: str, what: str) -> tuple[str, int]:

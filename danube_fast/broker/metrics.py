@@ -33,6 +33,7 @@ _HELP = {
     "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started."),
     "danube_topic_load_failed": ("gauge", "1 for a topic of this broker whose storage could not be loaded."),
     "danube_dispatch_held_bytes": ("gauge", "Bytes read for delivery, not yet acknowledged (all consumers)."),
+    "danube_topics_idle_released": ("gauge", "Reliable topics whose idle log gave back its cache and files."),
 }
 
 
@@ -67,6 +68,7 @@ def render(topics: Topics, started: float) -> str:
                 add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
                 add("danube_subscription_unacked", sl, d.unacked)
     samples["danube_dispatch_held_bytes"].append(f"danube_dispatch_held_bytes {topics.budget.held}")
+    samples["danube_topics_idle_released"].append(f"danube_topics_idle_released {topics.released_logs()}")
     for name in topics.broken():
         add("danube_topic_load_failed", {"topic": name}, 1)
     samples["danube_broker_uptime_seconds"].append(

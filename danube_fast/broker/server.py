@@ -10,8 +10,10 @@ finish, flush cursors, fsync and close every WAL, close the store; exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import resource
 import signal
 from dataclasses import dataclass
 
@@ -231,8 +233,26 @@ class Broker:
             await self.store.close()
 
 
+def raise_open_files_limit() -> int:
+    """Lift this process's soft limit on open files to its hard limit, and return it. Every Reliable topic
+    holds a descriptor per segment and every client a socket; the usual soft limit of 1024 would stop a
+    broker near a thousand topics with EMFILE, while the hard limit (often 2^19) is the administrator's
+    real ceiling (Go's runtime lifts it the same way since 1.19)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
 async def serve(config: BrokerConfig) -> None:
     """Run until SIGTERM or SIGINT."""
+    open_files = raise_open_files_limit()
+    if open_files < 16_384:
+        log.warning("open files are limited to %d for this process (RLIMIT_NOFILE): each Reliable topic "
+                    "holds a descriptor per segment; raise the hard limit for thousands of topics",
+                    open_files)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

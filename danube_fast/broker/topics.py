@@ -75,6 +75,7 @@ class Topics:
         self._topics: dict[str, Topic] = {}
         self._creating: dict[str, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None  # releases idle topics' logs (_release_idle_logs)
         self.placement = placement  # where topics live (broker/ownership.py)
         self.tier: Tier | WalOnly = tier if tier is not None else WalOnly()
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
@@ -104,7 +105,31 @@ class Topics:
             await self.close()
             raise
         self._reaper = asyncio.create_task(self.subscriptions.reap_idle(), name="reap-idle-subscriptions")
+        if config.wal.idle_release_ms:
+            self._sweeper = asyncio.create_task(self._release_idle_logs(config.wal.idle_release_ms / 1000),
+                                                name="release-idle-logs")
         return self
+
+    async def _release_idle_logs(self, idle: float) -> None:
+        """Topics whose log saw no append and no read for `idle` seconds give back its cache, descriptors
+        and index mappings ([wal] idle_release_ms); the next use reopens them. The topic itself, its
+        producers, subscriptions and consumers stay: Danube clients hold ids that must keep resolving."""
+        while True:
+            await asyncio.sleep(max(1.0, idle / 4))
+            released = 0
+            for topic in list(self._topics.values()):
+                if not isinstance(topic, ReliableTopic):
+                    continue
+                try:
+                    released += await topic.wal.release_if_idle(idle)
+                except Exception as e:  # a closed or failed log: its owner reports that
+                    log.debug("releasing the idle log of %s: %s", topic.full, e)
+            if released:
+                log.info("released the logs of %d idle topics", released)
+
+    def released_logs(self) -> int:
+        """Reliable topics served now whose log is released (idle)."""
+        return sum(1 for t in self._topics.values() if isinstance(t, ReliableTopic) and t.wal.released)
 
     def stop_streams(self) -> None:
         """The broker is stopping: every consumer stream ends (with OK, so clients notice and look the topic
@@ -119,9 +144,10 @@ class Topics:
 
     async def close(self) -> None:
         """Stop dispatching, persist every cursor, fsync and close every WAL."""
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+        for task in (self._reaper, self._sweeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for c in self.clients.consumers():
             c.end_streams()
         for topic in self._topics.values():

@@ -57,6 +57,11 @@ class BatchCache:
             return None
         return self._groups[bisect.bisect_right(self._firsts, offset) - 1]
 
+    def clear(self) -> None:
+        self._groups.clear()
+        self._firsts.clear()
+        self._bytes = 0
+
     def drop_before(self, offset: int) -> None:
         while self._groups and self._groups[0].next_offset <= offset:
             self._drop_oldest()

@@ -60,5 +60,8 @@ class WalConfig:
     # producer never waits, nor does a big group. 0 = off.
     linger_us: int = 1000
     # Threads of the process's WAL I/O pool (storage/io_pool.py), shared by every topic; 0 = a few per core.
-    # The first WAL opened in the process sizes it.
+    # The largest size asked for in the process wins.
     io_threads: int = 0
+    # A log with no append and no read for this long gives back its cache, descriptors and index mappings
+    # (Wal.release_if_idle; the broker's topic sweeper calls it); the next use reopens them. 0 = never.
+    idle_release_ms: int = 300_000

@@ -26,6 +26,9 @@ Who may call what (correct without leaning on the GIL):
 - A read or a sync in progress counts in `_busy`; close marks the log closed, waits until `_busy` is zero,
   then closes the files. A read that starts later gets WalClosed, never an error of a closed descriptor.
   Retention unlinks a segment a reader may hold: its descriptor closes when the last reference goes.
+- `release` (an idle topic, storage/wal.py) closes every descriptor and index mapping the same way, keeping
+  what is known of each segment; the next append, sync, roll, read or lookup reopens them under `_lock`
+  (no recovery: this process wrote them).
 
 Recovery on open: sealed segments are trusted (they were fsync'd before the roll) but their index is sanity
 checked and rebuilt when damaged or missing; the last segment is scanned batch by batch with CRCs and offset
@@ -92,7 +95,7 @@ class SegmentedLog:
         self._index_max_bytes = index_max_bytes
         self._writer = threading.Lock()
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when the last busy call leaves a closed log
+        self._idle = threading.Condition(self._lock)  # notified when the last busy call leaves
         self._busy = 0  # reads and syncs running outside _lock
         self._segments: list[Segment] = []
         self._bases: list[int] = []
@@ -101,6 +104,7 @@ class SegmentedLog:
         self._synced = 0  # of those, bytes an fdatasync covered
         self._failed: OSError | None = None
         self._closed = False
+        self._released = False  # files closed while the log is idle; the next use reopens them (release)
         try:
             os.makedirs(self._directory, exist_ok=True)
             self._recover(initial_offset)
@@ -299,6 +303,8 @@ class SegmentedLog:
             first = self._next_offset
             if total == 0:
                 return AppendResult(ranges, None, first, first)
+            with self._lock:
+                self._reopen()
             self._maybe_roll(total)
             seg = self._segments[-1]
             data, end, marks = seg.stamp(views, counts, ranges, first, self._index_interval_bytes)
@@ -344,6 +350,7 @@ class SegmentedLog:
         appended before the call is durable. (Segments before the active one were synced when they rolled.)"""
         with self._lock:
             self._check_open()
+            self._reopen()
             seg, covered, written = self._segments[-1], self._next_offset, self._written
             self._busy += 1
         try:
@@ -362,6 +369,8 @@ class SegmentedLog:
         """Seal the active segment (fsync data, cut and fsync its index) and start a new one."""
         with self._writer:
             self._check_open()
+            with self._lock:
+                self._reopen()
             self._roll()
 
     def _roll(self) -> None:
@@ -425,10 +434,43 @@ class SegmentedLog:
                 for seg in segments:
                     seg.close()
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Close the files and index mappings of an idle log (fdatasync'd first); its next use reopens them.
+        Waits for reads and syncs in progress, as close does."""
+        with self._writer:
+            self._check_open()
+            if self._released:
+                return
+            if self._written > self._synced:
+                self.sync()
+            with self._lock:
+                while self._busy:
+                    self._idle.wait()
+                for seg in self._segments:
+                    seg.close()
+                self._released = True
+
+    def _reopen(self) -> None:
+        """Under _lock: bring back the files `release` closed."""
+        if not self._released:
+            return
+        try:
+            for seg in self._segments:
+                seg.reopen(seg is self._segments[-1])
+        except OSError as e:
+            for seg in self._segments:
+                seg.close()
+            raise WalWriteError(f"reopening the WAL in {self._directory} failed: {e.strerror or e}") from e
+        self._released = False
+
     def _leave(self) -> None:
         with self._lock:
             self._busy -= 1
-            if self._closed and not self._busy:
+            if not self._busy:  # close or release may be waiting for it
                 self._idle.notify_all()
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -446,6 +488,7 @@ class SegmentedLog:
         """(segment base offset, byte position of the indexed batch at or before offset)."""
         with self._lock:
             self._check_readable(offset)
+            self._reopen()
             seg = self._segment_for(offset)
             return seg.base, seg.find(offset)
 
@@ -459,6 +502,7 @@ class SegmentedLog:
             if offset >= limit:
                 return None
             self._check_readable(offset)
+            self._reopen()
             seg = self._segment_for(offset)
             size, pos = seg.size, seg.find(offset)
             self._busy += 1

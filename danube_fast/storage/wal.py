@@ -68,6 +68,7 @@ class Wal:
         self._loop = loop
         self._pool = pool or IoPool.shared(config.io_threads)
         self._cache = BatchCache(config.cache_bytes)
+        self._last_used = time.monotonic()  # the last append or read (release_if_idle)
         self._committed = engine.next_offset
         self._committed_changed = asyncio.Event()
         self._closed: BaseException | None = None
@@ -152,6 +153,7 @@ class Wal:
         """`append` without the coroutine: queue the buffer now, get the future of its (first, last) offset
         (for callers that keep many appends in flight and answer them in order)."""
         self._check_open()
+        self._last_used = time.monotonic()
         fut: asyncio.Future[tuple[int, int]] = self._loop.create_future()
         self._outbox.append(_Append(batch, memoryview(batch).nbytes, fut))
         if not self._handoff_scheduled:
@@ -185,6 +187,22 @@ class Wal:
         deleted: int = await self._command(lambda: self._log.delete_before(offset))
         self._cache.drop_before(self._log.start_offset)
         return deleted
+
+    async def release_if_idle(self, idle_s: float) -> bool:
+        """When nothing was appended or read for `idle_s` seconds and no append waits: give back the cache
+        and close the engine's files and index mappings (a topic nobody uses should cost next to nothing);
+        the next append or read reopens them. True if released now."""
+        if self._stopping or self._closed is not None or self._unacked or self._log.released \
+                or time.monotonic() - self._last_used < idle_s:
+            return False
+        self._cache.clear()
+        await self._command(self._log.release)
+        return True
+
+    @property
+    def released(self) -> bool:
+        """The engine's files are closed until the next use (release_if_idle)."""
+        return self._log.released
 
     async def close(self) -> None:
         """Finish queued appends, fdatasync, close the files. Waiting readers get WalClosed."""
@@ -442,6 +460,7 @@ class Wal:
         committed = self._committed
         if offset >= committed:
             return None
+        self._last_used = time.monotonic()
         group = self._cache.find(offset)
         if group is not None:
             return group.from_offset(offset, max_bytes)
@@ -459,6 +478,7 @@ class Wal:
         committed and still in the cache."""
         if self._closed is not None or offset >= self._committed:
             return None
+        self._last_used = time.monotonic()
         group = self._cache.find(offset)
         return group.from_offset(offset, max_bytes) if group is not None else None
 

@@ -144,6 +144,7 @@ def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
     ("[broker]\nmax_message_size = 0\n", "max_message_size"),
     ("[wal]\nsegment_bytes = 2147483648\n", "segment_bytes"),  # the WAL refused it per topic (INTERNAL)
     ("[wal]\nsegment_bytes = 0\n", "segment_bytes"),
+    ("[wal]\nidle_release_ms = -1\n", "idle_release_ms"),
     ("[wal]\nmax_group_bytes = 0\n", "max_group_bytes"),
 ])
 def test_invalid_values_are_refused(tmp_path: Path, text: str, name: str) -> None:

@@ -84,6 +84,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
             f"danube_subscription_dropped_total{{{sl}}}": 1,
             "danube_broker_uptime_seconds": got["danube_broker_uptime_seconds"],
             "danube_dispatch_held_bytes": 0,  # the registry's budget: these dispatchers have their own
+            "danube_topics_idle_released": 0,
         }
         assert 1.5 <= got["danube_broker_uptime_seconds"] < 60
 
@@ -137,6 +138,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_subscription_dead_lettered_total{{{sl}}}": 0,
                 f"danube_subscription_unacked{{{sl}}}": 2,
                 "danube_dispatch_held_bytes": 0,  # the registry's budget: this dispatcher has its own
+                "danube_topics_idle_released": 0,
             }
         finally:
             await dispatcher.close()
@@ -148,7 +150,8 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
 def test_every_family_is_described_once_even_without_topics() -> None:
     text = metrics.render(topics_of(), time.monotonic())
     got = samples(text)
-    assert list(got) == ["danube_broker_uptime_seconds", "danube_dispatch_held_bytes"]
+    assert list(got) == ["danube_broker_uptime_seconds", "danube_dispatch_held_bytes",
+                         "danube_topics_idle_released"]
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)) >= 12
     assert "# TYPE danube_subscription_redelivered_total counter" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -325,3 +326,16 @@ async def rpc_error(awaitable: Awaitable[Any], what: str, timeout: float = RPC_T
 
 def status_line(error: Any) -> str:
     return f"{error.code().name}: {error.details()!r}"
+
+
+def scrape(broker: Any) -> dict[str, float]:
+    """`name{labels}` -> value, from GET /metrics (in a thread: urllib blocks)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples

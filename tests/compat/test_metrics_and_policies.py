@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import urllib.request
 
 import grpc
-from compat_support import RawApi, Session, offsets, rpc_error, run_async, status_line
+from compat_support import RawApi, Session, offsets, rpc_error, run_async, scrape, status_line
 from danube import SubType
 
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -19,19 +18,6 @@ BROKER_CONFIG = """
 [dispatch]
 ack_timeout_ms = 700
 """
-
-
-def scrape(broker: Broker) -> dict[str, float]:
-    """`name{labels}` -> value, from GET /metrics (in a thread: urllib blocks)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
-        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = r.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
 
 
 def test_metrics_show_rates_bytes_backlog_and_lag(broker: Broker, topic: str) -> None:

@@ -414,3 +414,34 @@ def test_compressed_batches_are_stored_as_they_came_and_recovered(tmp_path: Path
         await wal.close()
 
     run(main())
+
+
+def test_an_idle_log_gives_back_its_cache_and_files_and_the_next_use_reopens_them(
+        tmp_path: Path, run: Run) -> None:
+    """release_if_idle ([wal] idle_release_ms): not while used recently or while an append waits; then the
+    cache is empty and the engine's files closed; a read (from disk now) and an append reopen them."""
+
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(sync=SyncPolicy.parse("none")))
+        for i in range(10):
+            await wal.append(batch(3 * i))
+        assert not await wal.release_if_idle(0.2)  # just used
+        pending = wal.submit(batch(30))
+        assert not await wal.release_if_idle(0.0)  # an append waits for its ack
+        await pending
+        await asyncio.sleep(0.25)
+        assert await wal.release_if_idle(0.2)
+        assert wal.released and not await wal.release_if_idle(0.2)
+        assert wal.cached(0, 1 << 20) is None  # the cache went with it
+        assert [seq_of(r.payload) for r in await read_all(wal)] == list(range(33))
+        assert not wal.released
+        await asyncio.sleep(0.25)
+        assert await wal.release_if_idle(0.2)
+        assert await wal.append(batch(33)) == (33, 35)
+        assert not wal.released
+        await wal.close()
+        reopened = await Wal.open(tmp_path)
+        assert [seq_of(r.payload) for r in await read_all(reopened)] == list(range(36))
+        await reopened.close()
+
+    run(main())

@@ -1010,10 +1010,8 @@ def test_concurrent_reads_while_appending_and_rolling(
     assert len(log.segment_bases) > 10
 
 
-def test_close_waits_for_a_read_in_progress_and_later_reads_get_wal_closed(
-        wal_impl: ModuleType, frames: ModuleType, tmp_path: Path) -> None:
-    """The policy, not the GIL, keeps close from pulling a descriptor from under a pread: a read blocked
-    inside the segment's read holds close back; once it returns with its data, every read gets WalClosed."""
+def gated_log(wal_impl: ModuleType, directory: Path) -> tuple[SegmentedLog, threading.Event, threading.Event]:
+    """A log whose segment reads stop inside the segment (after `entered` is set) until `release` is set."""
     entered, release = threading.Event(), threading.Event()
 
     class GatedSegment(wal_impl.Segment):  # type: ignore[name-defined,misc]
@@ -1024,7 +1022,14 @@ def test_close_waits_for_a_read_in_progress_and_later_reads_get_wal_closed(
 
     gated = SimpleNamespace(Segment=GatedSegment, check_buffers=wal_impl.check_buffers,
                             MAX_SEGMENT=wal_impl.MAX_SEGMENT)
-    log = SegmentedLog(str(tmp_path / "wal"), segments=gated)  # type: ignore[arg-type]
+    return SegmentedLog(str(directory), segments=gated), entered, release  # type: ignore[arg-type]
+
+
+def test_close_waits_for_a_read_in_progress_and_later_reads_get_wal_closed(
+        wal_impl: ModuleType, frames: ModuleType, tmp_path: Path) -> None:
+    """The policy, not the GIL, keeps close from pulling a descriptor from under a pread: a read blocked
+    inside the segment's read holds close back; once it returns with its data, every read gets WalClosed."""
+    log, entered, release = gated_log(wal_impl, tmp_path / "wal")
     end = log.append([Batches(frames, 30).batch(records=3)]).next_offset
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(log.read(0, 1 << 20, end)))
@@ -1041,6 +1046,77 @@ def test_close_waits_for_a_read_in_progress_and_later_reads_get_wal_closed(
     assert len(got) == 1 and got[0] is not None and frames.scan_batches(bytes(got[0]))[0].record_count == 3
     with pytest.raises(WalClosed):
         log.read(0, 1 << 20, end)
+
+
+def open_files_under(directory: Path) -> int:
+    """Descriptors of this process open on files under `directory` (index mappings hold none)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        count += target.startswith(str(directory) + os.sep)
+    return count
+
+
+def mapped_files_under(directory: Path) -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if str(directory) + os.sep in line)
+
+
+def test_release_closes_the_files_and_every_use_reopens_them(
+        frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
+    """An idle log gives back its descriptors and index mappings; append, read, lookup, sync, roll and
+    retention then work as if it had never let go, and the files are the same as without the release."""
+    wal = tmp_path / "wal"
+    log = open_log(wal, segment_bytes=SEGMENT, index_interval_bytes=300)
+    gen, model = Batches(frames, 33), Model(frames)
+    fill(log, gen, model, 40)
+    assert len(log.segment_bases) > 2 and open_files_under(wal) > 2 and mapped_files_under(wal) > 2
+    uses: list[Callable[[], Any]] = [
+        lambda: assert_all_readable(log, model),
+        lambda: log.lookup(model.start + 3),
+        lambda: fill(log, gen, model, 3),
+        log.sync,
+        log.roll,
+    ]
+    for use in uses:
+        log.release()
+        assert log.released and open_files_under(wal) == 0 and mapped_files_under(wal) == 0
+        assert (log.start_offset, log.next_offset) == (model.start, model.end)  # known without the files
+        use()
+        # (at least: Python's mmap keeps a descriptor of its own, so the pure twin holds two per segment)
+        assert not log.released and open_files_under(wal) >= len(log.segment_bases)
+    log.release()  # retention only unlinks: it needs no descriptor
+    assert log.delete_before(log.segment_bases[1]) == 1 and log.released
+    model.drop_before(log.start_offset)
+    assert_all_readable(log, model)
+    log.release()
+    log.close()
+    reopened = open_log(wal, segment_bytes=SEGMENT, index_interval_bytes=300)
+    assert reopened.recovery.truncated_segment is None and reopened.recovery.rebuilt_indexes == []
+    assert_all_readable(reopened, model)
+
+
+def test_release_waits_for_a_read_in_progress(wal_impl: ModuleType, frames: ModuleType,
+                                              tmp_path: Path) -> None:
+    log, entered, release = gated_log(wal_impl, tmp_path / "wal")
+    end = log.append([Batches(frames, 34).batch(records=2)]).next_offset
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(log.read(0, 1 << 20, end)))
+    reader.start()
+    assert entered.wait(10)
+    releaser = threading.Thread(target=log.release)
+    releaser.start()
+    releaser.join(0.3)
+    assert releaser.is_alive() and not log.released, "the files were released under a read"
+    release.set()
+    reader.join(10)
+    releaser.join(10)
+    assert log.released and got[0] is not None
+    assert frames.scan_batches(bytes(log.read(0, 1 << 20, end)))[0].record_count == 2
+    log.close()
 
 
 def test_concurrent_appends_are_serialized(frames: ModuleType, open_log: Callable[..., Any],
