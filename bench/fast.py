@@ -8,6 +8,11 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
 - `fast_produce_reliable`: danube_fast.client.FastProducer.send_batch through the broker to a Reliable topic
   (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
+- `fast_produce_reliable_half_rate_ack_p50/p99`: the same batches to a Reliable topic offered at half the
+  rate `fast_produce_reliable` reached in the same run, one batch every BATCH_RECORDS / rate seconds;
+  latency per batch from the moment it was due (not when it was sent: a late send counts as waiting).
+  It starts once the broker is quiet (the full-rate runs' uploads done); its own rolled segments are
+  uploaded while it runs, as they would be in service.
 - `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
   danube_fast.client.FastConsumer reading back (from the WAL, cumulative acks) what was produced after
   its subscription was made, starting as soon as the producer's last ack came: the broker is then still
@@ -44,6 +49,7 @@ BATCH_RECORDS = 1000
 IN_FLIGHT = 64
 TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
 CONSUME_TARGET = Target(">= 3,000,000 records/s", ">=", 3_000_000)
+ACK_P99_TARGET = Target("<= 2 ms", "<=", 2.0)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
 
@@ -160,6 +166,34 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
         await producer.close()
 
 
+async def at_rate(server: ServerProcess, topic: str, rate: float, count: int) -> tuple[float, float, float]:
+    """Reliable batches offered at `rate` records/s; ack latency from each batch's due time."""
+    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,
+                                          max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
+    try:
+        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        interval = BATCH_RECORDS / rate
+        latencies: list[float] = []
+
+        def acked(due: float) -> Callable[[object], None]:
+            return lambda _future: latencies.append(time.perf_counter() - due)
+
+        with metered(server.pid) as usage:
+            start = time.perf_counter()
+            for i in range(count):
+                due = start + i * interval
+                if (wait := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait)
+                future = await producer.send_batch(payloads)
+                future.add_done_callback(acked(due))
+            await producer.flush()
+        latencies.sort()
+        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
+                percentile(latencies, 0.99) * 1e3)
+    finally:
+        await producer.close()
+
+
 def run_fast(options: Options) -> list[Result]:
     count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
@@ -178,6 +212,10 @@ def run_fast(options: Options) -> list[Result]:
                         topic = f"/default/{name}-{run}"
                         runner.run(through_broker(broker, topic + "-warm", reliable, count // 10))
                         figures[name] = runner.run(through_broker(broker, topic, reliable, count))
+                    half = figures["fast_produce_reliable"][0] / 2
+                    runner.run(quiet(broker.pid))  # the full-rate runs' uploads done
+                    figures["fast_produce_reliable_half_rate"] = runner.run(
+                        at_rate(broker, f"/default/half_rate-{run}", half, count // 2))
                     figures["bare_batch_consume"] = runner.run(bare_consume(bare_server, count))
                     figures["fast_consume_catchup"] = runner.run(
                         consume_through_broker(broker, f"/default/fast_consume-{run}", count))
@@ -207,6 +245,12 @@ def summarise(runs: list[Figures]) -> list[Result]:
         for i, q in ((1, "p50"), (2, "p99")):
             values = [v for r in runs if (v := r[name][i]) is not None]
             results.append(Result(f"{name}_ack_{q}", "ms", median(values), n))
+    half = [r["fast_produce_reliable_half_rate"] for r in runs]
+    results.append(Result("fast_produce_reliable_half_rate", "records/s", median([h[0] for h in half]), n))
+    results.append(Result("fast_produce_reliable_half_rate_ack_p50", "ms",
+                          median([h[1] for h in half if h[1] is not None]), n))
+    results.append(Result("fast_produce_reliable_half_rate_ack_p99", "ms",
+                          median([h[2] for h in half if h[2] is not None]), n, target=ACK_P99_TARGET))
     consume_bare = [r["bare_batch_consume"][0] for r in runs]
     consume = [r["fast_consume_catchup"][0] for r in runs]
     results.append(Result("bare_batch_consume", "records/s", median(consume_bare), n))
