@@ -43,6 +43,8 @@ class RecoveryReport:
     truncated_from: int | None = None
     truncated_bytes: int = 0
     cut_reason: str | None = None
+    # zeros after the last batch, within its 4 KiB block: the padding of a direct append (not damage)
+    padding_bytes: int = 0
     rebuilt_indexes: list[int] = field(default_factory=list)
 
 

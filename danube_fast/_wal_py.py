@@ -12,10 +12,12 @@ where the extensions are not built.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
 import struct
+import threading
 from typing import TYPE_CHECKING
 
 from danube_fast import _frames_py
@@ -37,6 +39,8 @@ ENTRY = INDEX_ENTRY_BYTES
 HEADER_BYTES = _frames_py.HEADER_SIZE
 MAX_SEGMENT = 1 << 30  # positions are u32: a 1 GiB segment plus one big group stays inside
 
+BLOCK = 4096  # O_DIRECT alignment (see _wal.pyx)
+AHEAD = 4 << 20  # read-ahead step of sequential reads (see _wal.pyx, Segment.read)
 _ENTRY = struct.Struct("<II")  # index entry: offset relative to the segment base, file position
 # The header fields needed to walk a log without decoding it: base_offset (byte 0), batch_length (12),
 # magic (16), version (17) and record_count (20); the pad bytes skip crc and flags. Layout: docs/FORMAT.md.
@@ -50,15 +54,36 @@ def _os_error(what: str, path: str, err: OSError) -> OSError:
     return OSError(err.errno, f"{what} {path}: {err.strerror or err}")
 
 
-def _write_all(fd: int, data: Buffer, pos: int) -> None:
-    """pwrite until done (os.pwrite retries EINTR itself); raises OSError."""
+def _write_all(fd: int, data: Buffer, pos: int, dfd: int = -1) -> None:
+    """pwrite until done (os.pwrite retries EINTR itself); raises OSError. With `dfd`, whole aligned blocks
+    go to the O_DIRECT descriptor and what it refuses or leaves unaligned to `fd` (see _wal.pyx)."""
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):
-        written = os.pwrite(fd, view[done:], pos + done)
+        use = dfd if dfd >= 0 and (pos + done) % BLOCK == 0 else fd
+        try:
+            written = os.pwrite(use, view[done:], pos + done)
+        except OSError as e:
+            if e.errno != errno.EINVAL or use != dfd:
+                raise
+            dfd = -1
+            continue
         if written == 0:
             raise OSError(28, "no progress writing (disk full?)")
         done += written
+
+
+_stages = threading.local()
+
+
+def _stage(n: int) -> mmap.mmap:
+    """This thread's page-aligned buffer of at least n bytes (anonymous maps are page-aligned), kept, as
+    _wal.pyx keeps its own: never closed while a view of it may live on in a traceback."""
+    buf: mmap.mmap | None = getattr(_stages, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = mmap.mmap(-1, -(-n // (1 << 20)) * (1 << 20))
+        _stages.buf = buf
+    return buf
 
 
 def _read_at(fd: int, n: int, pos: int) -> bytes:
@@ -82,6 +107,11 @@ class Segment:
     """One .log file and its .idx (see `_wal.pyx`)."""
 
     fd = -1
+    _dfd = -1  # O_DIRECT descriptor for appends (see _wal.pyx, Segment.direct)
+    _want_direct = False
+    _tail = b""  # the file's last partial block as written, ending at _tail_end (-1: read it back)
+    _tail_end = -1
+    _file_end = 0  # the file's length, with the zero padding after `size`
     _idx: mmap.mmap | None = None
 
     def __init__(self, directory: str, base: int) -> None:
@@ -119,9 +149,22 @@ class Segment:
 
     def close(self) -> None:
         self._unmap()
+        self._close_direct()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def _close_direct(self) -> None:
+        if self._dfd >= 0:
+            if self._file_end > self.size and self.fd >= 0:
+                try:
+                    os.ftruncate(self.fd, self.size)
+                    self._file_end = self.size
+                except OSError:
+                    pass  # recovery cuts the padding too
+            os.close(self._dfd)
+            self._dfd = -1
+        self._tail, self._tail_end = b"", -1
 
     def reopen(self, active: bool) -> None:
         try:
@@ -129,10 +172,57 @@ class Segment:
         except OSError as e:
             raise _os_error("cannot open segment", self.log_path, e) from e
         self._map(self.idx_capacity if active else self.idx_count, writable=active)
+        if active and self._want_direct:
+            self.direct(True)
+
+    def direct(self, on: bool) -> bool:
+        self._want_direct = on
+        if not on:
+            if self._dfd >= 0:
+                if self._file_end > self.size:
+                    self.cut(self.size)
+                self._close_direct()
+            return False
+        if self._dfd >= 0:
+            return True
+        try:
+            self._dfd = os.open(self.log_path, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                self._want_direct = False
+                return False
+            raise _os_error("cannot open segment for direct writes", self.log_path, e) from e
+        self._tail, self._tail_end = b"", -1
+        self._file_end = os.fstat(self.fd).st_size
+        return True
+
+    def _write_direct(self, data: Buffer, pos: int) -> None:
+        view = memoryview(data).cast("B")
+        start = pos - pos % BLOCK
+        head = pos - start
+        total = head + len(view)
+        padded = -(-total // BLOCK) * BLOCK
+        buf = _stage(padded)
+        if head:
+            tail = self._tail if self._tail_end == pos else os.pread(self.fd, head, start)
+            if len(tail) != head:
+                raise OSError(errno.EIO, f"cannot read back the last block of {self.log_path}")
+            buf[:head] = tail
+        buf[head:total] = view
+        buf[total:padded] = bytes(padded - total)
+        _write_all(self.fd, memoryview(buf)[:padded], start, self._dfd)
+        end = pos + len(view)
+        keep = end % BLOCK
+        self._tail = buf[end - keep - start:end - start]
+        self._tail_end = end
+        self._file_end = max(self._file_end, start + padded)
 
     def write(self, data: Buffer, pos: int) -> None:
         try:
-            _write_all(self.fd, data, pos)
+            if self._dfd >= 0:
+                self._write_direct(data, pos)
+            else:
+                _write_all(self.fd, data, pos)
         except OSError as e:
             raise OSError(e.errno, f"cannot write to {self.log_path}: {e.strerror}") from None
 
@@ -141,6 +231,9 @@ class Segment:
             os.ftruncate(self.fd, pos)
         except OSError as e:
             raise _os_error("cannot truncate", self.log_path, e) from e
+        self._file_end = pos
+        if self._tail_end > pos:
+            self._tail_end = -1
 
     def datasync(self) -> None:
         try:
@@ -361,6 +454,9 @@ class Segment:
                 break
             pos += length
         data = _read_at(self.fd, min(max(max_bytes, length), size - pos), pos)
+        step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
+        if (pos < step or pos % AHEAD == 0) and step < size:
+            os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
         # Keep whole batches below the limit.
         cut = 0
         while cut + HEADER_BYTES <= len(data):

@@ -71,8 +71,9 @@ async def _facade_append(directory: str, batch: bytes, appends: int, in_flight: 
 
 
 def engine_append(directory: str, batch: bytes, per_call: int, calls: int) -> float:
-    """`calls` times: SegmentedLog.append of `per_call` copies of `batch`, then sync(); no event loop."""
-    log = SegmentedLog(directory)
+    """`calls` times: SegmentedLog.append of `per_call` copies of `batch`, then sync(); no event loop. Direct
+    appends on, as the broker's Wal opens a sync=always log."""
+    log = SegmentedLog(directory, direct_io=True)
     buffers: list[Buffer] = [batch] * per_call
     try:
         with no_gc():

@@ -18,6 +18,8 @@ io_threads = 0                    # threads writing and fsyncing every topic's W
                                   # 0 = 4 per core (at least 4, at most 32)
 idle_release_ms = 300000          # a topic's log unused this long gives back its cache, descriptors and
                                   # index mappings until the next append or read; 0 = never
+direct_io = true                  # with sync = always, append with O_DIRECT (half the kernel time per
+                                  # fsync'd group; docs/ARCHITECTURE.md "Direct appends")
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer
@@ -158,8 +160,12 @@ def _typed(section: str, data: dict[str, Any], cls: type[Any], base: Any) -> Any
         if name not in known or name == "extra":
             raise ConfigError(f"[{section}] has no setting {name!r}; known: {', '.join(sorted(known))}")
         current = getattr(base, name)
-        if isinstance(current, bool) or not isinstance(value, type(current)) or (
-                isinstance(current, int) and isinstance(value, bool)):
+        if isinstance(current, bool):
+            wrong = not isinstance(value, bool)
+        else:  # a bool is an int to Python, not to the config
+            wrong = not isinstance(value, type(current)) or (
+                isinstance(current, int) and isinstance(value, bool))
+        if wrong:
             raise ConfigError(f"[{section}] {name} must be {type(current).__name__}, got {value!r}")
         if isinstance(value, int) and value < 0:
             raise ConfigError(f"[{section}] {name} must not be negative, got {value}")

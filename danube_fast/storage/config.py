@@ -65,3 +65,7 @@ class WalConfig:
     # A log with no append and no read for this long gives back its cache, descriptors and index mappings
     # (Wal.release_if_idle; the broker's topic sweeper calls it); the next use reopens them. 0 = never.
     idle_release_ms: int = 300_000
+    # With sync = always, appends go to the active segment with O_DIRECT (Segment.direct in _wal.pyx): an
+    # fsync'd append then skips the page cache's copy and writeback, about half the kernel time per group
+    # (docs/ARCHITECTURE.md, "Direct appends"). Ignored where the file system has no O_DIRECT (tmpfs).
+    direct_io: bool = True

@@ -61,6 +61,7 @@ log = logging.getLogger("danube_fast.wal")
 
 ENTRY = INDEX_ENTRY_BYTES
 HEADER_BYTES = frames.HEADER_SIZE  # a batch is at least its header (docs/FORMAT.md)
+PAD_BLOCK = 4096  # direct appends write whole blocks of this size (Segment.direct)
 
 
 class SegmentedLog:
@@ -69,7 +70,8 @@ class SegmentedLog:
 
     def __init__(self, directory: str, *, segment_bytes: int = 128 * 1024 * 1024, segment_ms: int = 0,
                  index_interval_bytes: int = 4096, index_max_bytes: int = 1024 * 1024,
-                 initial_offset: int = 0, segments: ModuleType | None = None) -> None:
+                 initial_offset: int = 0, direct_io: bool = False, segments: ModuleType | None = None
+                 ) -> None:
         if not isinstance(directory, str):
             raise TypeError(f"directory must be a str, not {type(directory).__name__}")
         impl = segments or wal_engine.segments
@@ -93,6 +95,7 @@ class SegmentedLog:
         self._segment_ms = segment_ms
         self._index_interval_bytes = index_interval_bytes
         self._index_max_bytes = index_max_bytes
+        self._direct = direct_io  # O_DIRECT appends to the active segment (Segment.direct)
         self._writer = threading.Lock()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when the last busy call leaves
@@ -180,6 +183,8 @@ class SegmentedLog:
         seg = self._segment(self._directory, base)
         try:
             seg.create(self._index_max_bytes)
+            if self._direct:
+                seg.direct(True)
             self._fsync_dir()
         except BaseException:
             seg.close()
@@ -215,6 +220,8 @@ class SegmentedLog:
             self._segments.append(seg)
             self._bases.append(seg.base)
         self._segments[-1].opened = time.monotonic()
+        if self._direct:
+            self._segments[-1].direct(True)
         self._next_offset = self._segments[-1].next_offset
         report.next_offset = self._next_offset
         self._recovery = report
@@ -265,7 +272,13 @@ class SegmentedLog:
         pos, expected, reason = seg.scan(self._index_interval_bytes)
         report.scanned_bytes += pos
         seg.next_offset = expected
-        if pos < seg.size:
+        if pos < seg.size and self._padding(seg, pos):
+            # A direct append's zero padding after a crash (a clean close cuts it): not damage.
+            report.padding_bytes = seg.size - pos
+            seg.cut(pos)
+            seg.fsync()
+            seg.size = pos
+        elif pos < seg.size:
             report.truncated_segment = seg.base
             report.truncated_from = pos
             report.truncated_bytes = seg.size - pos
@@ -275,6 +288,16 @@ class SegmentedLog:
             seg.cut(pos)
             seg.fsync()
             seg.size = pos
+
+    @staticmethod
+    def _padding(seg: Segment, pos: int) -> bool:
+        """Whether the bytes from `pos` to the end of the file are the zeros that complete the 4 KiB block
+        of a direct append (Segment.direct)."""
+        if seg.size % PAD_BLOCK or seg.size - pos >= PAD_BLOCK:
+            return False
+        with open(seg.log_path, "rb") as f:
+            f.seek(pos)
+            return not f.read(seg.size - pos).strip(b"\0")
 
     # -- writing ---------------------------------------------------------------------------------------
 
@@ -378,6 +401,7 @@ class SegmentedLog:
         if seg.size == 0:
             return
         try:
+            seg.direct(False)  # its padding cut, made durable by the datasync
             seg.datasync()
             seg.seal_index()
             with self._lock:  # readers may be searching the mapping that is replaced

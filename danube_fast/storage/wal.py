@@ -110,6 +110,7 @@ class Wal:
             index_interval_bytes=config.index_interval_bytes,
             index_max_bytes=config.index_max_bytes,
             initial_offset=initial_offset,
+            direct_io=config.direct_io and config.sync.mode == "always",
         ))
         return cls(engine, config, loop, pool)
 

@@ -76,6 +76,11 @@ def test_sync_policies(tmp_path: Path, text: str, sync: SyncPolicy) -> None:
     assert load(write(tmp_path, f"[wal]\n{text}\n"), {}).wal.sync == sync
 
 
+def test_a_bool_setting_reads_from_the_file(tmp_path: Path) -> None:
+    assert BrokerConfig().wal.direct_io is True
+    assert load(write(tmp_path, "[wal]\ndirect_io = false\n"), {}).wal.direct_io is False
+
+
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, '[broker]\nbroker_addr = "127.0.0.1:7000"\ndata_dir = "/d"\n')
     config = load(path, {"broker_addr": "127.0.0.1:8000", "data_dir": None})  # None: flag not given
@@ -108,6 +113,8 @@ def test_unknown_settings_and_sections_are_named(tmp_path: Path, text: str, name
     ("[broker]\nbroker_addr = 6650\n", ["[broker]", "broker_addr"]),
     ("[broker]\nmax_message_size = \"10MB\"\n", ["[broker]", "max_message_size"]),
     ("[wal]\nsegment_bytes = [1]\n", ["[wal]", "segment_bytes"]),
+    ("[wal]\ndirect_io = 1\n", ["[wal]", "direct_io", "bool"]),  # an int is no bool either
+    ('[wal]\ndirect_io = "yes"\n', ["[wal]", "direct_io", "bool"]),
     ("[policy]\nmax_message_size = -5\n", ["[policy]", "max_message_size"]),
 ])
 def test_wrong_types_are_refused_naming_the_setting(tmp_path: Path, text: str, names: list[str]) -> None:

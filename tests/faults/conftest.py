@@ -24,3 +24,20 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def small_ext4(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB ext4 on a loop device (it takes O_DIRECT, which tmpfs does not). Needs root."""
+    if not IS_ROOT:
+        pytest.skip("mounting a loop device needs root")
+    image, mnt = tmp_path / "ext4.img", tmp_path / "ext4"
+    with open(image, "wb") as f:
+        f.truncate(8 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

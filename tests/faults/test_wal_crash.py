@@ -129,11 +129,17 @@ def test_file_size_limit_fails_appends_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(small_tmpfs: Path) -> None:
-    wal_dir = small_tmpfs / "wal"
-    filler = small_tmpfs / "filler"
-    filler.write_bytes(b"\0" * 256 * 1024)
-    log = SegmentedLog(str(wal_dir), segment_bytes=64 * 1024 * 1024, index_max_bytes=64 * 1024)
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4_direct"])
+def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(
+        fs: str, request: pytest.FixtureRequest) -> None:
+    """tmpfs: buffered appends; ext4: O_DIRECT appends (Segment.direct), padding and all."""
+    root: Path = request.getfixturevalue("small_tmpfs" if fs == "tmpfs" else "small_ext4")
+    wal_dir = root / "wal"
+    filler = root / "filler"
+    room = os.statvfs(root)
+    filler.write_bytes(b"\0" * (room.f_bavail * room.f_frsize - 768 * 1024))
+    log = SegmentedLog(str(wal_dir), segment_bytes=64 * 1024 * 1024, index_max_bytes=64 * 1024,
+                       direct_io=fs == "ext4_direct")
     data = frames.encode_payloads([b"x" * 1000] * 20)
     acked = 0
     with pytest.raises(WalWriteError, match="No space left on device") as info:
@@ -147,7 +153,12 @@ def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(small_t
     result = log.append([data])
     log.sync()
     assert result.ranges == [(acked, acked + 19)]
+    (segment,) = wal_dir.glob("*.log")
+    if fs == "ext4_direct":  # the last block was written whole: zero padding after the batches until close
+        assert segment.stat().st_size % 4096 == 0
     log.close()
+    # close cut the padding: batches of 20,236 bytes (4 x 5,059) end on a block only every 1,024 of them
+    assert segment.stat().st_size % 4096 != 0
     log, records = read_back(wal_dir)
     assert log.recovery.truncated_bytes == 0
     assert len(records) == acked + 20
