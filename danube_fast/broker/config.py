@@ -55,6 +55,9 @@ reserve_offsets = 10000000        # offsets an owner reserves per metadata write
 assign_wait_ms = 5000             # a producer creating a topic waits this long for its assignment
 gap_wait_ms = 600000              # readers wait this long for a dead owner's offsets to be recovered
 
+[security]                        # TLS, mTLS, JWT and RBAC: see danube_fast/security/config.py and
+mode = "none"                     # docs/SECURITY.md (none | tls | tls_jwt)
+
 [policy]                          # the policy a namespace gets when it is created (default and system: at the
 max_message_size = 10485760       # first start); 0 = unlimited
 max_producers_per_topic = 0
@@ -72,6 +75,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from danube_fast.meta.resources import Policy
+from danube_fast.security.config import SecurityConfig, SecurityConfigError
 from danube_fast.storage.config import SyncPolicy, WalConfig
 
 MAX_SEGMENT_BYTES = 1 << 30  # the WAL's limit (_wal.pyx MAX_SEGMENT: positions are u32)
@@ -130,6 +134,7 @@ class BrokerConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     policy: Policy = field(default_factory=Policy)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def clustered(self) -> bool:
@@ -142,7 +147,8 @@ class BrokerConfig:
     @property
     def advertised_url(self) -> str:
         """The URL lookups return: dialable by the client, `http://host:port` (docs/WIRE.md D.2)."""
-        return "http://" + (self.advertised_addr or self.broker_addr)
+        scheme = "https://" if self.security.tls else "http://"
+        return scheme + (self.advertised_addr or self.broker_addr)
 
     @property
     def metadata_path(self) -> str:
@@ -189,7 +195,7 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
-        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster"}
+        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster", "security"}
         if unknown:
             raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
         wal_data = dict(_table(data, "wal"))
@@ -204,11 +210,16 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                          dispatch=_typed("dispatch", _table(data, "dispatch"), DispatchConfig,
                                          config.dispatch),
                          policy=_typed("policy", _table(data, "policy"), Policy, config.policy),
-                         cluster=_typed("cluster", _table(data, "cluster"), ClusterConfig, config.cluster))
+                         cluster=_typed("cluster", _table(data, "cluster"), ClusterConfig, config.cluster),
+                         security=_typed("security", _table(data, "security"), SecurityConfig,
+                                         config.security))
     given = {k: v for k, v in overrides.items() if v is not None}
     cluster_given = {k.removeprefix("cluster."): given.pop(k) for k in list(given)
                      if k.startswith("cluster.")}
-    config = replace(config, cluster=replace(config.cluster, **cluster_given), **given)
+    security_given = {k.removeprefix("security."): given.pop(k) for k in list(given)
+                      if k.startswith("security.")}
+    config = replace(config, cluster=replace(config.cluster, **cluster_given),
+                     security=replace(config.security, **security_given), **given)
     check(config)
     return config
 
@@ -241,6 +252,13 @@ def check(config: BrokerConfig) -> None:
             raise ConfigError(f"[wal] {name} must be at least 1")
     if config.wal.idle_release_ms < 0:
         raise ConfigError("[wal] idle_release_ms must not be negative (0 = never release)")
+    try:
+        config.security.check()
+    except SecurityConfigError as e:
+        raise ConfigError(str(e)) from e
+    if config.clustered and config.security.tls and not config.security.ca_file:
+        raise ConfigError("[security] cluster mode with TLS needs ca_file: brokers forward admin calls to "
+                          "each other over TLS and must trust each other's certificates")
 
 
 def _host_port(text: str, what: str) -> tuple[str, int]:

@@ -21,6 +21,8 @@ class Home(Protocol):
     """What a consumer session and its stream handlers tell the subscription it belongs to
     (broker/subscription.py; a protocol so that the subscription may import this module and not back)."""
 
+    topic_name: str  # "/namespace/topic"
+
     def taken(self, messages: int, size: int) -> None:
         """A stream took `messages` queued messages of `size` bytes."""
         ...

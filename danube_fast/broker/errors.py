@@ -34,6 +34,10 @@ def precondition(message: str) -> ApiError:
     return ApiError("FAILED_PRECONDITION", message)
 
 
+def unauthenticated(message: str) -> ApiError:
+    return ApiError("UNAUTHENTICATED", message)
+
+
 def denied(message: str) -> ApiError:
     return ApiError("PERMISSION_DENIED", message)
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from ssl import SSLContext
 
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError
 
 log = logging.getLogger("danube_fast.metrics")
 
@@ -90,10 +92,31 @@ class MetricsServer:
         self._topics = topics
         self._started = time.monotonic()
         self._server: asyncio.Server | None = None
+        self._admit: Callable[[str | None], None] | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
+    async def start(self, host: str, port: int, *, ssl: SSLContext | None = None,
+                    admit: Callable[[str | None], None] | None = None) -> int:
+        """Listen; with `ssl`, HTTPS; with `admit`, each request's bearer token (None without one) must pass
+        it (it raises an ApiError, answered 401 or 403)."""
+        self._admit = admit
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def _refusal(self, request: bytes) -> tuple[bytes, bytes] | None:
+        if self._admit is None:
+            return None
+        token = None
+        for line in request.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                text = value.strip().decode("latin-1")
+                token = text[7:].strip() if text[:7].lower() == "bearer " else ""
+        try:
+            self._admit(token)
+        except DanubeError as e:
+            status = b"401 Unauthorized" if e.grpc_code == "UNAUTHENTICATED" else b"403 Forbidden"
+            return status, str(e).encode() + b"\n"
+        return None
 
     async def close(self) -> None:
         if self._server is not None:
@@ -104,7 +127,11 @@ class MetricsServer:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             method, path = ([*request.split(b"\r\n", 1)[0].split(b" "), b"", b""])[:2]
-            if method == b"GET" and path.split(b"?")[0] in (b"/metrics", b"/"):
+            refused = self._refusal(request)
+            if refused is not None:
+                status, body = refused
+                head = b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nWWW-Authenticate: Bearer\r\n"
+            elif method == b"GET" and path.split(b"?")[0] in (b"/metrics", b"/"):
                 body = render(self._topics, self._started).encode()
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
             else:

@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -34,10 +35,12 @@ from danube_fast.broker.services.fast_reader import FastReaderService
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
+from danube_fast.broker.services.security_admin import SecurityAdminService
 from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
+from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
@@ -47,7 +50,11 @@ from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
+from danube_fast.proto import SecurityAdmin_pb2_grpc as security_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
+from danube_fast.security.gate import Gate
+from danube_fast.security.rbac import Authorizer
+from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -101,12 +108,16 @@ class Broker:
         self.store = store
         self.topics = topics
         self.cache = cache  # /cluster/ and /namespaces/: the admin API's ClusterView and the cluster node
-        self._forwarder = Forwarder()
+        security = config.security
+        self._forwarder = Forwarder(credentials=channel_credentials(
+            security.ca_file or None, security.cert_file if security.verify_client else None,
+            security.key_file if security.verify_client else None) if security.tls else None)
         self.schemas = TopicSchemas(store, SchemaRegistry(store))
         receive = max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)
         self._client = grpc.aio.server(options=server_options(receive))
         self._admin = grpc.aio.server(options=server_options())
         self._metrics = MetricsServer(topics) if config.prom_exporter else None
+        self.gate: Gate | None = None
         self.listening: Listening | None = None
         self.cluster: ClusterNode | None = None
         self.broker_admin: BrokerAdmin | None = None
@@ -122,7 +133,7 @@ class Broker:
             store = await EmbeddedStore.open(config.metadata_path)
         tier = cache = None
         try:
-            cache = await LocalCache.start(store, CACHE_PREFIXES)
+            cache = await LocalCache.start(store, (*CACHE_PREFIXES, keys.security_prefix()))
             cluster_placement = ClusterPlacement(config, cache, broker_id) if config.clustered else None
             placement = cluster_placement or LocalPlacement(broker_id)
             tier = await Tier.open(config, store, broker_id)
@@ -174,41 +185,69 @@ class Broker:
         await self.schemas.load(self.topics.served())
         client, admin = self._client, self._admin
         topics = self.topics
-        register(pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(topics, self.schemas), client)
-        register(pb_grpc.add_ConsumerServiceServicer_to_server, ConsumerService(self.topics), client)
+        security = self.config.security
+        if security.authenticates:
+            privileged = [*security.super_admins, *security.broker_principals]
+            self.gate = Gate(security, Authorizer(self.cache, privileged), self._consumer_topic)
+        gate = self.gate
+        register(pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(topics, self.schemas), client,
+                 gate)
+        register(pb_grpc.add_ConsumerServiceServicer_to_server, ConsumerService(self.topics), client, gate)
         register(pb_grpc.add_DiscoveryServicer_to_server,
-                 DiscoveryService(self.topics, self.topics.placement, self.url), client)
-        register(pb_grpc.add_HealthCheckServicer_to_server, HealthService(self.topics), client)
-        register(fast_grpc.add_FastProducerServicer_to_server, FastProducerService(self.topics), client)
-        register(fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(self.topics), client)
-        register(fast_grpc.add_FastReaderServicer_to_server, FastReaderService(self.topics), client)
+                 DiscoveryService(self.topics, self.topics.placement, self.url), client, gate)
+        register(pb_grpc.add_HealthCheckServicer_to_server, HealthService(self.topics), client, gate)
+        register(fast_grpc.add_FastProducerServicer_to_server, FastProducerService(self.topics), client, gate)
+        register(fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(self.topics), client, gate)
+        register(fast_grpc.add_FastReaderServicer_to_server, FastReaderService(self.topics), client, gate)
         view = ClusterView(self.cache)
         self.broker_admin = BrokerAdmin(view, self.store, self.topics.broker_id, self._forwarder, None)
-        register(admin_grpc.add_BrokerAdminServicer_to_server, self.broker_admin, admin)
-        register(admin_grpc.add_NamespaceAdminServicer_to_server, ClusterNamespaceAdmin(topics, view), admin)
+        register(admin_grpc.add_BrokerAdminServicer_to_server, self.broker_admin, admin, gate)
+        register(admin_grpc.add_NamespaceAdminServicer_to_server, ClusterNamespaceAdmin(topics, view), admin,
+                 gate)
         register(admin_grpc.add_TopicAdminServicer_to_server,
-                 ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), admin)
+                 ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), admin, gate)
+        register(security_grpc.add_SecurityAdminServicer_to_server,
+                 SecurityAdminService(self.store, self.cache), admin, gate)
         # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):
-            register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server)
-        client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr")
-        admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr")
+            register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server, gate)
+        credentials = server_credentials(security) if security.tls else None
+        client_port = self._bind(self._client, self.config.broker_addr, "--broker-addr", credentials)
+        admin_port = self._bind(self._admin, self.config.admin_addr, "--admin-addr", credentials)
         await self._client.start()
         await self._admin.start()
         metrics_port = None
         if self._metrics is not None:
             host, _, port = self.config.prom_exporter.rpartition(":")
             try:
-                metrics_port = await self._metrics.start(host, int(port))
+                metrics_port = await self._metrics.start(host, int(port), **self._metrics_guard())
             except OSError as e:
                 raise StartError(f"cannot serve metrics on {self.config.prom_exporter}: {e}") from e
         self.listening = Listening(client_port, admin_port, metrics_port)
 
+    def _consumer_topic(self, consumer_id: int) -> str | None:
+        consumer = self.topics.clients.find_consumer(consumer_id)
+        return None if consumer is None else consumer.subscription.topic_name
+
+    def _metrics_guard(self) -> dict[str, Any]:
+        """The metrics port follows the security mode unless `metrics_open` says otherwise: HTTPS in the tls
+        modes, and a token with the Lookup permission cluster-wide when the broker checks identities."""
+        security = self.config.security
+        if not security.tls or security.metrics_open:
+            return {}
+        guard: dict[str, Any] = {"ssl": metrics_ssl_context(security)}
+        gate = self.gate
+        if gate is not None:
+            guard["admit"] = gate.admit_metrics
+        return guard
+
     @staticmethod
-    def _bind(server: grpc.aio.Server, addr: str, flag: str) -> int:
+    def _bind(server: grpc.aio.Server, addr: str, flag: str,
+              credentials: grpc.ServerCredentials | None = None) -> int:
         try:
-            port: int = server.add_insecure_port(addr)
+            port: int = (server.add_secure_port(addr, credentials) if credentials is not None
+                         else server.add_insecure_port(addr))
         except RuntimeError as e:
             raise StartError(f"cannot listen on {addr} ({flag}): {e}") from e
         if port == 0:

@@ -14,6 +14,7 @@ broker that cannot be reached, or the status and message the broker answered.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -22,6 +23,7 @@ import grpc
 
 from danube_fast.broker.services.forward import M, WireMessage, dial_target, method_path
 from danube_fast.cli.args import count, positive_float
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 
@@ -30,7 +32,7 @@ DEFAULT_TIMEOUT = 10.0
 DRAIN_DEFAULT_SECONDS = 60  # the broker's wait for reassignments when --drain-timeout is 0
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-Run: TypeAlias = "Callable[[argparse.Namespace], Awaitable[dict[str, object] | Listing]]"
+Run: TypeAlias = "Callable[[argparse.Namespace], Awaitable[dict[str, object] | Listing | str]]"
 Leaf: TypeAlias = "Callable[[Subparsers, str, str, Run, str, str], argparse.ArgumentParser]"
 
 
@@ -79,10 +81,25 @@ def _cell(value: object) -> str:
 
 async def _call(args: argparse.Namespace, service: str, method: str, request: WireMessage, reply: type[M],
                 *, longer: float = 0.0) -> M:
-    """One RPC to the broker at --admin-addr, within --timeout (+ `longer` for calls that wait)."""
+    """One RPC of danube_admin to the broker at --admin-addr, within --timeout (+ `longer` for calls that
+    wait)."""
+    return await call(args, method_path(service, method), request, reply, longer=longer)
+
+
+def credentials(args: argparse.Namespace) -> Credentials | None:
+    """TLS (and a token) from --tls-ca/--tls-cert/--tls-key/--token (or DANUBE_TOKEN); None: plaintext."""
+    token = args.token or os.environ.get("DANUBE_TOKEN") or None
+    if not (args.tls_ca or args.tls_cert or token):
+        return None
+    return Credentials(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key, token=token)
+
+
+async def call(args: argparse.Namespace, path: str, request: WireMessage, reply: type[M], *,
+               longer: float = 0.0) -> M:
+    """One RPC (`/package.Service/Method`) to the broker at --admin-addr, within --timeout (+ `longer`)."""
     target = dial_target(args.admin_addr)
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = channel.unary_unary(method_path(service, method),
+    async with open_channel(target, (), credentials(args)) as channel:
+        stub = channel.unary_unary(path,
                                    request_serializer=type(request).SerializeToString,
                                    response_deserializer=reply.FromString)
         try:
@@ -227,17 +244,26 @@ async def _cluster_rebalance(args: argparse.Namespace) -> Listing:
 
 # -- parsers ----------------------------------------------------------------------------------------------
 
+def connection_options(parser: argparse.ArgumentParser) -> None:
+    """How an admin command reaches its broker: address, timeout, TLS and token (docs/SECURITY.md)."""
+    parser.add_argument("--admin-addr", default=DEFAULT_ADDR, metavar="HOST:PORT",
+                        help=f"the broker's admin API (default: {DEFAULT_ADDR})")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"give up on a broker that does not answer after this long "
+                             f"(default: {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--tls-ca", metavar="PEM", help="TLS: the CA that signed the broker's certificate")
+    parser.add_argument("--tls-cert", metavar="PEM", help="mTLS: this client's certificate")
+    parser.add_argument("--tls-key", metavar="PEM", help="mTLS: this client's key")
+    parser.add_argument("--token", metavar="JWT", help="a bearer token (default: $DANUBE_TOKEN); implies TLS")
+
+
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     """The `brokers`, `topics` and `cluster` areas of `danube-fast admin`; `leaf` is main.py's."""
 
     def command(parent: Subparsers, name: str, what: str, run: Run,
                 help_text: str) -> argparse.ArgumentParser:
         parser = leaf(parent, name, what, run, help_text, help_text[0].upper() + help_text[1:] + ".")
-        parser.add_argument("--admin-addr", default=DEFAULT_ADDR, metavar="HOST:PORT",
-                            help=f"the broker's admin API (default: {DEFAULT_ADDR})")
-        parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                            help=f"give up on a broker that does not answer after this long "
-                                 f"(default: {DEFAULT_TIMEOUT:g})")
+        connection_options(parser)
         return parser
 
     def area(name: str, help_text: str) -> Subparsers:

@@ -36,6 +36,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help=f"Prometheus endpoint, default {DEFAULTS.prom_exporter}; '' turns it off")
     p.add_argument("--advertised-addr", metavar="HOST:PORT",
                    help="the address lookups return to clients (default: --broker-addr)")
+    p.add_argument("--security-mode", choices=("none", "tls", "tls_jwt"), default=None,
+                   help="[security] mode (default none; docs/SECURITY.md)")
+    p.add_argument("--tls-cert", metavar="PEM", help="[security] cert_file: this broker's certificate chain")
+    p.add_argument("--tls-key", metavar="PEM", help="[security] key_file")
+    p.add_argument("--tls-ca", metavar="PEM", help="[security] ca_file: the CA of client certificates")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -47,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
             "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
             "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter,
             "advertised_addr": args.advertised_addr, "cluster.metadata_store": args.metadata_store,
-            "cluster.object_store": args.object_store, "cluster.name": args.cluster_name})
+            "cluster.object_store": args.object_store, "cluster.name": args.cluster_name,
+            "security.mode": args.security_mode, "security.cert_file": args.tls_cert,
+            "security.key_file": args.tls_key, "security.ca_file": args.tls_ca})
     except broker_config.ConfigError as e:
         print(f"danube-fast broker: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """`danube-fast`: one command with a subcommand per area (`broker`; `admin metadata backup|restore`;
-`admin brokers|topics|cluster ...` in cli/admin.py; `produce`, ... join the same tree). Every leaf sets
-`run`, an async function of the parsed arguments that returns the summary to print (a dict of fields, or an
-admin Listing of rows), and `what`, the words its error line starts with.
+`admin brokers|topics|cluster ...` in cli/admin.py; `admin security ...` in cli/security.py; `produce`,
+... join the same tree). Every leaf sets `run`, an async function of the parsed arguments that returns the
+summary to print (a dict of fields, an admin Listing of rows, or a bare string such as a token), and
+`what`, the words its error line starts with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
 one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
@@ -17,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
+from danube_fast.cli import security as security_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
 from danube_fast.meta import backup
@@ -27,7 +29,7 @@ EXIT_OK, EXIT_FAILED = 0, 1  # and 2, argparse's exit code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 Summary = dict[str, object]
-Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing]]
+Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing | str]]
 
 
 def _store_url(text: str) -> StoreUrl:
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "without their lease they would never expire and would describe brokers that are "
                         "gone (default: skip; --no-skip-ephemeral writes them without a lease)")
     admin_cli.add_parsers(admin, _leaf)
+    security_cli.add_parsers(admin, _leaf)
     return parser
 
 
@@ -126,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: {args.what} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if isinstance(summary, admin_cli.Listing):
+    if isinstance(summary, str):  # a value meant for a shell variable (a token)
+        print(summary)
+    elif isinstance(summary, admin_cli.Listing):
         print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table())
     else:
         print(json.dumps(summary) if args.output == "json" else _table(summary))

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
 from danube_fast.client.status import retriable, write_or_broken
@@ -57,7 +58,7 @@ def consume_method(channel: grpc.aio.Channel) -> Any:
 
 class FastConsumer:
     def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 8 << 20,
-                 reconnect_tries: int = 50) -> None:
+                 reconnect_tries: int = 50, credentials: Credentials | None = None) -> None:
         self.topic = topic
         self.subscription = subscription
         self.name = name
@@ -67,7 +68,8 @@ class FastConsumer:
         self._target = target
         self._window = window_bytes
         self._reconnect_tries = reconnect_tries
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._credentials = credentials  # TLS and token (client/credentials.py); None: plaintext
+        self._channel = open_channel(target, CHANNEL_OPTIONS, credentials)
         self._call: Any = None
         self._write_lock = asyncio.Lock()
         self._closed = False
@@ -169,7 +171,8 @@ class FastConsumer:
             if self._closed:
                 raise ProduceRejected("CANCELLED", "the consumer is closed")
             try:
-                self._channel, self._target = await follow(self._channel, self._target, self.topic)
+                self._channel, self._target = await follow(self._channel, self._target, self.topic,
+                                                           self._credentials)
                 async with self._write_lock:
                     await self._subscribe()
                 return

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
@@ -31,12 +32,13 @@ async def lookup(channel: grpc.aio.Channel, topic: str) -> str | None:
     return url.removeprefix("http://").removeprefix("https://") or None
 
 
-async def follow(channel: grpc.aio.Channel, target: str, topic: str) -> tuple[grpc.aio.Channel, str]:
+async def follow(channel: grpc.aio.Channel, target: str, topic: str, credentials: Credentials | None = None
+                 ) -> tuple[grpc.aio.Channel, str]:
     """(channel, target) for the broker serving `topic`: the ones given when the lookup names `target` or
     says nothing, else a new channel to the broker it names (the old channel is closed)."""
     found = await lookup(channel, topic)
     if found is None or found == target:
         return channel, target
-    new = grpc.aio.insecure_channel(found, options=CHANNEL_OPTIONS)
+    new = open_channel(found, CHANNEL_OPTIONS, credentials)
     await channel.close()
     return new, found

@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 
 from danube_fast import frames
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.errors import DanubeError
@@ -71,7 +72,7 @@ class FastProducer:
     def __init__(self, target: str, topic: str, name: str, *, reliable: bool = True,
                  batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
                  max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50, compression: str = "none",
-                 compression_level: int | None = None) -> None:
+                 compression_level: int | None = None, credentials: Credentials | None = None) -> None:
         if compression not in frames.COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}, expected one of "
                              f"{', '.join(frames.COMPRESSIONS)}")
@@ -91,7 +92,8 @@ class FastProducer:
         self._level = compression_level
         self._attempts = 0  # stream attempts since the broker last answered (the bound on reconnecting)
         self._loop = asyncio.get_running_loop()
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._credentials = credentials  # TLS and token (client/credentials.py); None: plaintext
+        self._channel = open_channel(target, CHANNEL_OPTIONS, credentials)
         self._produce = produce_method(self._channel)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -299,7 +301,7 @@ class FastProducer:
 
     async def _locate(self) -> None:
         """Follow the topic to the broker that serves it (a new channel when that is another broker)."""
-        channel, self._target = await follow(self._channel, self._target, self.topic)
+        channel, self._target = await follow(self._channel, self._target, self.topic, self._credentials)
         if channel is not self._channel:
             self._channel = channel
             self._produce = produce_method(channel)

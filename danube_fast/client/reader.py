@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import grpc
 
 from danube_fast import frames
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, lookup
 from danube_fast.client.status import retriable
 from danube_fast.errors import DanubeError
@@ -80,9 +81,10 @@ class TopicReader:
     """`async with TopicReader("host:port") as reader:` on any broker of the cluster (its client API; an
     `http://` in front, as in a broker's advertised URL, is dropped)."""
 
-    def __init__(self, target: str, *, retries: int = 10, backoff: float = 0.1, max_backoff: float = 2.0
-                 ) -> None:
-        self._bootstrap = target.removeprefix("http://")
+    def __init__(self, target: str, *, retries: int = 10, backoff: float = 0.1, max_backoff: float = 2.0,
+                 credentials: Credentials | None = None) -> None:
+        self._bootstrap = target.removeprefix("http://").removeprefix("https://")
+        self._credentials = credentials  # TLS and token (client/credentials.py); None: plaintext
         self._retries = retries
         self._backoff = backoff
         self._max_backoff = max_backoff
@@ -177,7 +179,7 @@ class TopicReader:
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(target, options=READER_CHANNEL_OPTIONS)
+            channel = open_channel(target, READER_CHANNEL_OPTIONS, self._credentials)
             self._channels[target] = channel
         return channel
 

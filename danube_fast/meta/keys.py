@@ -505,3 +505,60 @@ def legacy_consumer(subscription: str, consumer_id: int) -> str:
 def parse_legacy_consumer(key: str) -> tuple[str, int]:
     subscription, consumer_id = _match(key, _LEGACY_CONSUMER, "legacy consumer")
     return subscription, _decimal(consumer_id, "consumer_id", key)
+
+
+# ------------------------------------------------------------------------------------------- /security
+# Ours (docs/METADATA.md#security-keys): roles and the principals bound to them, per scope.
+
+_ROLE: _Shape = ("security", "roles", _ANY)
+_BINDING_CLUSTER: _Shape = ("security", "bindings", _ANY, _ANY, "cluster")
+_BINDING_NAMESPACE: _Shape = ("security", "bindings", _ANY, _ANY, "namespace", _ANY)
+_BINDING_TOPIC: _Shape = ("security", "bindings", _ANY, _ANY, "topic", _ANY, _ANY)
+
+
+def security_prefix() -> str:
+    return _prefix("security")
+
+
+def security_roles_prefix() -> str:
+    return _prefix("security", "roles")
+
+
+def security_role(role: str) -> str:
+    """`/security/roles/{role}`: the role's permissions."""
+    return _key("security", "roles", _name(role, "role"))
+
+
+def parse_security_role(key: str) -> str:
+    (role,) = _match(key, _ROLE, "security role")
+    return role
+
+
+def security_bindings_prefix() -> str:
+    return _prefix("security", "bindings")
+
+
+def security_binding(principal: str, role: str, scope: str) -> str:
+    """`/security/bindings/{principal}/{role}/cluster`, `.../namespace/{ns}` or `.../topic/{ns}/{topic}`, for
+    the scope `cluster`, `/{ns}` or `/{ns}/{topic}`."""
+    head = ("security", "bindings", _name(principal, "principal"), _name(role, "role"))
+    if scope == "cluster":
+        return _key(*head, "cluster")
+    parts = scope[1:].split("/") if isinstance(scope, str) and scope.startswith("/") else []
+    if len(parts) == 1:
+        return _key(*head, "namespace", _name(parts[0], "namespace"))
+    if len(parts) == 2:
+        return _key(*head, "topic", _name(parts[0], "namespace"), _name(parts[1], "topic"))
+    raise InvalidKey(f"scope {scope!r} must be 'cluster', '/namespace' or '/namespace/topic'")
+
+
+def parse_security_binding(key: str) -> tuple[str, str, str]:
+    """(principal, role, scope) of a binding key; scope as security_binding takes it."""
+    for shape in (_BINDING_CLUSTER, _BINDING_NAMESPACE, _BINDING_TOPIC):
+        try:
+            parts = _match(key, shape, "security binding")
+        except InvalidKey:
+            continue
+        principal, role, *names = parts
+        return principal, role, ("/" + "/".join(names)) if names else "cluster"
+    raise InvalidKey(f"{key!r} is not a security binding key")

@@ -41,13 +41,14 @@ class Cluster:
         self.metrics = metrics
         self.die_with_parent = die_with_parent
         self.brokers: list[ClusterBroker] = []
+        self.extra_config = ""  # TOML added after the [cluster] section (e.g. a [security] section)
 
     def add(self, **settings: int | str) -> ClusterBroker:
         """A broker of this cluster, not started yet (set its `env` first, for instance)."""
         workdir = self.root / f"broker{len(self.brokers)}"
         b = ClusterBroker(workdir, self.etcd_url, self.object_store,
-                          cluster_config({**self.settings, **settings}), metrics=self.metrics,
-                          die_with_parent=self.die_with_parent)
+                          cluster_config({**self.settings, **settings}) + self.extra_config,
+                          metrics=self.metrics, die_with_parent=self.die_with_parent)
         self.brokers.append(b)
         return b
 

@@ -56,8 +56,13 @@ def is_forwarded(context: Context) -> bool:
 
 
 class Forwarder:
-    def __init__(self, timeout: float = CALL_TIMEOUT) -> None:
+    """`credentials`: TLS to the other brokers (with this broker's certificate on mTLS), None for plaintext.
+    The caller's `authorization` header goes along, so the owner checks the same principal again."""
+
+    def __init__(self, timeout: float = CALL_TIMEOUT,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self._timeout = timeout
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def call(self, admin_addr: str, service: str, method: str, request: WireMessage, reply: type[M],
@@ -68,14 +73,19 @@ class Forwarder:
         target = dial_target(admin_addr)
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+            channel = self._channels[target] = (
+                grpc.aio.secure_channel(target, self._credentials) if self._credentials is not None
+                else grpc.aio.insecure_channel(target))
         stub = channel.unary_unary(method_path(service, method),
                                    request_serializer=type(request).SerializeToString,
                                    response_deserializer=reply.FromString)
         remaining = context.time_remaining() if context is not None else None
+        metadata = [(FORWARDED, "1")]
+        if context is not None:
+            metadata += [(k, v) for k, v in context.invocation_metadata() or () if k == "authorization"]
         try:
             answer: M = await stub(request, timeout=remaining if remaining is not None else self._timeout,
-                                   metadata=((FORWARDED, "1"),))
+                                   metadata=tuple(metadata))
         except grpc.aio.AioRpcError as e:
             if e.code() in _UNREACHABLE:
                 raise ApiError("UNAVAILABLE", f"{method}: the broker at {target} cannot be reached "

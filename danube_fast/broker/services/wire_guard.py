@@ -14,6 +14,9 @@ exactly one message from it, and this module decodes every message itself. The g
 method handlers before they reach the real one: no interceptor, so nothing is added to a call's path
 beyond the decode that grpc would have done anyway.
 
+With security on (danube_fast/security/gate.py), every call's first request also passes the gate here, before
+the servicer sees it: UNAUTHENTICATED or PERMISSION_DENIED end the call with nothing done.
+
 A DanubeError escaping a streaming handler is answered with its status (the unary handlers map theirs in
 services/status.py); anything else is a bug: INTERNAL, logged with its traceback at most once per
 LOG_INTERVAL per method.
@@ -31,6 +34,7 @@ import grpc
 from danube_fast.broker.errors import invalid
 from danube_fast.broker.names import clip
 from danube_fast.errors import DanubeError
+from danube_fast.security.gate import Gate
 
 log = logging.getLogger("danube_fast.api")
 
@@ -127,6 +131,21 @@ async def _answer(error: BaseException, method: str, context: Any) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {clip(repr(error))}")
 
 
+async def _admit(gate: Gate, method: str, request: Any, context: Any) -> None:
+    """The gate's answer for this call's first request; a refusal ends the call with its status."""
+    try:
+        gate.admit(method, request, context)
+    except DanubeError as e:
+        throttled(method + ":refused", logging.INFO, f"{method}: refused ({e.grpc_code}): {e}")
+        await context.abort(grpc.StatusCode[e.grpc_code], str(e))
+
+
+async def _then(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
 Responses = Callable[[AsyncIterator[bytes], Any], Awaitable[AsyncIterator[Any]]]
 
 
@@ -147,23 +166,30 @@ def _relaying(responses: Responses, method: str) -> Callable[[AsyncIterator[byte
 
 
 def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = None,
-           serialize: Callable[[Any], bytes] | None = None) -> grpc.RpcMethodHandler:
+           serialize: Callable[[Any], bytes] | None = None,
+           gate: Gate | None = None) -> grpc.RpcMethodHandler:
     """`handler` guarded; `decode` reads its requests and `serialize` writes its responses instead of the
-    generated code when given."""
+    generated code when given; `gate` admits each call on its first request."""
     decode = decode or handler.request_deserializer
     serialize = serialize or handler.response_serializer
     if handler.unary_unary is not None:
         unary_unary: Callable[[Any, Any], Awaitable[Any]] = handler.unary_unary
 
         async def one_in_one_out(requests: AsyncIterator[bytes], context: Any) -> Any:
-            return await unary_unary(await _one(requests, decode, method, context), context)
+            request = await _one(requests, decode, method, context)
+            if gate is not None:
+                await _admit(gate, method, request, context)
+            return await unary_unary(request, context)
 
         return grpc.stream_unary_rpc_method_handler(one_in_one_out, response_serializer=serialize)
     if handler.unary_stream is not None:
         unary_stream: Callable[[Any, Any], AsyncIterator[Any]] = handler.unary_stream
 
         async def one_in(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-            return unary_stream(await _one(requests, decode, method, context), context)
+            request = await _one(requests, decode, method, context)
+            if gate is not None:
+                await _admit(gate, method, request, context)
+            return unary_stream(request, context)
 
         return grpc.stream_stream_rpc_method_handler(_relaying(one_in, method),
                                                      response_serializer=serialize)
@@ -171,7 +197,14 @@ def _guard(method: str, handler: grpc.RpcMethodHandler, decode: Decode | None = 
         stream_stream: Callable[[Any, Any], AsyncIterator[Any]] = handler.stream_stream
 
         async def streams(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-            return stream_stream(_decoded(requests, decode, method), context)
+            decoded = _decoded(requests, decode, method)
+            if gate is not None:
+                first = await anext(decoded, None)
+                if first is None:
+                    return stream_stream(decoded, context)  # nothing asked, nothing to admit
+                await _admit(gate, method, first, context)
+                decoded = _then(first, decoded)
+            return stream_stream(decoded, context)
 
         return grpc.stream_stream_rpc_method_handler(_relaying(streams, method),
                                                      response_serializer=serialize)
@@ -182,8 +215,9 @@ class _Registrar:
     """Stands in for the server in a generated `add_*Servicer_to_server`: wraps its method handlers."""
 
     def __init__(self, server: grpc.aio.Server, decoders: dict[str, Decode],
-                 serializers: dict[str, Callable[[Any], bytes]]) -> None:
+                 serializers: dict[str, Callable[[Any], bytes]], gate: Gate | None) -> None:
         self._server = server
+        self._gate = gate
         self._decoders = decoders
         self._serializers = serializers
         self.registered = False
@@ -194,19 +228,21 @@ class _Registrar:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
                                        ) -> None:
-        wrapped = {name: _guard(f"{service}/{name}", h, self._decoders.get(name), self._serializers.get(name))
+        wrapped = {name: _guard(f"{service}/{name}", h, self._decoders.get(name), self._serializers.get(name),
+                                self._gate)
                    for name, h in handlers.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         self._server.add_registered_method_handlers(service, wrapped)
         self.registered = True
 
 
-def register(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
-    """`add(servicer, server)` (a generated `add_*Servicer_to_server`) with every method guarded. A servicer's
-    `request_decoders` (method name -> decoder of the raw request) and `response_serializers` (method name ->
-    serializer) replace the generated ones."""
+def register(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server,
+             gate: Gate | None = None) -> None:
+    """`add(servicer, server)` (a generated `add_*Servicer_to_server`) with every method guarded, and admitted
+    by `gate` when given. A servicer's `request_decoders` (method name -> decoder of the raw request) and
+    `response_serializers` (method name -> serializer) replace the generated ones."""
     registrar = _Registrar(server, getattr(servicer, "request_decoders", {}),
-                           getattr(servicer, "response_serializers", {}))
+                           getattr(servicer, "response_serializers", {}), gate)
     add(servicer, registrar)
     if not registrar.registered:
         raise RuntimeError(f"{add.__name__} registered no method handlers: the generated code changed shape")

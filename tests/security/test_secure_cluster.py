@@ -1,0 +1,97 @@
+"""Security on a real 2-broker cluster (etcd, shared object store): a role binding made through one broker
+applies on the other within a second, and admin calls forwarded between brokers go over TLS carrying the
+caller's token."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from danube_fast.proto import DanubeApi_pb2 as pb
+from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.proto import SecurityAdmin_pb2 as sec_pb
+from danube_fast.testing.broker import Broker
+from danube_fast.testing.cluster import Cluster
+from tests.compat.compat_support import run_async
+from tests.security.conftest import Pki, security_toml
+from tests.security.test_secure_broker import bearer, security_admin, tls
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
+
+
+async def lookup_status(broker: Broker, pki: Pki, token: str, topic: str) -> grpc.StatusCode:
+    async with grpc.aio.secure_channel(broker.target, tls(pki)) as channel:
+        stub: Any = pb_grpc.DiscoveryStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            await stub.TopicLookup(pb.TopicLookupRequest(request_id=1, topic=topic), metadata=bearer(token),
+                                   timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+
+async def seconds_until(broker: Broker, pki: Pki, token: str, topic: str, allowed: bool) -> float:
+    """Seconds until bob's lookup on `broker` is allowed (or denied), polling every 20 ms, at most 5 s."""
+    start = time.monotonic()
+    while time.monotonic() - start < 5:
+        code = await lookup_status(broker, pki, token, topic)
+        if (code != grpc.StatusCode.PERMISSION_DENIED) == allowed:
+            return time.monotonic() - start
+    state = "denied" if allowed else "allowed"
+    raise AssertionError(f"bob's lookup on {broker.target} still {state} after 5 s")
+
+
+def test_bindings_made_on_one_broker_apply_on_the_other_within_a_second(cluster: Cluster, pki: Pki) -> None:
+    cluster.extra_config = security_toml(pki)
+    one, two = cluster.start(2)
+    bob = pki.token("bob")
+
+    async def scenario() -> None:
+        topic = "/default/shared"
+        assert await lookup_status(two, pki, bob, topic) == grpc.StatusCode.PERMISSION_DENIED
+        await security_admin(one, pki, "PutRole", sec_pb.Role(name="reader", permissions=["Lookup"]))
+        binding = sec_pb.Binding(principal="bob", role="reader", scope="cluster")
+        await security_admin(one, pki, "Bind", binding)
+        assert await seconds_until(two, pki, bob, topic, allowed=True) <= 1.0
+        await security_admin(two, pki, "Unbind", binding)
+        assert await seconds_until(one, pki, bob, topic, allowed=False) <= 1.0
+    try:
+        run_async(scenario())
+    except BaseException:
+        print(cluster.logs())
+        raise
+
+
+def test_admin_calls_forwarded_to_the_owner_go_over_tls_with_the_callers_token(cluster: Cluster,
+                                                                               pki: Pki) -> None:
+    """ListSubscriptions is answered by the topic's owner: asked on both brokers, one of them forwards it."""
+    from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
+    from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+
+    cluster.extra_config = security_toml(pki)
+    brokers = cluster.start(2)
+
+    async def subscriptions(broker: Broker, who: str) -> Any:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{broker.admin_port}", tls(pki)) as channel:
+            stub: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
+            return await stub.ListSubscriptions(admin_pb.TopicRequest(name="/default/owned"),
+                                                metadata=bearer(pki.token(who)), timeout=10)
+
+    async def scenario() -> None:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{brokers[0].admin_port}", tls(pki)) as channel:
+            stub: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
+            await stub.CreateTopic(admin_pb.NewTopicRequest(name="/default/owned"),
+                                   metadata=bearer(pki.token("admin")), timeout=10)
+        for broker in brokers:
+            assert list((await subscriptions(broker, "admin")).subscriptions) == []
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await subscriptions(broker, "mallory")
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    try:
+        run_async(scenario())
+    except BaseException:
+        print(cluster.logs())
+        raise
