@@ -1,4 +1,4 @@
-"""`python -m bench storage|meta|broker|fast|spark|e2e|cluster|topics [--json] [--runs N] [--quick]
+"""`python -m bench storage|meta|broker|fast|security|spark|e2e|cluster|topics [--json] [--runs N] [--quick]
 [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
                                         "grpc.aio server answering the same stream")
     _common_options(fa, FAST_SECTION, "200 batches per figure instead of 1,000, and 1 run unless --runs says "
                                       "otherwise", default_runs=None)
+    se = suites.add_parser("security", help="the cost of mode = tls_jwt (TLS, tokens, RBAC) against mode = "
+                                             "none, same run: the official client and our fast producer")
+    _common_options(se, SECURITY_SECTION, "a fifth of the messages and batches, and 1 run unless --runs says "
+                                          "otherwise", default_runs=None)
     sp = suites.add_parser("spark", help="our Spark data source against Spark's Parquet scan of the same "
                                          "records and the codec alone: full scan, offset and time pruning")
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
@@ -139,6 +143,7 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
 
 FAST_SECTION = "Fast API"
 SPARK_SECTION = "Spark"
+SECURITY_SECTION = "Security"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
 BROKER_SECTION = "Broker (Danube API)"
@@ -203,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         title = FAST_SECTION
         extra.append(fast.load_line())
         found = fast.run_fast(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "security":
+        from bench import security
+
+        title = SECURITY_SECTION
+        extra.append(security.load_line())
+        found = security.run_security(Options(args.runs, args.quick, args.dir))
     elif args.suite == "spark":
         from bench import spark  # here: only this suite needs pyspark and a JVM
 

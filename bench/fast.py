@@ -39,6 +39,7 @@ from bench.broker import metered, percentile, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.client.credentials import Credentials
 from danube_fast.client.producer import batch_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -142,10 +143,11 @@ async def quiet(pid: int, window: float = 0.5, busy: float = 0.05, limit: float 
             return
 
 
-async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int
-                         ) -> tuple[float, float, float]:
+async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int,
+                         credentials: Credentials | None = None) -> tuple[float, float, float]:
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
-                                          max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
+                                          max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]),
+                                          credentials=credentials)
     try:
         payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
         latencies: list[float] = []
