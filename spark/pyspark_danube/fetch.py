@@ -181,6 +181,6 @@ async def _tail(chunk: Chunk) -> AsyncIterator[bytes | memoryview]:
     """The chunk's offsets from the broker serving the topic (records not in the object tier yet)."""
     from danube_fast.client.reader import TopicReader
 
-    async with TopicReader(chunk.broker) as reader:
+    async with TopicReader(chunk.broker, credentials=chunk.options.credentials) as reader:
         async for data, _first, _last in reader.read(chunk.stored.name, chunk.from_offset, chunk.to_offset):
             yield data

@@ -13,12 +13,14 @@ means earliest and -1 latest; a topic without partitions uses partition "-1". En
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from danube_fast.broker.errors import ApiError
 from danube_fast.broker.names import parse_topic
+from danube_fast.client.credentials import Credentials
 
 EARLIEST = -2
 LATEST = -1
@@ -62,14 +64,16 @@ class Options:
     value_format: Literal["binary", "avro", "json"] = "binary"
     value_schema: str | None = None  # avro/json: the subject as DataSource.schema() resolved it (values.py)
     broker_timeout: float = 10.0  # seconds for the broker calls of the planning (offsets, tail)
+    credentials: Credentials | None = None  # TLS and token for the broker calls (docs/SECURITY.md)
     filter_pushdown: Literal["auto", "true", "false"] = "auto"  # see source.py: pushdown_safe
 
 
+SECURITY_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile", "token")  # read and write (credentials())
 # canonical name -> parser; the keys of a user's options are matched case-insensitively.
 _NAMES = ("metadataStore", "objectStore", "s3Endpoint", "s3Region", "s3AccessKeyId", "s3SecretAccessKey",
           "topic", "topics", "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
           "endingTimestamp", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
-          "maxOffsetsPerTrigger", "valueFormat", "brokerTimeoutMs", "filterPushdown")
+          "maxOffsetsPerTrigger", "valueFormat", "brokerTimeoutMs", "filterPushdown", *SECURITY_OPTIONS)
 _CANONICAL = {n.lower(): n for n in _NAMES}
 # Not the user's: DataSource.schema() stores the value schema it resolved (values.Resolved) under this name,
 # and the readers Spark makes from that DataSource instance parse it with the rest.
@@ -133,8 +137,23 @@ def parse(raw: Mapping[str, str], *, streaming: bool = False) -> Options:
         value_format=value_format,  # type: ignore[arg-type]
         value_schema=None if value_format == "binary" else resolved,
         broker_timeout=(_int(given, "brokerTimeoutMs", 1) or 10_000) / 1000,
+        credentials=credentials(given),
         filter_pushdown=_word(given, "filterPushdown", ("auto", "true", "false")),  # type: ignore[arg-type]
     )
+
+
+def credentials(given: Mapping[str, str]) -> Credentials | None:
+    """TLS and a token for a secured broker (docs/SECURITY.md), from the options of SECURITY_OPTIONS (read and
+    write): the files must be readable where the tasks run. None: plaintext."""
+    ca, cert, key, token = (given.get(n, "").strip() or None for n in SECURITY_OPTIONS)
+    if bool(cert) != bool(key):
+        raise OptionError("options tlsCertFile and tlsKeyFile go together (a client certificate and its key)")
+    for name, path in (("tlsCaFile", ca), ("tlsCertFile", cert), ("tlsKeyFile", key)):
+        if path is not None and not os.path.isfile(path):
+            raise OptionError(f"option {name}: no file {path!r}")
+    if not (ca or cert or token):
+        return None
+    return Credentials(ca_file=ca, cert_file=cert, key_file=key, token=token)
 
 
 def _required(given: Mapping[str, str], name: str, expected: str) -> str:

@@ -36,6 +36,7 @@ from pyspark_danube.options import EARLIEST, LATEST, Options
 from pyspark_danube.pushdown import Bounds
 
 if TYPE_CHECKING:
+    from danube_fast.client.credentials import Credentials
     from danube_fast.client.reader import TopicReader
 
 log = logging.getLogger("pyspark_danube")
@@ -335,14 +336,15 @@ def _halve(c: Chunk) -> tuple[Chunk, Chunk] | None:
 class CommittedOffsets:
     """(start, next) of a topic from the broker serving it: FastReader.Offsets (danube_fast.client.reader)."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, credentials: Credentials | None = None) -> None:
         self._timeout = timeout
+        self._credentials = credentials
 
     async def __call__(self, broker: str, topic: str) -> tuple[int, int] | None:
         from danube_fast.client.reader import TopicReader
 
         try:
-            async with TopicReader(broker) as reader:
+            async with TopicReader(broker, credentials=self._credentials) as reader:
                 return await asyncio.wait_for(reader.offsets(topic), self._timeout)
         except Exception as e:
             log.warning("%s: cannot ask broker %s for its committed offset: %s", topic, broker, e)
@@ -354,8 +356,8 @@ class OpenCommittedOffsets(CommittedOffsets):
     at every micro-batch (a reader reconnects by itself after its broker restarts). Owner: the event loop
     that first calls it."""
 
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
+    def __init__(self, timeout: float, credentials: Credentials | None = None) -> None:
+        super().__init__(timeout, credentials)
         self._readers: dict[str, TopicReader] = {}  # by host:port
 
     async def __call__(self, broker: str, topic: str) -> tuple[int, int] | None:
@@ -363,7 +365,7 @@ class OpenCommittedOffsets(CommittedOffsets):
 
         reader = self._readers.get(broker)
         if reader is None:
-            reader = self._readers[broker] = TopicReader(broker)
+            reader = self._readers[broker] = TopicReader(broker, credentials=self._credentials)
         try:
             return await asyncio.wait_for(reader.offsets(topic), self._timeout)
         except Exception as e:

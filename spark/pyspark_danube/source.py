@@ -112,7 +112,8 @@ async def _plan(opts: options.Options, bounds: Bounds) -> list[Chunk]:
         store = await open_object_store(
             opts.object_store, **(opts.s3.kwargs() if opts.object_store.startswith("s3://") else {}))
         try:
-            return await plan(meta, store, opts, CommittedOffsets(opts.broker_timeout), bounds)
+            committed = CommittedOffsets(opts.broker_timeout, opts.credentials)
+            return await plan(meta, store, opts, committed, bounds)
         finally:
             await store.close()
     finally:

@@ -268,7 +268,7 @@ class _Session:
         self.loop = asyncio.new_event_loop()
         self._meta: MetadataReader | None = None
         self._store: ObjectStore | None = None
-        self._committed = OpenCommittedOffsets(opts.broker_timeout)
+        self._committed = OpenCommittedOffsets(opts.broker_timeout, opts.credentials)
 
     @property
     def meta(self) -> MetadataReader:

@@ -35,7 +35,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
@@ -44,9 +43,10 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from danube_fast import frames
 from danube_fast.client import FastProducer
+from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS
 from danube_fast.client.producer import Offsets
-from pyspark_danube.options import OptionError, topic_name
+from pyspark_danube.options import SECURITY_OPTIONS, OptionError, credentials, topic_name
 
 log = logging.getLogger("pyspark_danube")
 
@@ -55,7 +55,7 @@ BATCH_BYTES = 1 << 20
 MAX_PREFIX_CHARS = 100  # producerName: the broker takes names up to 256 bytes, the rest of ours is ~50
 QUERY_ID = "sql.streaming.queryId"  # the local property Spark's StreamExecution sets on every task
 
-_NAMES = ("broker", "topic", "reliable", "producerName", "brokerTimeoutMs", "compression")
+_NAMES = ("broker", "topic", "reliable", "producerName", "brokerTimeoutMs", "compression", *SECURITY_OPTIONS)
 _CANONICAL = {n.lower(): n for n in _NAMES}
 # DataStreamWriter hands its own options to the sink along with the user's.
 _STREAM_OWN = frozenset({"checkpointlocation"})
@@ -76,6 +76,7 @@ class WriteOptions:
     timeout: float = 10.0  # seconds: the driver's check that the broker answers, and a stream's Open
     records: bool = False  # the rows carry a key or attributes: sent as records, else as payloads
     compression: str = "none"  # batches compressed by the task before they are sent (docs/FORMAT.md)
+    credentials: Credentials | None = None  # TLS and token (docs/SECURITY.md); None: plaintext
 
 
 def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> WriteOptions:
@@ -91,7 +92,7 @@ def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> Wri
             raise OptionError(f"unknown option {key!r} for writing format('danube'); known: "
                               f"{', '.join(_NAMES)}")
         given[name] = value
-    broker = given.get("broker", "").strip().removeprefix("http://")
+    broker = given.get("broker", "").strip().removeprefix("http://").removeprefix("https://")
     if not broker or ":" not in broker:
         raise OptionError("option broker is required: host:port of a broker's client API (any broker of the "
                           f"cluster), got {given.get('broker', '')!r}")
@@ -120,7 +121,7 @@ def parse(raw: Mapping[str, str], schema: StructType, *, streaming: bool) -> Wri
         raise OptionError(f"option compression is {given['compression']!r}: expected one of "
                           f"{', '.join(frames.COMPRESSIONS)}")
     return WriteOptions(broker, topic, reliable == "true", prefix, timeout_ms / 1000, _records(schema),
-                        compression)
+                        compression, credentials(given))
 
 
 def _records(schema: StructType) -> bool:
@@ -223,7 +224,7 @@ def _summary(messages: Sequence[WriterCommitMessage | None], topic: str) -> str:
 
 
 async def _check_broker(opts: WriteOptions) -> None:
-    channel = grpc.aio.insecure_channel(opts.broker, options=CHANNEL_OPTIONS)
+    channel = open_channel(opts.broker, CHANNEL_OPTIONS, opts.credentials)
     try:
         await asyncio.wait_for(channel.channel_ready(), opts.timeout)
     except TimeoutError:
@@ -334,7 +335,7 @@ class Payloads:
     @classmethod
     async def open(cls, opts: WriteOptions, name: str) -> Payloads:
         return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable,
-                                              compression=opts.compression))
+                                              compression=opts.compression, credentials=opts.credentials))
 
     async def publish(self, rows: pa.RecordBatch) -> None:
         self._futures.append(await self._producer.send_batch(rows.column("value").to_pylist()))
@@ -357,7 +358,7 @@ class Records:
     @classmethod
     async def open(cls, opts: WriteOptions, name: str) -> Records:
         return cls(await FastProducer.connect(opts.broker, opts.topic, name, reliable=opts.reliable,
-                                              compression=opts.compression))
+                                              compression=opts.compression, credentials=opts.credentials))
 
     async def publish(self, rows: pa.RecordBatch) -> None:
         records = _to_records(rows, int(time.time() * 1000))
