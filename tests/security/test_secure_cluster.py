@@ -95,3 +95,43 @@ def test_admin_calls_forwarded_to_the_owner_go_over_tls_with_the_callers_token(c
     except BaseException:
         print(cluster.logs())
         raise
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_on_mtls_brokers_forward_as_themselves_only_when_named_broker_principals(cluster: Cluster, pki: Pki,
+                                                                                 trusted: bool) -> None:
+    """Certificates only (mode tls, verify_client): a forwarded call carries no token, so the owner sees the
+    forwarding broker's certificate; it passes only if that is one of `broker_principals`."""
+    from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
+    from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+
+    extra = 'broker_principals = ["cert:broker"]\n' if trusted else ""
+    cluster.extra_config = security_toml(pki, mode="tls", verify_client=True, super_admins=("cert:alice",),
+                                         extra=extra)
+    brokers = cluster.start(2)
+    alice = tls(pki, pki.alice)
+
+    async def call(broker: Broker, method: str, request: Any) -> Any:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{broker.admin_port}", alice) as channel:
+            stub: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
+            return await getattr(stub, method)(request, timeout=10)
+
+    async def scenario() -> None:
+        await call(brokers[0], "CreateTopic", admin_pb.NewTopicRequest(name="/default/mtls-owned"))
+        codes = []
+        for broker in brokers:
+            try:
+                await call(broker, "ListSubscriptions", admin_pb.TopicRequest(name="/default/mtls-owned"))
+                codes.append(grpc.StatusCode.OK)
+            except grpc.aio.AioRpcError as e:
+                codes.append(e.code())
+        # The owner answers alice itself; the other forwards, as cert:broker.
+        assert grpc.StatusCode.OK in codes
+        assert codes.count(grpc.StatusCode.OK) == (2 if trusted else 1), codes
+        if not trusted:
+            assert grpc.StatusCode.PERMISSION_DENIED in codes
+    try:
+        run_async(scenario())
+    except BaseException:
+        print(cluster.logs())
+        raise
