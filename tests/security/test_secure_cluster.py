@@ -135,3 +135,42 @@ def test_on_mtls_brokers_forward_as_themselves_only_when_named_broker_principals
     except BaseException:
         print(cluster.logs())
         raise
+
+
+def test_both_brokers_of_a_cluster_refuse_bad_credentials(cluster: Cluster, pki: Pki) -> None:
+    """The refusals of tests/security/test_secure_broker.py, on each broker of a 2-broker cluster (raw gRPC
+    on the client and admin ports): nothing is created by a refused call."""
+    from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
+    from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+    from tests.compat.compat_support import rpc_error
+    from tests.security.test_secure_broker import create_producer
+
+    cluster.extra_config = security_toml(pki)
+    brokers = cluster.start(2)
+    cases = {
+        "no token": ((), grpc.StatusCode.UNAUTHENTICATED),
+        "expired": (bearer(pki.token("admin", ttl=-120)), grpc.StatusCode.UNAUTHENTICATED),
+        "wrong audience": (bearer(pki.token("admin", aud="other")), grpc.StatusCode.UNAUTHENTICATED),
+        "spoofed header": ((("x-danube-internal-broker", "1"),), grpc.StatusCode.UNAUTHENTICATED),
+        "no permission": (bearer(pki.token("mallory")), grpc.StatusCode.PERMISSION_DENIED),
+    }
+
+    async def scenario() -> None:
+        for i, broker in enumerate(brokers):
+            for case, (metadata, code) in cases.items():
+                topic = f"/default/refused-{i}-{case.replace(' ', '-')}"
+                error = await rpc_error(create_producer(broker, pki, topic, metadata), case)
+                assert error.code() == code, (broker.target, case, error)
+                async with grpc.aio.secure_channel(f"127.0.0.1:{broker.admin_port}", tls(pki)) as channel:
+                    stub: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
+                    error = await rpc_error(stub.CreateTopic(admin_pb.NewTopicRequest(name=topic),
+                                                             metadata=metadata, timeout=10), case)
+                    assert error.code() == code, (broker.target, case, error)
+                    listed = await stub.ListNamespaceTopics(admin_pb.NamespaceRequest(name="default"),
+                                                            metadata=bearer(pki.token("admin")), timeout=10)
+                    assert topic not in [t.name for t in listed.topics]
+    try:
+        run_async(scenario())
+    except BaseException:
+        print(cluster.logs())
+        raise
