@@ -176,7 +176,8 @@ class Broker:
         admin = self.config.admin_addr.rpartition(":")[0] + f":{self.listening.admin_port}"
         prom = "" if self.listening.metrics_port is None else \
             self.config.prom_exporter.rpartition(":")[0] + f":{self.listening.metrics_port}"
-        return BrokerRegistration(admin_addr="http://" + admin, advertised_addr=self.url().removeprefix("http://"),
+        scheme = "https://" if self.config.security.tls else "http://"
+        return BrokerRegistration(admin_addr=scheme + admin, advertised_addr=self.url().split("//", 1)[1],
                                   broker_addr=self.url(), prom_exporter=prom)
 
     async def _listen(self) -> None:
