@@ -298,3 +298,29 @@ def test_metrics_need_https_and_a_token(jwt_broker: Broker, pki: Pki) -> None:
     assert get(pki.token("admin")) == 200
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # the TLS port takes no plain HTTP
         urllib.request.urlopen(f"http://127.0.0.1:{jwt_broker.prom_port}/metrics", timeout=5)
+
+
+def test_our_clients_ask_a_token_supplier_on_every_call(jwt_broker: Broker, pki: Pki) -> None:
+    """A supplier is asked per call: a token refreshed while the client runs is used from the next call on."""
+    from danube_fast.client.reader import TopicReader
+
+    current = [pki.token("admin")]
+    asked = []
+
+    def supplier() -> str:
+        asked.append(current[0])
+        return current[0]
+
+    async def scenario() -> None:
+        credentials = Credentials(ca_file=str(pki.ca), token_supplier=supplier)
+        producer = await FastProducer.connect(jwt_broker.target, "/default/supplied", "sp",
+                                              credentials=credentials)
+        await (await producer.send_batch([b"x"]))
+        await producer.close()
+        async with TopicReader(jwt_broker.target, credentials=credentials, retries=0) as reader:
+            assert (await reader.offsets("/default/supplied"))[1] == 1
+            current[0] = pki.token("stranger")  # refreshed to a principal without the permission
+            with pytest.raises(Exception, match="PERMISSION_DENIED"):
+                await reader.offsets("/default/supplied")
+        assert len(set(asked)) == 2
+    run_async(scenario())
