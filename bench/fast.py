@@ -144,37 +144,15 @@ async def quiet(pid: int, window: float = 0.5, busy: float = 0.05, limit: float 
 
 
 async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int,
-                         credentials: Credentials | None = None) -> tuple[float, float, float]:
+                         credentials: Credentials | None = None, rate: float | None = None
+                         ) -> tuple[float, float, float]:
+    """`count` batches as fast as acks come back, or offered at `rate` records/s; ack latency per batch from
+    its send, or (paced) from the moment it was due."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
                                           max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]),
                                           credentials=credentials)
     try:
         payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
-        latencies: list[float] = []
-
-        def acked(start: float) -> Callable[[object], None]:
-            return lambda _future: latencies.append(time.perf_counter() - start)
-
-        with metered(server.pid) as usage:
-            for _ in range(count):
-                start = time.perf_counter()
-                future = await producer.send_batch(payloads)
-                future.add_done_callback(acked(start))
-            await producer.flush()
-        latencies.sort()
-        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
-                percentile(latencies, 0.99) * 1e3)
-    finally:
-        await producer.close()
-
-
-async def at_rate(server: ServerProcess, topic: str, rate: float, count: int) -> tuple[float, float, float]:
-    """Reliable batches offered at `rate` records/s; ack latency from each batch's due time."""
-    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,
-                                          max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
-    try:
-        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
-        interval = BATCH_RECORDS / rate
         latencies: list[float] = []
 
         def acked(due: float) -> Callable[[object], None]:
@@ -183,9 +161,12 @@ async def at_rate(server: ServerProcess, topic: str, rate: float, count: int) ->
         with metered(server.pid) as usage:
             start = time.perf_counter()
             for i in range(count):
-                due = start + i * interval
-                if (wait := due - time.perf_counter()) > 0:
-                    await asyncio.sleep(wait)
+                if rate is None:
+                    due = time.perf_counter()
+                else:
+                    due = start + i * BATCH_RECORDS / rate
+                    if (wait := due - time.perf_counter()) > 0:
+                        await asyncio.sleep(wait)
                 future = await producer.send_batch(payloads)
                 future.add_done_callback(acked(due))
             await producer.flush()
@@ -217,7 +198,7 @@ def run_fast(options: Options) -> list[Result]:
                     half = figures["fast_produce_reliable"][0] / 2
                     runner.run(quiet(broker.pid))  # the full-rate runs' uploads done
                     figures["fast_produce_reliable_half_rate"] = runner.run(
-                        at_rate(broker, f"/default/half_rate-{run}", half, count // 2))
+                        through_broker(broker, f"/default/half_rate-{run}", True, count // 2, rate=half))
                     figures["bare_batch_consume"] = runner.run(bare_consume(bare_server, count))
                     figures["fast_consume_catchup"] = runner.run(
                         consume_through_broker(broker, f"/default/fast_consume-{run}", count))

@@ -16,6 +16,10 @@ dpkg -s liblz4-dev >/dev/null 2>&1 || need+=(liblz4-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
 # PySpark (the spark/ data source and its tests) runs Spark on a JVM: Java 17.
 dpkg -s openjdk-17-jre-headless >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+# The fault tests fill real small file systems: a tmpfs (mount, util-linux) and an ext4 image on a loop
+# device (mkfs.ext4, e2fsprogs), which takes the WAL's O_DIRECT appends.
+command -v mount >/dev/null || need+=(mount)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
