@@ -40,6 +40,7 @@ HEADER_BYTES = _frames_py.HEADER_SIZE
 MAX_SEGMENT = 1 << 30  # positions are u32: a 1 GiB segment plus one big group stays inside
 
 BLOCK = 4096  # O_DIRECT alignment (see _wal.pyx)
+FILE_CHUNK = 4 << 20  # bytes per O_DIRECT write of write_direct
 AHEAD = 4 << 20  # read-ahead step of sequential reads (see _wal.pyx, Segment.read)
 _ENTRY = struct.Struct("<II")  # index entry: offset relative to the segment base, file position
 # The header fields needed to walk a log without decoding it: base_offset (byte 0), batch_length (12),
@@ -84,6 +85,33 @@ def _stage(n: int) -> mmap.mmap:
         buf = mmap.mmap(-1, -(-n // (1 << 20)) * (1 << 20))
         _stages.buf = buf
     return buf
+
+
+def write_direct(fd: int, dfd: int, parts: list[Buffer]) -> int:
+    """The concatenation of `parts` from the start of the empty file `fd`, through its O_DIRECT descriptor
+    `dfd` in whole blocks, the last block's padding cut; the bytes written (see _wal.pyx)."""
+    buf = _stage(FILE_CHUNK)
+    fill = pos = total = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        off = 0
+        while off < len(view):
+            take = min(len(view) - off, FILE_CHUNK - fill)
+            buf[fill : fill + take] = view[off : off + take]
+            fill += take
+            off += take
+            if fill == FILE_CHUNK:
+                _write_all(fd, memoryview(buf)[:fill], pos, dfd)
+                pos += fill
+                fill = 0
+        total += len(view)
+    if fill:
+        padded = -(-fill // BLOCK) * BLOCK
+        buf[fill:padded] = bytes(padded - fill)
+        _write_all(fd, memoryview(buf)[:padded], pos, dfd)
+        if padded != fill:
+            os.ftruncate(fd, total)
+    return total
 
 
 def _read_at(fd: int, n: int, pos: int) -> bytes:

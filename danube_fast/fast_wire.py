@@ -21,6 +21,8 @@ from typing import Any
 
 from danube_fast.proto import FastApi_pb2 as fast
 
+Buffer = bytes | bytearray | memoryview
+
 _BATCH = 0x12  # field 2, length-delimited: ProduceRequest.batch, and Batch.data
 _SEQ = 0x08  # field 1, varint: Batch.seq
 _RECORDS = 0x12  # field 2, length-delimited: ConsumeResponse.records
@@ -74,18 +76,18 @@ class RecordsResponse:
     last_offset: int
 
 
-def encode_records_response(data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
+def encode_records_response(data: Buffer, first_offset: int, last_offset: int) -> bytes:
     """The wire bytes of `ConsumeResponse(records=Records(data, first_offset, last_offset))`, as protobuf
     writes them."""
     return _encode_records(_RECORDS, data, first_offset, last_offset)
 
 
-def encode_read_response(data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
+def encode_read_response(data: Buffer, first_offset: int, last_offset: int) -> bytes:
     """The wire bytes of `ReadResponse(records=Records(data, first_offset, last_offset))`."""
     return _encode_records(_READ_RECORDS, data, first_offset, last_offset)
 
 
-def _encode_records(outer: int, data: bytes | memoryview, first_offset: int, last_offset: int) -> bytes:
+def _encode_records(outer: int, data: Buffer, first_offset: int, last_offset: int) -> bytes:
     size = memoryview(data).nbytes
     head = (_DATA.to_bytes(1, "little") + _varint(size)) if size else b""
     tail = (_FIRST.to_bytes(1, "little") + _varint(first_offset) if first_offset else b"") + \

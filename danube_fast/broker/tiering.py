@@ -45,7 +45,7 @@ class Tier:
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Tier:
         c = config.cluster
-        options: dict[str, str | float] = {}
+        options: dict[str, str | float | bool] = {"direct": config.wal.direct_io}
         if config.object_store.startswith("s3://"):
             given = (("endpoint_url", c.s3_endpoint), ("region", c.s3_region),
                      ("access_key", c.s3_access_key), ("secret_key", c.s3_secret_key))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,65 @@ def test_open_object_store_parses_urls(tmp_path: Path, moto_server: MotoServer, 
             await open_object_store(str(tmp_path), endpoint_url="http://x")
 
     run(main())
+
+
+def _tmpfs() -> str | None:
+    """A tmpfs mount point this process may write, or None (tmpfs takes O_DIRECT from Linux 6.6 on)."""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _dev, point, kind, *_ = line.split()
+            if kind == "tmpfs" and os.access(point, os.W_OK) and point.startswith(("/dev/shm", "/run")):
+                return point
+    return None
+
+
+def _takes_direct(directory: Path) -> bool:
+    probe = directory / "probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return True
+
+
+@pytest.mark.parametrize("where", ["disk", "tmpfs"])
+def test_folder_writes_the_same_objects_direct_or_through_the_page_cache(
+        tmp_path: Path, run: Run, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FolderStore(direct=True) writes with O_DIRECT (write_direct) where the file system takes it and with
+    writev where it does not (tmpfs before Linux 6.6); either way the object is exactly its parts."""
+    from danube_fast.storage.objects import folder
+
+    direct_writes: list[int] = []
+    real = folder.segments
+
+    class Counting:
+        def write_direct(self, fd: int, dfd: int, parts: list[Any]) -> int:
+            direct_writes.append(fd)
+            return real.write_direct(fd, dfd, parts)
+
+    monkeypatch.setattr(folder, "segments", Counting())
+    if where == "tmpfs":
+        mount = _tmpfs()
+        if mount is None:
+            pytest.skip("no writable tmpfs mounted")
+        base = Path(mount) / f"danube-folder-test-{os.getpid()}"
+        base.mkdir()
+    else:
+        base = tmp_path
+    parts = [b"head", os.urandom(5 << 20), memoryview(os.urandom(10_000))[17:], b"", b"tail"]
+
+    async def main() -> None:
+        for direct in (True, False):
+            store = await FolderStore.open(base / f"direct-{direct}", direct=direct)
+            await store.put_parts("ns/t/data-0-9.dnb1", parts)
+            assert await store.get("ns/t/data-0-9.dnb1") == b"".join(parts)
+            assert await store.list("ns/") == ["ns/t/data-0-9.dnb1"]
+        assert len(direct_writes) == (1 if _takes_direct(base) else 0)
+
+    try:
+        run(main())
+    finally:
+        if where == "tmpfs":
+            shutil.rmtree(base, ignore_errors=True)

@@ -5,6 +5,8 @@ real file system under tmp_path (ext4 here and in CI; the test fails loudly if i
 from __future__ import annotations
 
 import itertools
+import os
+import random
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -124,3 +126,22 @@ def test_direct_and_buffered_logs_write_the_same_files_across_impls(tmp_path: Pa
         log.close()
         results[name] = logs(directory)
     assert results["native-direct"] == results["pure-direct"] == results["native-buffered"]
+
+
+@pytest.mark.parametrize("sizes", [[], [8], [BLOCK], [8, 5 << 20, 0, BLOCK - 1, 1], [4 << 20],
+                                   [3, (4 << 20) - 3, BLOCK], [(8 << 20) + 17]])
+def test_write_direct_writes_a_new_file_of_exactly_the_parts(wal_impl: ModuleType, tmp_path: Path,
+                                                              sizes: list[int]) -> None:
+    """write_direct (the folder store's object writes): whole 4 MiB chunks and a padded last block through
+    the O_DIRECT descriptor, the padding cut; parts split across chunks, empty ones, block-sized ones."""
+    rng = random.Random(sum(sizes))
+    parts = [rng.randbytes(n) for n in sizes]
+    path = tmp_path / "object"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    dfd = os.open(path, os.O_WRONLY | os.O_DIRECT)  # fails loudly where the file system has no O_DIRECT
+    try:
+        assert wal_impl.write_direct(fd, dfd, [memoryview(p) for p in parts]) == sum(sizes)
+    finally:
+        os.close(dfd)
+        os.close(fd)
+    assert path.read_bytes() == b"".join(parts)

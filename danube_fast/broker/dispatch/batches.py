@@ -27,6 +27,7 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.errors import OffsetOutOfRange
+from danube_fast.storage.objects.format import Buffer, joined
 from danube_fast.storage.tiered import ReadableLog
 
 READ_BYTES = 1024 * 1024
@@ -150,7 +151,7 @@ class BatchDispatcher:
         self._wake.set()
         return done
 
-    async def next_records(self, window: int) -> tuple[bytes, int, int] | None:
+    async def next_records(self, window: int) -> tuple[Buffer, int, int] | None:
         """The next whole batches to send (data, first offset, last offset), once the window (at most
         [dispatch] window_bytes) and the broker's budget have room and the WAL has something committed past
         what was sent; saves the cursor when it is due. None once the dispatcher is stopped or closed: the
@@ -198,7 +199,7 @@ class BatchDispatcher:
                     self._unacked_bytes += size
                     self._budget.take(size)
                     self._next = next_offset
-                    return b"".join(chunks), first, next_offset - 1
+                    return joined(chunks), first, next_offset - 1
             timeout = max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)

@@ -32,7 +32,7 @@ from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.fast_wire import encode_read_response, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
-from danube_fast.storage.objects.format import clip_batches
+from danube_fast.storage.objects.format import Buffer, clip_batches, joined
 from danube_fast.storage.tiered import READ_BYTES, ReadableLog
 
 # Bytes per response when ReadRequest.max_bytes is 0: the dispatchers' read size, well under a plain gRPC
@@ -103,7 +103,7 @@ def _out_of_range(offset: int, start: int) -> ApiError:
                                     f"{start} (retention deleted what came before)")
 
 
-async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tuple[bytes, int, int] | None:
+async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tuple[Buffer, int, int] | None:
     """The whole batches holding offsets from `low` (or the next offset a tier holds) below `end`, within
     `room` bytes but at least one batch: (data, first offset of its first batch, offset after its last
     record). None when nothing of [low, end) is left to send."""
@@ -131,4 +131,4 @@ async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tupl
         size += len(chunk)
         next_offset = after
     first = frames.parse_header(chunks[0]).base_offset
-    return b"".join(chunks), first, next_offset
+    return joined(chunks), first, next_offset

@@ -14,7 +14,8 @@ async def open_object_store(url: str, **options: Any) -> ObjectStore:
     """Open the store a URL names:
     - `s3://bucket[/prefix]`: S3Store; options are S3Store's (endpoint_url, region, access_key, secret_key,
       connect_timeout, read_timeout, max_attempts);
-    - `file:///abs/path` or a plain path: FolderStore (created if missing); no options.
+    - `file:///abs/path` or a plain path: FolderStore (created if missing); its one option is `direct`
+      (O_DIRECT writes, default on).
     """
     parts = urlsplit(url)
     if parts.scheme == "s3":
@@ -31,6 +32,7 @@ async def open_object_store(url: str, **options: Any) -> ObjectStore:
         path = url
     else:
         raise ValueError(f"unknown object store URL scheme {parts.scheme!r} in {url!r}: use s3:// or a path")
-    if options:
-        raise TypeError(f"a folder store takes no options, got {sorted(options)}")
-    return await FolderStore.open(path)
+    unknown = sorted(set(options) - {"direct"})
+    if unknown:
+        raise TypeError(f"a folder store takes only the option direct, got {unknown}")
+    return await FolderStore.open(path, **options)

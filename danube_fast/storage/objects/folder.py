@@ -5,6 +5,12 @@ event loop never waits on the disk. Writes are atomic and durable (STYLE 9): wri
 object's directory, check its length, fsync, rename over the key, fsync the directory (and the parent of every
 directory the write created). A crash leaves either no object or the whole object, never a torn one; at worst
 a stray temporary file, which `list` does not show.
+
+With `direct` (the broker's `[wal] direct_io`) the file is written with O_DIRECT from a reused aligned buffer
+(`write_direct` of the WAL's segment primitives), not through the page cache: an upload then costs the
+broker a copy into that buffer instead of the kernel's copy into freshly allocated cache pages
+(docs/ARCHITECTURE.md, "Direct object writes"). Where the file system has no O_DIRECT (tmpfs), it writes
+through the page cache.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TypeVar
 from danube_fast.errors import ObjectNotFound, ObjectStoreUnavailable
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.objects.store import check_key
+from danube_fast.wal_engine import segments
 
 T = TypeVar("T")
 _TMP = ".tmp-"
@@ -40,12 +47,13 @@ _IOV_MAX = _iov_max()
 class FolderStore:
     """Open with `await FolderStore.open(root)`. Implements ObjectStore; the etag is always None."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, direct: bool = True) -> None:
         self.root = os.path.abspath(root)
+        self.direct = direct
 
     @classmethod
-    async def open(cls, root: str | os.PathLike[str]) -> FolderStore:
-        store = cls(os.fspath(root))
+    async def open(cls, root: str | os.PathLike[str], *, direct: bool = True) -> FolderStore:
+        store = cls(os.fspath(root), direct=direct)
         await store._run(lambda: _makedirs_durable(store.root), "open", "")
         return store
 
@@ -68,7 +76,7 @@ class FolderStore:
 
     async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
         path = self._path(key)
-        await self._run(lambda: _write_atomic(path, parts), "put", key)
+        await self._run(lambda: _write_atomic(path, parts, self.direct), "put", key)
         return None
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -118,14 +126,14 @@ def _makedirs_durable(path: str) -> None:
         _fsync_dir(os.path.dirname(directory))
 
 
-def _write_atomic(path: str, parts: Sequence[Buffer]) -> None:
+def _write_atomic(path: str, parts: Sequence[Buffer], direct: bool = False) -> None:
     directory, name = os.path.split(path)
     _makedirs_durable(directory)
     tmp = os.path.join(directory, f".{name}{_TMP}{uuid.uuid4().hex}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            written = _write_all(fd, parts)
+            written = _write_parts(fd, tmp, parts, direct)
             size = os.fstat(fd).st_size
             if size != written:
                 raise OSError(f"wrote {written} bytes but the file holds {size}")
@@ -138,6 +146,23 @@ def _write_atomic(path: str, parts: Sequence[Buffer]) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
+
+
+def _write_parts(fd: int, path: str, parts: Sequence[Buffer], direct: bool) -> int:
+    """The parts into the new empty file `fd` (at `path`): with O_DIRECT when asked and the file system
+    takes it, else with writev; the bytes written."""
+    if direct:
+        try:
+            dfd = os.open(path, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: no O_DIRECT here (tmpfs)
+                raise
+        else:
+            try:
+                return segments.write_direct(fd, dfd, list(parts))
+            finally:
+                os.close(dfd)
+    return _write_all(fd, parts)
 
 
 def _write_all(fd: int, parts: Sequence[Buffer]) -> int:
