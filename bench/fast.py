@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 import uvloop
 
-from bench.broker import metered, percentile, start_bare_server, start_broker
+from bench.broker import bare_server, metered, percentile, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
@@ -54,21 +54,24 @@ ACK_P99_TARGET = Target("<= 2 ms", "<=", 2.0)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
 
-def batches(count: int) -> list[bytes]:
-    payload = b"r" * RECORD_BYTES
-    one = frames.encode_payloads([payload] * BATCH_RECORDS, publish_time=int(time.time() * 1000),
+def batches(count: int, record_bytes: int = RECORD_BYTES, batch_records: int = BATCH_RECORDS) -> list[bytes]:
+    payload = b"r" * record_bytes
+    one = frames.encode_payloads([payload] * batch_records, publish_time=int(time.time() * 1000),
                                  producer_id=1, producer_name="bench")
     return [one] * count
 
 
-async def bare(server: ServerProcess, count: int) -> tuple[float, None, None]:
+async def bare(server: ServerProcess, count: int, record_bytes: int = RECORD_BYTES,
+               batch_records: int = BATCH_RECORDS) -> tuple[float, None, None]:
+    """`count` batches of `batch_records` records of `record_bytes` to the bare server's Produce, at most
+    IN_FLIGHT unacknowledged; records/s."""
     channel = grpc.aio.insecure_channel(server.target, options=[("grpc.max_send_message_length", 64 << 20)])
     try:
         stub: Any = fast_grpc.FastProducerStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Produce()
         await call.write(fast.ProduceRequest(open=fast.Open(topic="/default/bare", producer_name="bench")))
         await call.read()
-        data = batches(1)[0]
+        data = batches(1, record_bytes, batch_records)[0]
         window = asyncio.Semaphore(IN_FLIGHT)
 
         async def read() -> None:
@@ -83,25 +86,27 @@ async def bare(server: ServerProcess, count: int) -> tuple[float, None, None]:
                 await call.write(batch_request(seq, data))
             await reader
         await call.done_writing()
-        return count * BATCH_RECORDS / usage.wall, None, None
+        return count * batch_records / usage.wall, None, None
     finally:
         await channel.close()
 
 
-async def bare_consume(server: ServerProcess, count: int) -> tuple[float, None, None]:
+async def bare_consume(server: ServerProcess, count: int, record_bytes: int = RECORD_BYTES,
+                       batch_records: int = BATCH_RECORDS) -> tuple[float, None, None]:
+    """`count` prebuilt batches of that shape streamed by the bare server's Consume; records/s."""
     channel = grpc.aio.insecure_channel(server.target,
                                         options=[("grpc.max_receive_message_length", 64 << 20)])
     try:
         stub: Any = fast_grpc.FastConsumerStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Consume()
-        await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(topic="/default/bare",
-                                                                      window_bytes=count)))
+        topic = bare_server.consume_topic(record_bytes, batch_records)
+        await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(topic=topic, window_bytes=count)))
         await call.read()
         with metered(server.pid) as usage:
             for _ in range(count):
                 await call.read()
         call.cancel()
-        return count * BATCH_RECORDS / usage.wall, None, None
+        return count * batch_records / usage.wall, None, None
     finally:
         await channel.close()
 

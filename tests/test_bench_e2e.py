@@ -15,6 +15,7 @@ import pytest
 
 from bench import e2e
 from bench.e2e import report as e2e_report
+from bench.e2e.ceiling import Ceiling
 from bench.peers.workload import Latencies, Measurement, Workload, measurement
 from bench.peers.workload import Usage as PhaseUsage
 
@@ -72,6 +73,10 @@ def test_tiny_run_json() -> None:
                 _check_phase(by_size[name], by_size["size"], 1000)
     assert report["systems"][0]["durability"] == "reliable_fsync"
     assert len(report["disk_mb_s"]) == 2 and all(rate > 0 for rate in report["disk_mb_s"])  # before, after
+    assert [c["size"] for c in report["grpc_ceiling_mb_s"]] == [256, 4096]
+    for ceiling in report["grpc_ceiling_mb_s"]:
+        assert len(ceiling["produce"]) == len(ceiling["consume"]) == 2  # before, after
+        assert all(rate > 0 for rate in ceiling["produce"] + ceiling["consume"])
     peers = names[1:]
     assert sorted(report["ratios"]) == sorted(peers) and sorted(report["ratios_by_size"]) == sorted(peers)
     for peer in peers:
@@ -106,8 +111,14 @@ def test_report_from_measurements(tmp_path: Path) -> None:
     assert report.ratios["nats"]["ack_p99"] == pytest.approx(0.5)
     assert report.size_ratios["nats"][4096]["consume"] == pytest.approx(10 / 9)
     assert len(ours.ack_s) == 2000 and len(ours.e2e_s) == 2000
-    text = "\n".join(line for table in e2e_report.tables(report) for line in table.lines(markdown=False))
+    report.disk_mb_s = [900.0, 1100.0]
+    report.grpc = {256: [Ceiling(40.0, 60.0), Ceiling(60.0, 80.0)], 4096: [Ceiling(400.0, 600.0)] * 2}
+    tables = {table.title.split(":")[0]: table for table in e2e_report.tables(report)}
+    text = "\n".join(line for table in tables.values() for line in table.lines(markdown=False))
     assert "danube_reliable_fsync (ours)" in text and "nats_file_sync2m" in text
+    # Ours at 256 B: 15,000 records/s = 3.84 MB/s both ways; the ceiling's medians are 50 and 70 MB/s.
+    assert tables["The gRPC ceiling"].rows[0] == ["256 B", "50", "0.08", "70", "0.05"]
+    assert tables["The disk"].rows[0][2] == "0.00"  # 3.84 MB/s against the disk's 1,000
     plots = e2e_report.plot(report, tmp_path)
     assert [p.name for p in plots] == [e2e_report.THROUGHPUT_PNG, e2e_report.LATENCY_PNG]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)

@@ -24,6 +24,7 @@ import grpc
 import uvloop
 
 from danube_fast import frames as fast_frames
+from danube_fast.fast_wire import encode_records_response, serialize_request
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2 as fast
@@ -75,20 +76,33 @@ class BareFast(fast_grpc.FastProducerServicer):
                 yield fast.ProduceResponse(ack=fast.Ack(seq=request.batch.seq))
 
 
-class BareFastConsumer(fast_grpc.FastConsumerServicer):
-    """The fast API's Consume with nothing behind it: after Subscribe, streams `window_bytes` (used as a
-    count here) prebuilt Records of 1,000 256-byte records each, ignoring acks."""
+def consume_topic(record_bytes: int = PAYLOAD_BYTES, batch_records: int = 1000) -> str:
+    """The topic a bare Consume subscribes to for batches of `batch_records` records of `record_bytes`."""
+    return f"{TOPIC}-{record_bytes}x{batch_records}"
 
-    def __init__(self) -> None:
-        one = fast_frames.encode_payloads([b"r" * PAYLOAD_BYTES] * 1000, producer_id=1, producer_name="bare")
-        self._records = fast.ConsumeResponse(records=fast.Records(data=one, first_offset=0, last_offset=999))
+
+class BareFastConsumer:
+    """The fast API's Consume with nothing behind it: after Subscribe, streams `window_bytes` (used as a
+    count here) prebuilt Records of the shape the topic names (`consume_topic`; any other topic: 1,000
+    256-byte records), ignoring acks. The responses are encoded once and sent as bytes, as the broker
+    sends them (fast_wire.encode_records_response)."""
 
     async def Consume(self, request_iterator: AsyncIterator[fast.ConsumeRequest], context: Any
-                      ) -> AsyncIterator[fast.ConsumeResponse]:
+                      ) -> AsyncIterator[fast.ConsumeResponse | bytes]:
         first = await anext(aiter(request_iterator))
+        size, _, count = first.subscribe.topic.removeprefix(f"{TOPIC}-").partition("x")
+        shape = (int(size), int(count)) if size.isdigit() and count.isdigit() else (PAYLOAD_BYTES, 1000)
+        one = fast_frames.encode_payloads([b"r" * shape[0]] * shape[1], producer_id=1, producer_name="bare")
+        records = encode_records_response(one, 0, shape[1] - 1)
         yield fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=1))
         for _ in range(first.subscribe.window_bytes):
-            yield self._records
+            yield records
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        consume = grpc.stream_stream_rpc_method_handler(
+            self.Consume, request_deserializer=fast.ConsumeRequest.FromString,
+            response_serializer=serialize_request)
+        return grpc.method_handlers_generic_handler("danube_fast.v1.FastConsumer", {"Consume": consume})
 
 
 async def serve(port: int) -> None:
@@ -104,7 +118,7 @@ async def serve(port: int) -> None:
     pb_grpc.add_ConsumerServiceServicer_to_server(  # type: ignore[no-untyped-call]
         BareConsumer(stream_pool(f"http://127.0.0.1:{port}")), server)
     fast_grpc.add_FastProducerServicer_to_server(BareFast(), server)  # type: ignore[no-untyped-call]
-    fast_grpc.add_FastConsumerServicer_to_server(BareFastConsumer(), server)  # type: ignore[no-untyped-call]
+    server.add_generic_rpc_handlers((BareFastConsumer().handler(),))
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     if bound == 0:
         raise SystemExit(f"bare server: cannot listen on 127.0.0.1:{port}")

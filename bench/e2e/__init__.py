@@ -14,8 +14,9 @@ fixed rate, by default half the produce rate that system reached in that run, fo
 end-to-end latencies (bench/peers/workload.py has the phases). Then produce and consume only for each other
 size of --sizes, N sized by bytes for large records (`records_for`). Every figure is the median over the
 runs; a ratio of ours to a peer is the median of the per-run ratios (each run measures both). The disk's own
-bandwidth (os.write of 16 MiB chunks, fdatasync after each, on --dir) is measured before and after the
-systems run, so large-record produce figures can be set against it.
+bandwidth (os.write of 16 MiB chunks, fdatasync after each, on --dir) and the gRPC ceiling at each size (a
+bare server on one stream of the fast API's shapes: bench/e2e/ceiling.py) are measured before and after the
+systems run, so our large-record figures can be set against what the disk and the transport give.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench.peers.install import find_binary
 from bench.peers.workload import Measurement, Percentiles, Workload
 
 if TYPE_CHECKING:  # at run time imported where used: the command line reads this module's defaults
+    from bench.e2e.ceiling import Ceiling
     from bench.peers.suite import Config, Measured
 
 SIZES = (64, 256, 1024, 4096, 16384, 65536)
@@ -46,6 +48,7 @@ SWEEP_BYTES = 512 << 20  # the size sweep's records at a size: N, or fewer, so t
 QUICK_SWEEP_BYTES = 128 << 20  # bytes (a few thousand 64 KiB records: long enough to leave the start-up)
 MIN_RECORDS = 2_000  # the size sweep never goes below this (or N)
 DISK_BYTES = 256 << 20  # per disk baseline measurement (quick: a quarter)
+GRPC_BYTES = 256 << 20  # of payload per size and direction per gRPC ceiling measurement (quick: a quarter)
 OURS = "danube"
 SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec")  # all_configs() checks them
 CLIENT_MODULES = {"nats": ("nats",), "redis_always": ("redis", "hiredis"),
@@ -198,6 +201,8 @@ class Report:
     ratios: dict[str, dict[str, float]]  # peer name -> ratio key -> ours / peer (main size)
     size_ratios: dict[str, dict[int, dict[str, float]]]  # peer -> size -> produce / consume -> ours / peer
     disk_mb_s: list[float] = field(default_factory=list)  # the disk baseline, before and after the systems
+    # the gRPC ceiling per size, before and after the systems (bench/e2e/ceiling.py)
+    grpc: dict[int, list[Ceiling]] = field(default_factory=dict)
 
     def system(self, name: str) -> System | None:
         return next((s for s in self.systems if s.config.name == name), None)
@@ -261,6 +266,7 @@ def select(settings: Settings, explicit: bool) -> tuple[tuple[Config, ...], dict
 
 
 def run_e2e(settings: Settings, bar: ProgressBar | None, explicit: bool = False) -> Report:
+    from bench.e2e.ceiling import grpc_ceiling
     from bench.peers import suite
 
     configs, skipped = select(settings, explicit)
@@ -276,10 +282,15 @@ def run_e2e(settings: Settings, bar: ProgressBar | None, explicit: bool = False)
 
     options = Options(settings.runs, settings.quick, settings.parent_dir)
     disk_bytes = DISK_BYTES // 4 if settings.quick else DISK_BYTES
+    grpc_bytes = GRPC_BYTES // 4 if settings.quick else GRPC_BYTES
+    sizes = sorted({w.size for w in workloads})
     before = disk_baseline(settings.parent_dir, disk_bytes)
+    grpc_before = grpc_ceiling(sizes, grpc_bytes, settings.parent_dir)
     measured = suite.measure(workloads, options, configs, starting, finished)
     report = summarise(settings, configs, workloads, measured, skipped)
     report.disk_mb_s = [before, disk_baseline(settings.parent_dir, disk_bytes)]
+    grpc_after = grpc_ceiling(sizes, grpc_bytes, settings.parent_dir)
+    report.grpc = {size: [grpc_before[size], grpc_after[size]] for size in sizes}
     return report
 
 

@@ -113,7 +113,23 @@ def tables(report: Report) -> list[Table]:
             ["size", "ours produce MB/s", "/ disk"],
             [[size_text(size), fmt(ours.by_size[size]["produce"].mb_per_s),
               _ratio(ours.by_size[size]["produce"].mb_per_s / disk)] for size in sizes]))
+    if report.grpc and ours is not None:
+        found.append(Table(
+            f"The gRPC ceiling: a bare grpc.aio server on one stream of the fast API, batches shaped as ours "
+            f"(bench/e2e/ceiling.py), MB/s of payload (median of {len(next(iter(report.grpc.values())))}, "
+            "before and after the systems ran); ours against it",
+            ["size", "bare produce MB/s", "ours produce / bare", "bare consume MB/s", "ours consume / bare"],
+            [[size_text(size), fmt(grpc_mb_s(report, size, "produce")),
+              _ratio(ours.by_size[size]["produce"].mb_per_s / grpc_mb_s(report, size, "produce")),
+              fmt(grpc_mb_s(report, size, "consume")),
+              _ratio(ours.by_size[size]["consume"].mb_per_s / grpc_mb_s(report, size, "consume"))]
+             for size in sizes if size in report.grpc]))
     return found
+
+
+def grpc_mb_s(report: Report, size: int, phase: str) -> float:
+    """The gRPC ceiling's MB/s at `size` for `phase` (produce or consume), the median of its measurements."""
+    return median([getattr(c, f"{phase}_mb_s") for c in report.grpc[size]])
 
 
 def _peer_label(report: Report, name: str) -> str:
@@ -163,6 +179,9 @@ def as_json(report: Report, machine: dict[str, object], versions: str) -> dict[s
         "ratios": {peer: {key: round(value, 4) for key, value in found.items()}
                    for peer, found in report.ratios.items()},
         "disk_mb_s": [round(v, 1) for v in report.disk_mb_s],
+        "grpc_ceiling_mb_s": [{"size": size, "produce": [round(c.produce_mb_s, 1) for c in found],
+                               "consume": [round(c.consume_mb_s, 1) for c in found]}
+                              for size, found in sorted(report.grpc.items())],
         "ratios_by_size": {peer: [{"size": size, **{k: round(v, 4) for k, v in found.items()}}
                                   for size, found in by_size.items()]
                            for peer, by_size in report.size_ratios.items()},
@@ -183,21 +202,28 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
 
 
 def plot(report: Report, directory: Path = PLOTS_DIR, note: str = "") -> list[Path]:
-    """Throughput by record size (log-log) and the latency CDFs of the fixed-rate phase, as PNGs."""
+    """MB/s by record size (log-log; the disk's and the transport's own figures as lines) and the latency
+    CDFs of the fixed-rate phase, as PNGs."""
     directory.mkdir(parents=True, exist_ok=True)
     runs = f"median of {report.settings.runs} run(s)"
 
     def throughput(ax: Axes, phase: str) -> None:
         for y in report.systems:
             sizes = sorted(y.by_size)
-            ax.plot(sizes, [y.by_size[size][phase].records_per_s for size in sizes], marker="o",
-                    label=_label(y))
+            ax.plot(sizes, [y.by_size[size][phase].mb_per_s for size in sizes], marker="o", label=_label(y))
+        ceiling = sorted(report.grpc)
+        if ceiling:
+            ax.plot(ceiling, [grpc_mb_s(report, size, phase) for size in ceiling], linestyle="--",
+                    color="grey", label="gRPC ceiling (bare server, one stream)")
+        if phase == "produce" and report.disk_mb_s:
+            ax.axhline(median(report.disk_mb_s), linestyle=":", color="black",
+                       label="disk: 16 MiB writes, fdatasync each")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(sorted(report.systems[0].by_size) if report.systems else [])
         ax.set_xticklabels([size_text(size) for size in ax.get_xticks()])
         ax.set_xlabel("record size")
-        ax.set_ylabel("records/s")
+        ax.set_ylabel("MB/s of record payload")
         ax.set_title(f"{'catch-up consume' if phase == 'consume' else 'produce'} ({runs})")
 
     def cdf(ax: Axes, kind: str) -> None:
