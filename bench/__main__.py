@@ -17,6 +17,7 @@ from types import FrameType
 
 from bench import results
 from bench.common import (
+    CLIENT_KEEP_BYTES,
     Options,
     ProgressBar,
     Result,
@@ -27,6 +28,7 @@ from bench.common import (
     print_table,
     progress,
 )
+from danube_fast.allocator import keep_freed_memory
 
 
 def _positive_int(text: str) -> int:
@@ -170,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.dir):
         _parser().error(f"--dir {args.dir!r} is not a directory")
+    # The clients of every system run in this process and move large buffers: the broker's own setting
+    # (danube_fast/allocator.py), named in every section's machine line.
+    keep_freed_memory(CLIENT_KEEP_BYTES)
     if args.suite == "e2e":
         return _e2e(args, argv)
     if args.suite == "topics":

@@ -281,14 +281,21 @@ def machine_info(data_dir: str) -> dict[str, object]:
         "codec": frames.IMPL,
         "wal_engine": wal_engine.IMPL,
         "load_average_1m": round(os.getloadavg()[0], 2),
+        "client_malloc": CLIENT_MALLOC,
     }
+
+
+# What bench/__main__.py sets for its own (client) process: every system's Python client runs in it.
+CLIENT_KEEP_BYTES = 256 << 20
+CLIENT_MALLOC = f"glibc keeps {CLIENT_KEEP_BYTES >> 20} MiB freed (danube_fast/allocator.py)"
 
 
 def describe_machine(info: dict[str, object]) -> str:
     return (f"{info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable), "
             f"{info['memory_gib']} GiB, {info['kernel']}, {info['python']}, "
             f"data dir on {info['file_system']}, "
-            f"codec {info['codec']}, WAL engine {info['wal_engine']}, commit {info['git_commit'] or 'n/a'}")
+            f"codec {info['codec']}, WAL engine {info['wal_engine']}, commit {info['git_commit'] or 'n/a'}"
+            + (f", client process: {info['client_malloc']}" if info.get("client_malloc") else ""))
 
 
 # -- output ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
+malloc_keep_bytes = 268435456     # freed memory glibc keeps for reuse before giving it back to the kernel
+                                  # (danube_fast/allocator.py); 0 = glibc's defaults
 
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
@@ -130,6 +132,7 @@ class BrokerConfig:
     prom_exporter: str = "127.0.0.1:9040"
     advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
+    malloc_keep_bytes: int = 256 * 1024 * 1024
     wal: WalConfig = field(default_factory=WalConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     policy: Policy = field(default_factory=Policy)
@@ -243,6 +246,8 @@ def check(config: BrokerConfig) -> None:
             raise ConfigError(f"[dispatch] {name} must be at least 1")
     if not 0 < config.max_message_size <= 1 << 30:
         raise ConfigError("max_message_size must be in 1..1 GiB")
+    if not 0 <= config.malloc_keep_bytes < 1 << 31:
+        raise ConfigError(f"malloc_keep_bytes must be in 0..2 GiB - 1, not {config.malloc_keep_bytes}")
     # The WAL engines refuse these when a topic's log opens, which would fail every topic with INTERNAL.
     if not 0 < config.wal.segment_bytes <= MAX_SEGMENT_BYTES:
         raise ConfigError(f"[wal] segment_bytes must be in 1..{MAX_SEGMENT_BYTES} (1 GiB), "

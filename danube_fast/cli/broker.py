@@ -8,6 +8,7 @@ import sys
 
 import uvloop
 
+from danube_fast.allocator import keep_freed_memory
 from danube_fast.broker import config as broker_config
 from danube_fast.broker.server import StartError, serve
 from danube_fast.errors import DanubeError
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     except broker_config.ConfigError as e:
         print(f"danube-fast broker: {e}", file=sys.stderr)
         return 2
+    keep_freed_memory(config.malloc_keep_bytes)  # before the servers allocate their first buffers
     try:
         uvloop.run(serve(config))
     except (StartError, DanubeError, OSError) as e:

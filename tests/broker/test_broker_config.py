@@ -26,6 +26,7 @@ def test_defaults_without_a_file() -> None:
     assert config.admin_addr == "127.0.0.1:50051"
     assert config.prom_exporter == "127.0.0.1:9040"
     assert config.max_message_size == 10 * 1024 * 1024
+    assert config.malloc_keep_bytes == 256 * 1024 * 1024
     assert config.wal == WalConfig()
     assert config.wal.sync == SyncPolicy("always")
     assert config.dispatch == DispatchConfig(window=1000, ack_timeout_ms=30_000, nack_base_delay_ms=1000,
@@ -149,6 +150,8 @@ def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
     ('[broker]\nprom_exporter = ":9040"\n', "prom_exporter"),
     ("[dispatch]\nwindow = 0\n", "window"),
     ("[broker]\nmax_message_size = 0\n", "max_message_size"),
+    ("[broker]\nmalloc_keep_bytes = -1\n", "malloc_keep_bytes"),
+    ("[broker]\nmalloc_keep_bytes = 2147483648\n", "malloc_keep_bytes"),
     ("[wal]\nsegment_bytes = 2147483648\n", "segment_bytes"),  # the WAL refused it per topic (INTERNAL)
     ("[wal]\nsegment_bytes = 0\n", "segment_bytes"),
     ("[wal]\nidle_release_ms = -1\n", "idle_release_ms"),
