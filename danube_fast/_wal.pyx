@@ -18,6 +18,7 @@ when the last reference goes, so retention can unlink a segment a reader still h
 import os
 import threading
 
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.errno cimport EINTR, EINVAL, EIO, errno
 from libc.stdint cimport uint32_t, uint64_t
@@ -183,6 +184,48 @@ cdef _Stage _stage():
         st = _Stage()
         _stages.stage = st
     return st
+
+
+cdef class _Aligned:
+    """One group as a direct append writes it, in a block-aligned buffer of its own: the segment's last
+    partial block (`head` bytes), the stamped batches (`n` bytes), zeros up to the next block. Through the
+    buffer protocol it is the batches alone (read-only): the group's bytes for AppendResult, the tail cache
+    and readers, so the write needs no copy into the stage (Segment.stamp, Segment.write)."""
+    cdef unsigned char* p
+    cdef Py_ssize_t head
+    cdef Py_ssize_t n
+    cdef Py_ssize_t padded
+    cdef Py_ssize_t start        # file position of p[0]
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __dealloc__(self):
+        free(self.p)
+
+    def __len__(self):
+        return self.n
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a stamped group is read-only")
+        self.shape[0] = self.n
+        self.strides[0] = 1
+        buffer.buf = self.p + self.head
+        buffer.len = self.n
+        buffer.readonly = 1
+        buffer.itemsize = 1
+        buffer.format = NULL
+        if flags & PyBUF_FORMAT:
+            buffer.format = b"B"
+        buffer.ndim = 1
+        buffer.shape = self.shape
+        buffer.strides = self.strides
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        buffer.obj = self
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        pass
 
 
 def write_direct(int fd, int dfd, list parts):
@@ -351,6 +394,35 @@ cdef class Segment:
         self.file_end = os.fstat(self.fd).st_size
         return True
 
+    cdef _Aligned _aligned(self, Py_ssize_t n):
+        """A buffer for `n` stamped bytes that will follow `size`: the last partial block first (from `tail`,
+        or read back), zeros after the group up to a block."""
+        cdef _Aligned a = _Aligned.__new__(_Aligned)
+        cdef void* m = NULL
+        cdef Py_ssize_t pos = self.size
+        a.start = pos - pos % BLOCK
+        a.head = pos - a.start
+        a.n = n
+        a.padded = (a.head + n + BLOCK - 1) // BLOCK * BLOCK
+        if posix_memalign(&m, BLOCK, a.padded) != 0:
+            raise MemoryError(f"cannot allocate an aligned {a.padded}-byte group")
+        a.p = <unsigned char*>m
+        if a.head:
+            if self.tail_end == pos:
+                memcpy(a.p, self.tail, a.head)
+            elif _read_at(self.fd, a.p, a.head, a.start) != a.head:
+                raise OSError(EIO, f"cannot read back the last block of {self.log_path}")
+        memset(a.p + a.head + n, 0, a.padded - a.head - n)
+        return a
+
+    cdef int _write_aligned(self, _Aligned a) except -1:
+        cdef Py_ssize_t end = a.start + a.head + a.n
+        _write_all(self.fd, a.p, a.padded, a.start, self.dfd)
+        memcpy(self.tail, a.p + (end - end % BLOCK - a.start), end % BLOCK)
+        self.tail_end = end
+        self.file_end = max(self.file_end, a.start + a.padded)
+        return 0
+
     cdef int _write_direct(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t pos) except -1:
         cdef Py_ssize_t start = pos - pos % BLOCK, head = pos - start, total = head + n
         cdef Py_ssize_t padded = (total + BLOCK - 1) // BLOCK * BLOCK, end = pos + n
@@ -373,11 +445,14 @@ cdef class Segment:
         return 0
 
     def write(self, data, Py_ssize_t pos):
-        """pwrite all of `data` at `pos`."""
+        """pwrite all of `data` at `pos` (a group `stamp` laid out for a direct write at `pos`: as it is)."""
         cdef const unsigned char[::1] view = memoryview(data).cast("B")
         if view.shape[0]:
             try:
-                if self.dfd >= 0:
+                if self.dfd >= 0 and isinstance(data, _Aligned) and \
+                        (<_Aligned>data).start + (<_Aligned>data).head == pos:
+                    self._write_aligned(<_Aligned>data)
+                elif self.dfd >= 0:
                     self._write_direct(&view[0], view.shape[0], pos)
                 else:
                     _write_all(self.fd, &view[0], view.shape[0], pos)
@@ -606,12 +681,17 @@ cdef class Segment:
         last) offsets. Returns (data, offset after it, packed index entries for the batches that get one)."""
         cdef Py_ssize_t n = len(views), i, total = 0, pos, blen, at, last_indexed = self.last_indexed
         cdef const unsigned char[::1] view
+        cdef unsigned char* out
         for i in range(n):
             if views[i] is not None:
                 total += len(views[i])
-        data = PyBytes_FromStringAndSize(NULL, total)
+        if self.dfd >= 0 and total >= NOGIL_MIN_BYTES:
+            data = self._aligned(total)
+            out = (<_Aligned>data).p + (<_Aligned>data).head
+        else:  # small groups: a copy into the stage costs less than a block of its own in the cache
+            data = PyBytes_FromStringAndSize(NULL, total)
+            out = <unsigned char*>PyBytes_AS_STRING(data)
         marks = PyBytes_FromStringAndSize(NULL, (total // HEADER_BYTES + 1) * ENTRY)
-        cdef unsigned char* out = <unsigned char*>PyBytes_AS_STRING(data)
         cdef unsigned char* mk = <unsigned char*>PyBytes_AS_STRING(marks)
         cdef unsigned char* p = out
         cdef Py_ssize_t nmarks = 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".idx"
@@ -54,6 +58,6 @@ class AppendResult:
     stamped bytes exactly as written (records first_offset .. next_offset - 1), None if nothing was valid."""
 
     ranges: list[tuple[int, int] | Exception]
-    data: bytes | None
+    data: Buffer | None  # bytes, or (native, direct appends) a read-only bytes-like laid out for O_DIRECT
     first_offset: int
     next_offset: int

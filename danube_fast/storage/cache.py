@@ -5,6 +5,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 @dataclass(frozen=True)
@@ -14,7 +18,7 @@ class CachedGroup:
 
     first: int
     next_offset: int
-    data: bytes
+    data: Buffer  # the group as the WAL stamped it (AppendResult.data)
     starts: list[int]
     positions: list[int]
 
@@ -42,14 +46,14 @@ class BatchCache:
     def add(self, group: CachedGroup) -> None:
         self._groups.append(group)
         self._firsts.append(group.first)
-        self._bytes += len(group.data)
+        self._bytes += memoryview(group.data).nbytes
         while self._bytes > self._max_bytes and len(self._groups) > 1:
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         old = self._groups.popleft()
         self._firsts.popleft()
-        self._bytes -= len(old.data)
+        self._bytes -= memoryview(old.data).nbytes
 
     def find(self, offset: int) -> CachedGroup | None:
         """The cached group holding `offset`, or None if it is older than the cache (or not written)."""

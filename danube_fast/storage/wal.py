@@ -324,7 +324,7 @@ class Wal:
             # A small group while no fsync is queued or running: fsync here rather than queue a task (one
             # thread handoff less per group, which is what small appends pay most for). Large groups, or a
             # busy fsync: queue it, so that the next group is written while this one is flushed (pipelining).
-            small = len(result.data) < INLINE_SYNC_BYTES
+            small = memoryview(result.data).nbytes < INLINE_SYNC_BYTES
             inline = small and not self._unsynced and self._sync_state == "idle"
             if inline:
                 self._sync_state = "running"

@@ -192,3 +192,41 @@ def test_reads_once_go_past_the_page_cache_and_return_the_same_bytes(wal_impl: M
         # The header read that finds the first batch brings a few pages in (the kernel's first read-ahead).
         assert (cached <= 8 < pages // 2) if direct else (cached == pages), (cached, pages)
         log.close()
+
+
+def test_large_groups_are_stamped_for_the_direct_write_and_files_match_across_impls(tmp_path: Path) -> None:
+    """A direct append of 64 KiB or more is stamped straight into a block-aligned buffer that the write uses
+    as it is (native): the files are byte for byte those of the pure twin and of a buffered log, across
+    small and large groups, a release (the last block then comes back from the file) and rolls; the group's
+    bytes (AppendResult.data, what the tail cache keeps) are read-only and read back as written."""
+    from danube_fast import _frames, _frames_py, _wal, _wal_py
+
+    results = {}
+    for name, segments, codec, direct in (("native-direct", _wal, _frames, True),
+                                          ("pure-direct", _wal_py, _frames_py, True),
+                                          ("native-buffered", _wal, _frames, False)):
+        directory = tmp_path / name
+        log = make_log(segments, str(directory), direct_io=direct, segment_bytes=1 << 20)
+        gen, model = Batches(codec, 6), Model(codec)
+        aligned = 0
+        for i in range(60):
+            if i == 30:
+                log.release()
+            big = i % 3 != 2
+            buffer = (b"".join(gen.batch(records=3, payload_max=30_000) for _ in range(3)) if big
+                      else gen.buffer())
+            data = log.append([buffer]).data
+            view = memoryview(data)
+            assert view.readonly
+            if big and direct and name.startswith("native"):
+                assert not isinstance(data, bytes), "a large direct group is stamped into an aligned buffer"
+                aligned += 1
+            model.add(bytes(view))
+        log.sync()
+        assert len(log.segment_bases) >= 3
+        check_all(log, model)
+        log.close()
+        results[name] = logs(directory)
+        if name == "native-direct":
+            assert aligned >= 30
+    assert results["native-direct"] == results["pure-direct"] == results["native-buffered"]
