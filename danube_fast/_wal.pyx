@@ -119,34 +119,6 @@ cdef Py_ssize_t _read_at(int fd, unsigned char* p, size_t n, Py_ssize_t pos) exc
     return done
 
 
-cdef bint _read_direct(int fd, unsigned char* p, Py_ssize_t n, Py_ssize_t pos) except -1:
-    """Bytes [pos, pos + n) of the file open as `fd`, all there, read with O_DIRECT through a second
-    descriptor (/proc/self/fd: the same file even if it was unlinked) in whole blocks into this thread's
-    aligned stage, then copied to `p`. False, having read nothing, where the file system takes no O_DIRECT.
-
-    Why: a reader that reads a range once (the uploader) would otherwise have the kernel allocate cache
-    pages for it and copy out of them; on the benchmark VM that took a third of both cores while a consumer
-    and the uploader read (docs/ARCHITECTURE.md, "Direct object writes")."""
-    cdef Py_ssize_t start = pos - pos % BLOCK
-    cdef Py_ssize_t span = (pos + n - start + BLOCK - 1) // BLOCK * BLOCK
-    cdef unsigned char* buf = _stage().fit(span)
-    cdef Py_ssize_t got
-    cdef int dfd = c_open(f"/proc/self/fd/{fd}".encode(), O_RDONLY | O_DIRECT | O_CLOEXEC)
-    if dfd < 0:
-        if errno == EINVAL:
-            return False
-        raise OSError(errno, os.strerror(errno))
-    try:
-        got = _read_at(dfd, buf, span, start)
-    finally:
-        c_close(dfd)
-    if got < pos - start + n:
-        raise OSError(EIO, f"a direct read of bytes {pos}..{pos + n} ended at {start + got}")
-    with nogil:
-        memcpy(p, buf + (pos - start), n)
-    return True
-
-
 cdef inline bint _plausible(const unsigned char* head) noexcept nogil:
     """A header walked without its CRC (sealed data, already verified once) must at least look like one;
     a zero length would otherwise walk in place forever."""
@@ -723,12 +695,10 @@ cdef class Segment:
 
     # -- reading ---------------------------------------------------------------------------------------
 
-    def read(self, Py_ssize_t pos, Py_ssize_t size, uint64_t offset, Py_ssize_t max_bytes, uint64_t limit,
-             bint direct=False):
+    def read(self, Py_ssize_t pos, Py_ssize_t size, uint64_t offset, Py_ssize_t max_bytes, uint64_t limit):
         """Whole batches from the one holding `offset`, walking from the indexed batch at `pos`, within the
         first `size` bytes: at most max_bytes, at least one batch, all below `limit`. None when there is no
-        such batch. The GIL is released for the preads. With `direct` the data is read with O_DIRECT (see
-        _read_direct), where the file system takes it."""
+        such batch. The GIL is released for the preads."""
         cdef uint64_t base
         cdef Py_ssize_t n, cut
         cdef unsigned char head[PEEK]
@@ -750,19 +720,14 @@ cdef class Segment:
         n = min(max(max_bytes, <Py_ssize_t>length), size - pos)
         data = PyBytes_FromStringAndSize(NULL, n)
         cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t step
-        if direct and _read_direct(self.fd, p, n, pos):
-            pass
-        else:
-            n = _read_at(self.fd, p, n, pos)
-            # A reader going through the segment in 1 MiB reads gets the next AHEAD..2*AHEAD bytes asked of
-            # the device once per step: direct appends leave recent data out of the page cache, and the
-            # kernel's own read-ahead for 1 MiB reads reached about a third of the device's speed here
-            # (docs/ARCHITECTURE.md).
-            step = (pos + n) // AHEAD * AHEAD
-            if (pos < step or pos % AHEAD == 0) and step < size:
-                with nogil:
-                    posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), POSIX_FADV_WILLNEED)
+        n = _read_at(self.fd, p, n, pos)
+        # A reader going through the segment in 1 MiB reads gets the next AHEAD..2*AHEAD bytes asked of the
+        # device once per step: direct appends leave recent data out of the page cache, and the kernel's
+        # own read-ahead for 1 MiB reads reached about a third of the device's speed here (docs/ARCHITECTURE.md).
+        cdef Py_ssize_t step = (pos + n) // AHEAD * AHEAD
+        if (pos < step or pos % AHEAD == 0) and step < size:
+            with nogil:
+                posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), POSIX_FADV_WILLNEED)
         # Keep whole batches below the limit.
         cut = 0
         while cut + HEADER_BYTES <= n:

@@ -125,34 +125,6 @@ def _read_at(fd: int, n: int, pos: int) -> bytes:
     return data
 
 
-def _read_direct(fd: int, n: int, pos: int) -> bytes | None:
-    """Bytes [pos, pos + n) of `fd` read with O_DIRECT through /proc/self/fd into this thread's stage; None
-    where the file system takes no O_DIRECT (see _wal.pyx)."""
-    start = pos - pos % BLOCK
-    span = -(-(pos + n - start) // BLOCK) * BLOCK
-    buf = _stage(span)
-    try:
-        dfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            return None
-        raise
-    try:
-        got = 0
-        view = memoryview(buf)
-        while got < span:
-            r = os.preadv(dfd, [view[got:span]], start + got)
-            if r == 0:
-                break
-            got += r
-        del view
-    finally:
-        os.close(dfd)
-    if got < pos - start + n:
-        raise OSError(errno.EIO, f"a direct read of bytes {pos}..{pos + n} ended at {start + got}")
-    return buf[pos - start : pos - start + n]
-
-
 def _plausible(magic: int, version: int, length: int, count: int) -> bool:
     """A header walked without its CRC (sealed data, already verified once) must at least look like one; a
     zero length would otherwise walk in place forever."""
@@ -495,8 +467,7 @@ class Segment:
 
     # -- reading ---------------------------------------------------------------------------------------
 
-    def read(self, pos: int, size: int, offset: int, max_bytes: int, limit: int,
-             direct: bool = False) -> bytes | memoryview | None:
+    def read(self, pos: int, size: int, offset: int, max_bytes: int, limit: int) -> bytes | memoryview | None:
         # Walk headers from the indexed batch to the one holding `offset`.
         while True:
             head = self._head(pos) if pos + PEEK <= size else None
@@ -510,13 +481,10 @@ class Segment:
             if base + count > offset:
                 break
             pos += length
-        n = min(max(max_bytes, length), size - pos)
-        data = _read_direct(self.fd, n, pos) if direct else None
-        if data is None:
-            data = _read_at(self.fd, n, pos)
-            step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
-            if (pos < step or pos % AHEAD == 0) and step < size:
-                os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
+        data = _read_at(self.fd, min(max(max_bytes, length), size - pos), pos)
+        step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
+        if (pos < step or pos % AHEAD == 0) and step < size:
+            os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
         # Keep whole batches below the limit.
         cut = 0
         while cut + HEADER_BYTES <= len(data):

@@ -516,11 +516,10 @@ class SegmentedLog:
             seg = self._segment_for(offset)
             return seg.base, seg.find(offset)
 
-    def read(self, offset: int, max_bytes: int, limit: int, once: bool = False) -> bytes | memoryview | None:
+    def read(self, offset: int, max_bytes: int, limit: int) -> bytes | memoryview | None:
         """Whole batches from the one holding `offset`: at most max_bytes, at least one batch, all below
         `limit` (the committed next offset); None when offset >= limit. Raises OffsetOutOfRange below
-        start_offset. Runs in any thread. `once`: the caller reads this range once (the uploader); with
-        direct appends it is then read with O_DIRECT, past the page cache (docs/ARCHITECTURE.md)."""
+        start_offset. Runs in any thread."""
         with self._lock:
             if self._closed:
                 raise WalClosed(f"the WAL in {self._directory} is closed")
@@ -532,6 +531,6 @@ class SegmentedLog:
             size, pos = seg.size, seg.find(offset)
             self._busy += 1
         try:
-            return seg.read(pos, size, offset, max_bytes, limit, once and self._direct)
+            return seg.read(pos, size, offset, max_bytes, limit)
         finally:
             self._leave()

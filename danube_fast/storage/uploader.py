@@ -274,7 +274,7 @@ class Uploader:
         size, position = 0, start
         room = self.config.max_object_bytes
         while position < limit and size < room:
-            got = await self._wal.read(position, min(room - size, READ_BYTES), once=True)
+            got = await self._wal.read(position, min(room - size, READ_BYTES))
             if got is None:
                 break
             chunk, position = clip_batches(got[0], position, limit, room - size, whole=not chunks)

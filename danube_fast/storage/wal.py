@@ -452,12 +452,10 @@ class Wal:
 
     # -- reading -------------------------------------------------------------------------------------
 
-    async def read(self, offset: int, max_bytes: int = 1024 * 1024, *, once: bool = False
-                   ) -> tuple[Buffer, int] | None:
+    async def read(self, offset: int, max_bytes: int = 1024 * 1024) -> tuple[Buffer, int] | None:
         """Whole batches from the one holding `offset` (it may start before `offset`: skip those records),
         about max_bytes, all committed; with the offset after the last record returned. None when
-        `offset` is not committed yet. Raises OffsetOutOfRange below the first stored offset. `once`: see
-        SegmentedLog.read (the uploader's reads)."""
+        `offset` is not committed yet. Raises OffsetOutOfRange below the first stored offset."""
         if self._closed is not None:
             raise self._closed
         committed = self._committed
@@ -471,7 +469,7 @@ class Wal:
             raise OffsetOutOfRange(
                 f"offset {offset} is below the first stored offset {self._log.start_offset}")
         # The engine's close waits for reads in progress; a read that starts after it gets WalClosed.
-        data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed, once)
+        data = await self._loop.run_in_executor(None, self._log.read, offset, max_bytes, committed)
         if data is None:
             return None
         return data, frames.span(data)[1]

@@ -147,53 +147,6 @@ def test_write_direct_writes_a_new_file_of_exactly_the_parts(wal_impl: ModuleTyp
     assert path.read_bytes() == b"".join(parts)
 
 
-def _cached_pages(path: Path) -> int:
-    """Pages of the file in the page cache (mincore over a private mapping of it)."""
-    import ctypes
-    import mmap
-
-    size = path.stat().st_size
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
-        pages = -(-size // mmap.PAGESIZE)
-        vec = (ctypes.c_ubyte * pages)()
-        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
-        del address
-        return sum(v & 1 for v in vec)
-
-
-def test_reads_once_go_past_the_page_cache_and_return_the_same_bytes(wal_impl: ModuleType, frames: ModuleType,
-                                                                      tmp_path: Path) -> None:
-    """read(once=True) (the uploader's) reads with O_DIRECT when the log appends directly: the same batches
-    as a buffered read, from sealed segments and from the padded active one, at unaligned positions; the
-    file's pages stay out of the cache. A buffered log reads `once` through the cache as always."""
-    for direct in (True, False):
-        directory = tmp_path / f"direct-{direct}"
-        log = make_log(wal_impl, str(directory), direct_io=direct, segment_bytes=256 * 1024)
-        gen, model = Batches(frames, 5), Model(frames)
-        fill(log, gen, model, 1200)
-        log.sync()
-        assert len(log.segment_bases) >= 3
-        for path in directory.glob("*.log"):
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        for b in model.batches[::7]:
-            for max_bytes in (1, 10_000, 1 << 20):
-                once = log.read(b.base, max_bytes, model.end, once=True)
-                assert once is not None and bytes(once) == bytes(log.read(b.base, max_bytes, model.end))
-        sealed = directory / f"{log.segment_bases[0]:020d}.log"
-        fd = os.open(sealed, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-        log.read(model.start, 1 << 20, model.end, once=True)
-        cached, pages = _cached_pages(sealed), -(-sealed.stat().st_size // BLOCK)
-        # The header read that finds the first batch brings a few pages in (the kernel's first read-ahead).
-        assert (cached <= 8 < pages // 2) if direct else (cached == pages), (cached, pages)
-        log.close()
-
-
 def test_large_groups_are_stamped_for_the_direct_write_and_files_match_across_impls(tmp_path: Path) -> None:
     """A direct append of 64 KiB or more is stamped straight into a block-aligned buffer that the write uses
     as it is (native): the files are byte for byte those of the pure twin and of a buffered log, across
