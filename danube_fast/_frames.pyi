@@ -11,7 +11,8 @@ HEADER_SIZE: int
 LAYOUT: dict[str, int]
 MAX_BATCH_BYTES: int
 COMPRESSIONS: tuple[str, ...]
-ARROW_SCHEMA: pa.Schema
+ARROW_SCHEMA: pa.Schema  # built on first use (module __getattr__), as arrow_schema() returns it
+def arrow_schema() -> pa.Schema: ...
 
 class Record:
     payload: bytes

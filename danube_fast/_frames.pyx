@@ -10,8 +10,6 @@ from its own structs; tests/unit/test_layout_pinned.py pins them to LAYOUT below
 
 import sys
 
-import pyarrow as pa
-
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
@@ -85,17 +83,14 @@ LAYOUT = {
 # Codec names by number (docs/FORMAT.md#compression); `compression=` arguments take the names.
 COMPRESSIONS = ("none", "zstd", "lz4")
 
-ARROW_SCHEMA = pa.schema([
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("timestamp", pa.timestamp("ms"), nullable=False),
-    pa.field("key", pa.string()),
-    pa.field("value", pa.binary(), nullable=False),
-    pa.field("producer", pa.string(), nullable=False),
-    pa.field("attributes", pa.map_(pa.string(), pa.string())),
-    pa.field("schema_id", pa.int64()),
-    pa.field("schema_version", pa.int64()),
-])
-_ATTR_ENTRY_FIELDS = [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())]
+# pyarrow is imported on first use (danube_fast/_arrow.py says why).
+from danube_fast._arrow import arrow_schema, pyarrow as _pyarrow
+
+
+def __getattr__(name):
+    if name == "ARROW_SCHEMA":
+        return arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 cdef uint64_t U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -1046,7 +1041,7 @@ cdef class _Columns:
 
     cdef unsigned char* alloc(self, str name, Py_ssize_t size) except NULL:
         cdef Py_buffer view
-        buf = pa.allocate_buffer(max(size, 1))
+        buf = _pyarrow().allocate_buffer(max(size, 1))
         self.buffers[name] = buf
         PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
         p = <unsigned char*>view.buf
@@ -1067,6 +1062,8 @@ cdef inline void _put_text(unsigned char* data, int32_t* offsets, Py_ssize_t i, 
 
 def decode_arrow(buf, bint verify=True):
     """Decode a buffer of back-to-back batches into one pyarrow.RecordBatch (schema ARROW_SCHEMA)."""
+    pa = _pyarrow()
+    schema = arrow_schema()
     cdef _Input inp = _Input(buf)
     cdef Totals t
     memset(&t, 0, sizeof(Totals))
@@ -1079,7 +1076,7 @@ def decode_arrow(buf, bint verify=True):
     # is copied, so the payload bytes come from DRAM once (measured: 4.0 -> 5.x GiB/s, bench/RESULTS.md).
     _check_all(inp.ptr, inp.size, &t)
     if t.records == 0:
-        return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        return pa.RecordBatch.from_pylist([], schema=schema)
     for what, size in (("payload", t.payload_bytes), ("routing key", t.key_bytes),
                        ("producer name", t.producer_bytes), ("attribute key", t.attr_key_bytes),
                        ("attribute value", t.attr_value_bytes), ("attribute", t.attr_entries)):
@@ -1125,7 +1122,7 @@ def decode_arrow(buf, bint verify=True):
     entries = pa.StructArray.from_arrays(
         [pa.Array.from_buffers(pa.string(), t.attr_entries, [None, b["akey_offs"], b["akey_data"]]),
          pa.Array.from_buffers(pa.string(), t.attr_entries, [None, b["aval_offs"], b["aval_data"]])],
-        fields=_ATTR_ENTRY_FIELDS)
+        fields=[pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
     arrays = [
         pa.Array.from_buffers(pa.int64(), n, [None, b["offset"]]),
         pa.Array.from_buffers(pa.timestamp("ms"), n, [None, b["timestamp"]]),
@@ -1133,7 +1130,7 @@ def decode_arrow(buf, bint verify=True):
                                                b["key_data"]], null_count=key_nulls),
         pa.Array.from_buffers(pa.binary(), n, [None, b["val_offs"], b["val_data"]]),
         pa.Array.from_buffers(pa.string(), n, [None, b["prod_offs"], b["prod_data"]]),
-        pa.Array.from_buffers(ARROW_SCHEMA.field("attributes").type, n,
+        pa.Array.from_buffers(schema.field("attributes").type, n,
                               [b["attr_valid"] if attr_nulls else None, b["map_offs"]],
                               null_count=attr_nulls, children=[entries]),
         pa.Array.from_buffers(pa.int64(), n, [b["sid_valid"] if sid_nulls else None, b["sid"]],
@@ -1141,7 +1138,7 @@ def decode_arrow(buf, bint verify=True):
         pa.Array.from_buffers(pa.int64(), n, [b["sver_valid"] if sver_nulls else None, b["sver"]],
                               null_count=sver_nulls),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 cdef void _fill(const unsigned char* buf, Py_ssize_t size, int64_t* offsets, int64_t* stamps,

@@ -20,17 +20,18 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pyarrow as pa
-
+from danube_fast._arrow import arrow_schema
+from danube_fast._arrow import pyarrow as _pyarrow
 from danube_fast.errors import FrameCorrupt
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from typing_extensions import Buffer
 
-__all__ = [
-    "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "LAYOUT", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
-    "BatchHeader", "Record", "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads",
-    "iter_records", "parse_header", "scan_batches", "stamp_base_offset", "verify_batch",
+__all__ = [  # ARROW_SCHEMA too, through __getattr__ (built on first use)
+    "COMPRESSIONS", "HEADER_SIZE", "LAYOUT", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
+    "BatchHeader", "Record", "arrow_schema", "crc32c", "decode_arrow", "decode_records", "encode_batch",
+    "encode_payloads", "iter_records", "parse_header", "scan_batches", "stamp_base_offset", "verify_batch",
 ]
 
 MAGIC = 0xDB
@@ -98,16 +99,10 @@ _U16_MAX = (1 << 16) - 1
 _U32_MAX = (1 << 32) - 1
 _U64_MASK = (1 << 64) - 1  # offsets and times are u64: sums wrap as they do in the native module
 
-ARROW_SCHEMA = pa.schema([
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("timestamp", pa.timestamp("ms"), nullable=False),
-    pa.field("key", pa.string()),
-    pa.field("value", pa.binary(), nullable=False),
-    pa.field("producer", pa.string(), nullable=False),
-    pa.field("attributes", pa.map_(pa.string(), pa.string())),
-    pa.field("schema_id", pa.int64()),
-    pa.field("schema_version", pa.int64()),
-])
+def __getattr__(name: str) -> Any:
+    if name == "ARROW_SCHEMA":
+        return arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -473,6 +468,7 @@ def _maybe_compress(batch: bytes, codec: int, level: int | None) -> bytes:
     bytes (not worth a decompression in every reader)."""
     if codec == 0:
         return batch
+    pa = _pyarrow()
     if codec == _CODEC_ZSTD:
         level = _ZSTD_DEFAULT_LEVEL if level is None else operator.index(level)
         if not -(1 << 17) <= level <= 22:
@@ -496,6 +492,7 @@ def _maybe_compress(batch: bytes, codec: int, level: int | None) -> bytes:
 
 def _decompress(view: memoryview, header: BatchHeader, records_start: int) -> bytes:
     """The records of the compressed batch `header`, exactly `raw_size` bytes (check 4)."""
+    pa = _pyarrow()
     codec = pa.Codec(_ARROW_CODECS[COMPRESSIONS.index(header.compression)])
     block = view[records_start:header.end]
     raw: bytes | None = None
@@ -822,12 +819,13 @@ def _as_int64(value: int) -> int:
 
 def decode_arrow(buf: Buffer, verify: bool = True) -> pa.RecordBatch:
     """All records of `buf` as one RecordBatch with ARROW_SCHEMA."""
-    columns: dict[str, list[Any]] = {field.name: [] for field in ARROW_SCHEMA}
+    pa, schema = _pyarrow(), arrow_schema()
+    columns: dict[str, list[Any]] = {field.name: [] for field in schema}
     with _reading(buf) as view:
         for header, records in _batches(view, verify):
             _append_rows(columns, header, records)
-    arrays = [pa.array(columns[field.name], type=field.type) for field in ARROW_SCHEMA]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+    arrays = [pa.array(columns[field.name], type=field.type) for field in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _append_rows(columns: dict[str, list[Any]], header: BatchHeader, records: Iterable[_Fields]) -> None:

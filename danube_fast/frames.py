@@ -13,7 +13,6 @@ PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 # The type checker reads the native module's .pyi; the twin implements the same API.
 if PURE and not TYPE_CHECKING:
     from danube_fast._frames_py import (
-        ARROW_SCHEMA,
         COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,
@@ -21,6 +20,7 @@ if PURE and not TYPE_CHECKING:
         VERSION,
         BatchHeader,
         Record,
+        arrow_schema,
         crc32c,
         decode_arrow,
         decode_records,
@@ -35,7 +35,6 @@ if PURE and not TYPE_CHECKING:
     )
 else:
     from danube_fast._frames import (
-        ARROW_SCHEMA,
         COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,
@@ -43,6 +42,7 @@ else:
         VERSION,
         BatchHeader,
         Record,
+        arrow_schema,
         crc32c,
         decode_arrow,
         decode_records,
@@ -58,8 +58,21 @@ else:
 
 IMPL = "pure" if PURE else "native"
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    ARROW_SCHEMA: pa.Schema
+
+
+def __getattr__(name: str) -> object:
+    """ARROW_SCHEMA on first use: pyarrow is imported only by what decodes to Arrow (see _frames.pyx)."""
+    if name == "ARROW_SCHEMA":
+        return arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
-    "BatchHeader", "Record", "crc32c", "decode_arrow", "decode_records", "encode_batch", "encode_payloads",
+    "BatchHeader", "Record", "arrow_schema", "crc32c", "decode_arrow", "decode_records", "encode_batch",
+    "encode_payloads",
     "iter_records", "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
 ]

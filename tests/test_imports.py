@@ -6,12 +6,19 @@
   cluster mode implements.
 
 Imports under `if TYPE_CHECKING:` count too: a type-only cycle still ties two modules' designs together.
+
+And one import that is run, not read: pyarrow stays out of the processes that do not decode to Arrow.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "danube_fast"
@@ -116,3 +123,21 @@ def test_only_the_cluster_and_the_composition_root_import_the_cluster() -> None:
         and name not in COMPOSITION_ROOTS
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_pyarrow_is_imported_only_to_decode_to_arrow(pure: str) -> None:
+    """The CLI, the clients and the broker do not import pyarrow (it cost every `danube-fast` call and every
+    broker start about 65 ms); ARROW_SCHEMA and decode_arrow import it on first use, with either codec."""
+    probe = (
+        "import sys\n"
+        "import danube_fast.cli.main, danube_fast.client, danube_fast.broker.server\n"
+        "import danube_fast.frames as f\n"
+        "assert 'pyarrow' not in sys.modules, 'imported at start'\n"
+        "batch = f.encode_payloads([b'x'])\n"
+        "assert 'pyarrow' not in sys.modules, 'imported by encoding'\n"
+        "assert f.decode_arrow(batch).schema == f.ARROW_SCHEMA and 'pyarrow' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "DANUBE_FAST_PURE": pure},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

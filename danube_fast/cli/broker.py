@@ -10,7 +10,6 @@ import uvloop
 
 from danube_fast.allocator import keep_freed_memory
 from danube_fast.broker import config as broker_config
-from danube_fast.broker.server import StartError, serve
 from danube_fast.errors import DanubeError
 
 DEFAULTS = broker_config.BrokerConfig()
@@ -60,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"danube-fast broker: {e}", file=sys.stderr)
         return 2
     keep_freed_memory(config.malloc_keep_bytes)  # before the servers allocate their first buffers
+    # Here, not at the top: every other `danube-fast` command would pay for importing the whole broker.
+    from danube_fast.broker.server import StartError, serve
+
     try:
         uvloop.run(serve(config))
     except (StartError, DanubeError, OSError) as e:
