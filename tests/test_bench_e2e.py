@@ -73,6 +73,7 @@ def test_tiny_run_json() -> None:
                 _check_phase(by_size[name], by_size["size"], 1000)
     assert report["systems"][0]["durability"] == "reliable_fsync"
     assert len(report["disk_mb_s"]) == 2 and all(rate > 0 for rate in report["disk_mb_s"])  # before, after
+    assert len(report["disk_direct_mb_s"]) == 2 and all(rate > 0 for rate in report["disk_direct_mb_s"])
     assert [c["size"] for c in report["grpc_ceiling_mb_s"]] == [256, 4096]
     for ceiling in report["grpc_ceiling_mb_s"]:
         assert len(ceiling["produce"]) == len(ceiling["consume"]) == 2  # before, after
@@ -112,13 +113,15 @@ def test_report_from_measurements(tmp_path: Path) -> None:
     assert report.size_ratios["nats"][4096]["consume"] == pytest.approx(10 / 9)
     assert len(ours.ack_s) == 2000 and len(ours.e2e_s) == 2000
     report.disk_mb_s = [900.0, 1100.0]
+    report.disk_direct_mb_s = [1900.0, 2100.0]
     report.grpc = {256: [Ceiling(40.0, 60.0), Ceiling(60.0, 80.0)], 4096: [Ceiling(400.0, 600.0)] * 2}
     tables = {table.title.split(":")[0]: table for table in e2e_report.tables(report)}
     text = "\n".join(line for table in tables.values() for line in table.lines(markdown=False))
     assert "danube_reliable_fsync (ours)" in text and "nats_file_sync2m" in text
     # Ours at 256 B: 15,000 records/s = 3.84 MB/s both ways; the ceiling's medians are 50 and 70 MB/s.
     assert tables["The gRPC ceiling"].rows[0] == ["256 B", "50", "0.08", "70", "0.05"]
-    assert tables["The disk"].rows[0][2] == "0.00"  # 3.84 MB/s against the disk's 1,000
+    assert tables["The disk"].rows[0][2:] == ["0.00", "0.00"]  # 3.84 MB/s against 1,000 and 2,000
+    assert tables["The disk"].columns[-1] == "/ disk (O_DIRECT)"
     plots = e2e_report.plot(report, tmp_path)
     assert [p.name for p in plots] == [e2e_report.THROUGHPUT_PNG, e2e_report.LATENCY_PNG]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)

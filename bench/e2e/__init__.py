@@ -201,6 +201,7 @@ class Report:
     ratios: dict[str, dict[str, float]]  # peer name -> ratio key -> ours / peer (main size)
     size_ratios: dict[str, dict[int, dict[str, float]]]  # peer -> size -> produce / consume -> ours / peer
     disk_mb_s: list[float] = field(default_factory=list)  # the disk baseline, before and after the systems
+    disk_direct_mb_s: list[float] = field(default_factory=list)  # the same through O_DIRECT
     # the gRPC ceiling per size, before and after the systems (bench/e2e/ceiling.py)
     grpc: dict[int, list[Ceiling]] = field(default_factory=dict)
 
@@ -285,18 +286,21 @@ def run_e2e(settings: Settings, bar: ProgressBar | None, explicit: bool = False)
     grpc_bytes = GRPC_BYTES // 4 if settings.quick else GRPC_BYTES
     sizes = sorted({w.size for w in workloads})
     before = disk_baseline(settings.parent_dir, disk_bytes)
+    direct_before = disk_baseline(settings.parent_dir, disk_bytes, direct=True)
     grpc_before = grpc_ceiling(sizes, grpc_bytes, settings.parent_dir)
     measured = suite.measure(workloads, options, configs, starting, finished)
     report = summarise(settings, configs, workloads, measured, skipped)
     report.disk_mb_s = [before, disk_baseline(settings.parent_dir, disk_bytes)]
+    report.disk_direct_mb_s = [direct_before, disk_baseline(settings.parent_dir, disk_bytes, direct=True)]
     grpc_after = grpc_ceiling(sizes, grpc_bytes, settings.parent_dir)
     report.grpc = {size: [grpc_before[size], grpc_after[size]] for size in sizes}
     return report
 
 
-def disk_baseline(parent_dir: str, total: int) -> float:
+def disk_baseline(parent_dir: str, total: int, direct: bool = False) -> float:
     """MB/s of os.write of 16 MiB chunks with an fdatasync after each, to a new file in `parent_dir`: what
-    the disk gives a writer that syncs (bench/micro/disk.py; `dd oflag=dsync bs=16M` does the same)."""
+    the disk gives a writer that syncs (bench/micro/disk.py; `dd oflag=dsync bs=16M` does the same); with
+    `direct`, through O_DIRECT (`oflag=direct,dsync`), as our WAL writes."""
     import os
     import tempfile
 
@@ -307,7 +311,7 @@ def disk_baseline(parent_dir: str, total: int) -> float:
     fd, path = tempfile.mkstemp(prefix="danube-bench-disk-", dir=parent_dir)
     os.close(fd)
     try:
-        return chunks * len(chunk) / disk.write_baseline(path, chunk, chunks) / 1e6
+        return chunks * len(chunk) / disk.write_baseline(path, chunk, chunks, direct) / 1e6
     finally:
         os.unlink(path)
 

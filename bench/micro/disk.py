@@ -5,6 +5,8 @@ and closing files and logs is outside the clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import mmap
 import os
 import random
 import time
@@ -28,11 +30,19 @@ def encode_batch_of(payload_bytes: int, records: int) -> bytes:
     return frames.encode_payloads([payload] * records, publish_time=PUBLISH_TIME)
 
 
-def write_baseline(path: str, chunk: bytes, chunks: int) -> float:
-    """What the disk gives without us: os.write of `chunk`, then os.fdatasync, `chunks` times, new file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(chunk)
+def write_baseline(path: str, chunk: bytes, chunks: int, direct: bool = False) -> float:
+    """What the disk gives without us: os.write of `chunk`, then os.fdatasync, `chunks` times, new file.
+    With `direct`, the file is open with O_DIRECT and written from a page-aligned copy of `chunk` (whose
+    length must be a multiple of 4 KiB), as the WAL's direct appends write."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+    with contextlib.ExitStack() as stack:
+        source: bytes | mmap.mmap = chunk
+        if direct:
+            source = stack.enter_context(mmap.mmap(-1, len(chunk)))  # anonymous maps are page-aligned
+            source[:] = chunk
+        fd = os.open(path, flags, 0o644)
+        stack.callback(os.close, fd)
+        view = stack.enter_context(memoryview(source))
         with no_gc():
             t0 = time.perf_counter()
             for _ in range(chunks):
@@ -40,9 +50,8 @@ def write_baseline(path: str, chunk: bytes, chunks: int) -> float:
                 while done < len(view):
                     done += os.write(fd, view[done:])
                 os.fdatasync(fd)
-            return time.perf_counter() - t0
-    finally:
-        os.close(fd)
+            elapsed = time.perf_counter() - t0
+    return elapsed
 
 
 def wal_facade_append(directory: str, batch: bytes, appends: int, in_flight: int) -> float:
