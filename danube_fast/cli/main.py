@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,6 +31,14 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 Summary = dict[str, object]
 Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing | str]]
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or "unknown" when run from a bare checkout."""
+    try:
+        return importlib.metadata.version("danube-fast")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _store_url(text: str) -> StoreUrl:
@@ -57,6 +66,7 @@ def _store_option(parser: argparse.ArgumentParser, help_text: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="A Danube-compatible messaging broker.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker_cli.add_parser(commands)
     admin = commands.add_parser("admin", help="administer a cluster").add_subparsers(

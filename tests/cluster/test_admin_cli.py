@@ -171,3 +171,11 @@ def test_admin_cli_errors() -> None:
     count = subprocess.run([*CLI, "cluster", "rebalance", "--max-moves", "-1"], capture_output=True,
                            text=True, timeout=60)
     assert count.returncode == 2 and "must be 0 or more" in count.stderr
+
+
+def test_the_cli_names_its_version() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([sys.executable, "-m", "danube_fast.cli.main", "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"danube-fast {version('danube-fast')}\n", done
