@@ -1119,10 +1119,11 @@ def decode_arrow(buf, bint verify=True):
         raise FrameCorrupt(f"CRC mismatch: stored 0x{load_u32(inp.ptr + bad + OFF_CRC):08x}, "
                            f"computed 0x{computed:08x}", bad)
     b = cols.buffers
+    attributes = schema.field("attributes").type
     entries = pa.StructArray.from_arrays(
         [pa.Array.from_buffers(pa.string(), t.attr_entries, [None, b["akey_offs"], b["akey_data"]]),
          pa.Array.from_buffers(pa.string(), t.attr_entries, [None, b["aval_offs"], b["aval_data"]])],
-        fields=[pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
+        fields=[attributes.key_field, attributes.item_field])
     arrays = [
         pa.Array.from_buffers(pa.int64(), n, [None, b["offset"]]),
         pa.Array.from_buffers(pa.timestamp("ms"), n, [None, b["timestamp"]]),
@@ -1130,7 +1131,7 @@ def decode_arrow(buf, bint verify=True):
                                                b["key_data"]], null_count=key_nulls),
         pa.Array.from_buffers(pa.binary(), n, [None, b["val_offs"], b["val_data"]]),
         pa.Array.from_buffers(pa.string(), n, [None, b["prod_offs"], b["prod_data"]]),
-        pa.Array.from_buffers(schema.field("attributes").type, n,
+        pa.Array.from_buffers(attributes, n,
                               [b["attr_valid"] if attr_nulls else None, b["map_offs"]],
                               null_count=attr_nulls, children=[entries]),
         pa.Array.from_buffers(pa.int64(), n, [b["sid_valid"] if sid_nulls else None, b["sid"]],

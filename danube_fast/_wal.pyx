@@ -379,51 +379,53 @@ cdef class Segment:
         if posix_memalign(&m, BLOCK, a.padded) != 0:
             raise MemoryError(f"cannot allocate an aligned {a.padded}-byte group")
         a.p = <unsigned char*>m
-        if a.head:
-            if self.tail_end == pos:
-                memcpy(a.p, self.tail, a.head)
-            elif _read_at(self.fd, a.p, a.head, a.start) != a.head:
-                raise OSError(EIO, f"cannot read back the last block of {self.log_path}")
+        self._load_head(a.p, pos)
         memset(a.p + a.head + n, 0, a.padded - a.head - n)
         return a
 
-    cdef int _write_aligned(self, _Aligned a) except -1:
-        cdef Py_ssize_t end = a.start + a.head + a.n
-        _write_all(self.fd, a.p, a.padded, a.start, self.dfd)
-        memcpy(self.tail, a.p + (end - end % BLOCK - a.start), end % BLOCK)
-        self.tail_end = end
-        self.file_end = max(self.file_end, a.start + a.padded)
-        return 0
-
-    cdef int _write_direct(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t pos) except -1:
-        cdef Py_ssize_t start = pos - pos % BLOCK, head = pos - start, total = head + n
-        cdef Py_ssize_t padded = (total + BLOCK - 1) // BLOCK * BLOCK, end = pos + n
-        cdef unsigned char* buf = _stage().fit(padded)
+    cdef int _load_head(self, unsigned char* buf, Py_ssize_t pos) except -1:
+        """The bytes of `pos`'s block before `pos` into `buf`: from `tail`, or read back from the file."""
+        cdef Py_ssize_t head = pos % BLOCK
         if head:
             if self.tail_end == pos:
                 memcpy(buf, self.tail, head)
-            elif _read_at(self.fd, buf, head, start) != head:
+            elif _read_at(self.fd, buf, head, pos - head) != head:
                 raise OSError(EIO, f"cannot read back the last block of {self.log_path}")
-        if n >= NOGIL_MIN_BYTES:
-            with nogil:
-                memcpy(buf + head, data, n)
-        else:
-            memcpy(buf + head, data, n)
-        memset(buf + total, 0, padded - total)
+        return 0
+
+    cdef int _write_blocks(self, const unsigned char* buf, Py_ssize_t start, Py_ssize_t end,
+                           Py_ssize_t padded) except -1:
+        """Write `padded` bytes of whole blocks from `start` (the data ends at `end`) and keep the new last
+        partial block in `tail`."""
         _write_all(self.fd, buf, padded, start, self.dfd)
         memcpy(self.tail, buf + (end - end % BLOCK - start), end % BLOCK)
         self.tail_end = end
         self.file_end = max(self.file_end, start + padded)
         return 0
 
+    cdef int _write_direct(self, const unsigned char* data, Py_ssize_t n, Py_ssize_t pos) except -1:
+        cdef Py_ssize_t start = pos - pos % BLOCK, head = pos - start, total = head + n
+        cdef Py_ssize_t padded = (total + BLOCK - 1) // BLOCK * BLOCK
+        cdef unsigned char* buf = _stage().fit(padded)
+        self._load_head(buf, pos)
+        if n >= NOGIL_MIN_BYTES:
+            with nogil:
+                memcpy(buf + head, data, n)
+        else:
+            memcpy(buf + head, data, n)
+        memset(buf + total, 0, padded - total)
+        return self._write_blocks(buf, start, pos + n, padded)
+
     def write(self, data, Py_ssize_t pos):
         """pwrite all of `data` at `pos` (a group `stamp` laid out for a direct write at `pos`: as it is)."""
         cdef const unsigned char[::1] view = memoryview(data).cast("B")
+        cdef _Aligned a
         if view.shape[0]:
             try:
                 if self.dfd >= 0 and isinstance(data, _Aligned) and \
                         (<_Aligned>data).start + (<_Aligned>data).head == pos:
-                    self._write_aligned(<_Aligned>data)
+                    a = <_Aligned>data
+                    self._write_blocks(a.p, a.start, a.start + a.head + a.n, a.padded)
                 elif self.dfd >= 0:
                     self._write_direct(&view[0], view.shape[0], pos)
                 else:

@@ -45,8 +45,10 @@ class Tier:
     @classmethod
     async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int) -> Tier:
         c = config.cluster
-        options: dict[str, str | float | bool] = {"direct": config.wal.direct_io}
-        if config.object_store.startswith("s3://"):
+        options: dict[str, str | float | bool]
+        if not config.object_store.startswith("s3://"):
+            options = {"direct": config.wal.direct_io}  # a folder: O_DIRECT objects as the WAL appends
+        else:
             given = (("endpoint_url", c.s3_endpoint), ("region", c.s3_region),
                      ("access_key", c.s3_access_key), ("secret_key", c.s3_secret_key))
             options = {k: v for k, v in given if v}
