@@ -10,9 +10,9 @@
 * `full`: both.
 
 A change of schema type is incompatible in every mode but `none`. Avro and JSON Schema are checked as
-described in `avro` and `jsonschema`. Protobuf definitions are not parsed, so any protobuf change is
-accepted (as v0.7.3 does). `bytes`, `string` and `number` have a single definition each: always compatible
-with themselves.
+docs/SCHEMAS.md describes (`avro`, `jsonschema`). Protobuf definitions are not parsed, so any protobuf
+change is accepted (as v0.7.3 does). `bytes`, `string` and `number` have a single definition each:
+always compatible with themselves.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 `enable_payload_validation`)?
 
 As v0.7.3: `bytes` accepts anything, `string` wants UTF-8, `number` wants 4 or 8 bytes (a 32- or 64-bit
-integer or float). JSON Schema payloads must be JSON satisfying the schema (the keyword subset of
-`jsonschema`); Avro payloads must be one binary datum of the schema (`avro`). Protobuf payloads are not
+integer or float). JSON Schema payloads must be JSON satisfying the schema (`jsonschema`); Avro payloads must
+be one binary datum of the schema (`avro`). docs/SCHEMAS.md gives the rules. Protobuf payloads are not
 checked: the registry does not parse .proto definitions.
 """
 
@@ -43,9 +43,8 @@ def validator_for(definition: SchemaDefinition) -> Validator:
     if kind is SchemaKind.NUMBER:
         return _number
     if kind is SchemaKind.JSON_SCHEMA:
-        schema = parsed_json(definition)
-        return lambda payload: jsonschema.payload_errors(schema, payload)
+        return jsonschema.payload_check(parsed_json(definition))
     if kind is SchemaKind.AVRO:
-        tree = avro.parse(parsed_json(definition))
-        return lambda payload: avro.datum_errors(tree, payload)
+        parsed = avro.parse(parsed_json(definition))
+        return lambda payload: avro.datum_errors(parsed, payload)
     return _accept  # bytes, protobuf

@@ -103,17 +103,31 @@ def test_avro_fingerprint_ignores_whitespace_and_protobuf_hashes_raw_text() -> N
 
 @pytest.mark.parametrize(("kind", "data", "match"), [
     (SchemaType.JSON_SCHEMA, b"{not json", "Invalid JSON"),
-    (SchemaType.JSON_SCHEMA, b'{"type": "invalid_type"}', "not a JSON Schema type"),
-    (SchemaType.JSON_SCHEMA, b'{"properties": {"a": 3}}', "must be an object or a boolean"),
-    (SchemaType.JSON_SCHEMA, b'{"required": "a"}', "array of strings"),
+    (SchemaType.JSON_SCHEMA, b'{"type": "invalid_type"}', r'\$\.type: "invalid_type" is not a JSON Schema'),
+    (SchemaType.JSON_SCHEMA, b'{"items": {"type": ["string", 3]}}', r"\$\.items\.type: .* is not a JSON"),
+    (SchemaType.JSON_SCHEMA, b'{"properties": {"a": 3}}', r'\$\.properties\.a: 3 is not of types "boolean"'),
+    (SchemaType.JSON_SCHEMA, b'{"required": "a"}', r'\$\.required: "a" is not of type "array"'),
+    (SchemaType.JSON_SCHEMA, b'{"minLength": -1}', "less than the minimum of 0"),
+    (SchemaType.JSON_SCHEMA, b'{"pattern": "(unclosed"}', "regex"),
+    (SchemaType.JSON_SCHEMA, b'{"$ref": "#/$defs/missing"}', "does not exist"),
+    (SchemaType.JSON_SCHEMA, b'{"$ref": "http://127.0.0.1:9/other.json"}', "outside the definition"),
+    (SchemaType.JSON_SCHEMA, b'{"$schema": "http://example.com/mine", "type": "string"}', "meta-schema"),
+    (SchemaType.JSON_SCHEMA, b"3", "an object or a boolean"),
     (SchemaType.JSON_SCHEMA, b"\xff\xfe", "UTF-8"),
-    (SchemaType.AVRO, b'{"type": "invalid_type", "name": "User"}', "unknown type"),
-    (SchemaType.AVRO, b'{"type": "record", "name": "User"}', "fields array"),
-    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a"}]}', "has no type"),
-    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a", "type": "Nope"}]}',
-     "unknown type"),
-    (SchemaType.AVRO, b'{"type": "enum", "name": "E", "symbols": ["A", "A"]}', "unique symbol"),
-    (SchemaType.AVRO, b'[["int"]]', "union may not contain a union"),
+    (SchemaType.AVRO, b'{"type": "invalid_type", "name": "User"}', "Undefined type"),
+    (SchemaType.AVRO, b'{"type": "record", "name": "User"}', "fields"),
+    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a"}]}', "not a valid Avro"),
+    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a", "type": "No"}]}', "No"),
+    (SchemaType.AVRO, b'{"type": "enum", "name": "E", "symbols": ["A", "A"]}', "Duplicate symbol"),
+    (SchemaType.AVRO, b'[["int"]]', "Unions cannot contain other unions"),
+    (SchemaType.AVRO, b'["int", "int"]', "int type already in Union"),
+    (SchemaType.AVRO, b'[{"type": "map", "values": "int"}, {"type": "map", "values": "long"}]', "map type"),
+    (SchemaType.AVRO, b'{"type": "enum", "name": "E", "symbols": ["A"], "default": "B"}', "Enum default 'B'"),
+    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a", "type": "int", '
+                      b'"default": "x"}]}', "Default value <x> must match schema type: int"),
+    (SchemaType.AVRO, b'{"type": "array", "items": "null"}', "an array of null takes no bytes"),
+    (SchemaType.AVRO, b'{"type": "record", "name": "U", "fields": [{"name": "a", "type": {"type": "array", '
+                      b'"items": {"type": "record", "name": "E", "fields": []}}}]}', "an array of record"),
     (SchemaType.PROTOBUF, b"   ", "empty"),
 ])
 def test_bad_definitions_are_refused(kind: SchemaType, data: bytes, match: str) -> None:
@@ -285,3 +299,37 @@ def test_avro_payload_validation() -> None:
     assert check(good + b"\x00") is not None  # trailing bytes
     assert check(_zigzag(42) + _zigzag(2) + b"\xff\xfe" + _zigzag(0) + _zigzag(0)) is not None  # bad UTF-8
     assert check(_zigzag(42) + _zigzag(0) + _zigzag(5) + _zigzag(0)) is not None  # union index out of range
+
+
+@pytest.mark.parametrize(("schema", "payload"), [
+    ({"enum": [1]}, b"true"), ({"const": 0}, b"false"), ({"type": "integer"}, b"true"),
+    ({"uniqueItems": True}, b"[1, 1]"), ({"multipleOf": 2}, b"3"),
+    ({"if": {"minimum": 10}, "then": {"multipleOf": 5}}, b"12"),
+    ({"patternProperties": {"^n_": {"type": "integer"}}}, b'{"n_a": "x"}'),
+    ({"prefixItems": [{"type": "string"}]}, b"[1]"),
+    ({"$defs": {"pos": {"minimum": 0}}, "$ref": "#/$defs/pos"}, b"-1"),
+    ({"type": "number"}, b"NaN"), ({}, b'{"a": Infinity}'),
+])
+def test_json_payloads_the_old_subset_let_through_are_refused(schema: object, payload: bytes) -> None:
+    check = validator_for(build_definition(SchemaType.JSON_SCHEMA, json.dumps(schema).encode()))
+    assert check(payload) is not None
+
+
+def test_json_payload_errors_name_where_and_why() -> None:
+    check = validator_for(build_definition(SchemaType.JSON_SCHEMA, json_schema(
+        {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "integer"}}}, ["c"])))
+    found = check(b'{"a": 1, "b": [1, "x"]}')
+    assert found is not None and found.startswith("JSON Schema validation failed: ")
+    assert '$.a: 1 is not of type "string"' in found and '$.b[1]: "x" is not of type "integer"' in found
+    assert '"c" is a required property' in found
+    assert check(b'{"c": 1, "b": [1, 2]}') is None
+
+
+def test_avro_payloads_are_decoded_by_the_schema() -> None:
+    check = validator_for(build_definition(SchemaType.AVRO, json.dumps(
+        {"type": "record", "name": "R", "fields": [
+            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+            {"name": "m", "type": {"type": "map", "values": "null"}}]}).encode()))
+    assert check(_zigzag(1) + _zigzag(0)) is None
+    assert check(_zigzag(2) + _zigzag(0)) is not None  # enum index outside the symbols
+    assert check(_zigzag(1) + _zigzag(2 ** 40)) is not None  # a map's entries each need a key: ends at EOF
