@@ -163,7 +163,10 @@ class SchemaRegistry:
             (v for v in meta.versions if v.version == version), None)
         if chosen is None:
             return f"subject {subject!r} has no schema version {version}"
-        validator = validator_for(chosen.schema_def)
+        try:
+            validator = validator_for(chosen.schema_def)
+        except InvalidSchema as e:  # stored before the registry checked definitions as it does now
+            return f"subject {subject!r} version {chosen.version} cannot validate payloads: {e}"
         self._validators[(subject, chosen.version)] = validator
         return validator
 

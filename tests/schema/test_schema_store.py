@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -204,5 +205,27 @@ def test_a_new_registry_over_the_same_store_sees_everything(run: Run, tmp_path: 
             assert await reg.subject_of(1) == "users"
             assert (await reg.latest("users")).version.schema_def.kind is SchemaKind.AVRO
             assert (await reg.register("other", "number", b"n")).schema_id == 2
+
+    run(main())
+
+
+def test_a_stored_version_that_no_longer_compiles_refuses_payloads_with_a_reason(run: Run,
+                                                                                  tmp_path: Path) -> None:
+    """Definitions stored before the registry checked them against the metaschema may not compile now:
+    validating against one answers why instead of raising on the publish path."""
+    async def main() -> None:
+        async with registry_at(tmp_path) as (store, reg):
+            await reg.register("users", "json_schema", user())
+            kv = await store.get(keys.schema_metadata("users"))
+            assert kv is not None
+            meta = SchemaMetadata.from_json(kv.value)
+            old = meta.versions[0]
+            stale = replace(old, schema_def=replace(old.schema_def, raw_schema='{"minLength": -1}'))
+            await store.put(keys.schema_metadata("users"), replace(meta, versions=(stale,)).to_json())
+        async with registry_at(tmp_path) as (_, reg):
+            await reg.load()
+            found = await reg.validator("users", 1)
+            assert isinstance(found, str) and "version 1 cannot validate payloads" in found
+            assert "minimum of 0" in found
 
     run(main())
