@@ -1,8 +1,13 @@
-"""The Prometheus endpoint: text exposition format 0.0.4, rendered from live broker state at scrape time.
+"""The Prometheus endpoint: prometheus-client renders, at scrape time, the broker's live state, the latency
+histograms of danube_fast/latency.py and the library's process, GC and platform collectors (CPU, memory,
+open files, collections). Our own asyncio listener serves it, so that the broker's TLS and bearer-token
+checks (docs/SECURITY.md) apply; it answers OpenMetrics to a scraper that asks for it and the text format
+0.0.4 otherwise.
 
-Counters (rates come from `rate()` over them) per topic: messages and bytes published; per subscription:
-messages delivered and redelivered, dead-lettered, dropped (NonReliable, no room); gauges: backlog (Reliable:
-committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages, consumers.
+The broker's families, per topic: messages and bytes published (counters: rates come from `rate()`),
+producers, the committed offset; per subscription: messages delivered and redelivered, dead-lettered,
+dropped (NonReliable, no room), and the gauges backlog (Reliable: committed offset minus the ack floor;
+NonReliable: messages buffered), unacknowledged messages, consumers.
 """
 
 from __future__ import annotations
@@ -13,6 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from ssl import SSLContext
 
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.registry import Collector
+
+from danube_fast import latency
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
@@ -20,77 +31,105 @@ from danube_fast.errors import DanubeError
 
 log = logging.getLogger("danube_fast.metrics")
 
-_HELP = {
-    "danube_topic_messages_in_total": ("counter", "Messages published to the topic."),
-    "danube_topic_bytes_in_total": ("counter", "Bytes published: payloads (Danube API), batches (fast API)."),
-    "danube_topic_committed_offset": ("gauge", "Reliable: offset after the last durable message."),
-    "danube_topic_producers": ("gauge", "Producers attached to the topic."),
-    "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers."),
-    "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss)."),
-    "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic."),
-    "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer took."),
-    "danube_subscription_lag": ("gauge", "Messages not acknowledged (Reliable) or buffered (NonReliable)."),
-    "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged."),
-    "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream."),
-    "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started."),
-    "danube_topic_load_failed": ("gauge", "1 for a topic of this broker whose storage could not be loaded."),
-    "danube_dispatch_held_bytes": ("gauge", "Bytes read for delivery, not yet acknowledged (all consumers)."),
-    "danube_topics_idle_released": ("gauge", "Reliable topics whose idle log gave back its cache and files."),
+_TOPIC = ("topic",)
+_SUBSCRIPTION = ("topic", "subscription")
+# name -> (kind, help, labels)
+_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "danube_topic_messages_in_total": ("counter", "Messages published to the topic.", _TOPIC),
+    "danube_topic_bytes_in_total": ("counter", "Bytes published: payloads (Danube API), batches (fast API).",
+                                    _TOPIC),
+    "danube_topic_committed_offset": ("gauge", "Reliable: offset after the last durable message.", _TOPIC),
+    "danube_topic_producers": ("gauge", "Producers attached to the topic.", _TOPIC),
+    "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers.",
+                                               _SUBSCRIPTION),
+    "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss).",
+                                              _SUBSCRIPTION),
+    "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic.",
+                                                _SUBSCRIPTION),
+    "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer took.", _SUBSCRIPTION),
+    "danube_subscription_lag": ("gauge", "Messages not acknowledged (Reliable) or buffered (NonReliable).",
+                                _SUBSCRIPTION),
+    "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged.",
+                                    _SUBSCRIPTION),
+    "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream.",
+                                      _SUBSCRIPTION),
+    "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started.", ()),
+    "danube_topic_load_failed": ("gauge", "1 for a topic of this broker whose storage could not be loaded.",
+                                 _TOPIC),
+    "danube_dispatch_held_bytes": ("gauge", "Bytes read for delivery, not yet acknowledged (all consumers).",
+                                   ()),
+    "danube_topics_idle_released": ("gauge", "Reliable topics whose idle log gave back its cache and files.",
+                                    ()),
 }
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class BrokerCollector(Collector):
+    """The broker's families, read from its topics at each scrape."""
+
+    def __init__(self, topics: Topics, started: float) -> None:
+        self._topics = topics
+        self._started = started
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            name: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, text, labels=labels)
+            for name, (kind, text, labels) in _FAMILIES.items()}
+
+        def add(name: str, labels: tuple[str, ...], value: float) -> None:
+            families[name].add_metric(labels, value)
+
+        topics = self._topics
+        for t in topics.served():
+            tl = (t.full,)
+            add("danube_topic_messages_in_total", tl, t.messages_in)
+            add("danube_topic_bytes_in_total", tl, t.bytes_in)
+            add("danube_topic_producers", tl, len(t.producers))
+            if isinstance(t, ReliableTopic):
+                add("danube_topic_committed_offset", tl, t.wal.committed_offset)
+            for s in t.subscriptions.values():
+                sl = (t.full, s.name)
+                d = s.dispatcher
+                add("danube_subscription_messages_out_total", sl, s.delivered)
+                add("danube_subscription_lag", sl, d.backlog)
+                add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
+                if isinstance(d, LiveDispatcher):
+                    add("danube_subscription_dropped_total", sl, d.dropped)
+                else:
+                    add("danube_subscription_redelivered_total", sl, d.redelivered)
+                    add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
+                    add("danube_subscription_unacked", sl, d.unacked)
+        add("danube_dispatch_held_bytes", (), topics.budget.held)
+        add("danube_topics_idle_released", (), topics.released_logs())
+        for name in topics.broken():
+            add("danube_topic_load_failed", (name,), 1)
+        add("danube_broker_uptime_seconds", (), time.monotonic() - self._started)
+        yield from families.values()
+
+
+def broker_registry(topics: Topics, started: float) -> CollectorRegistry:
+    """Everything one broker's endpoint exports."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(topics, started))
+    for histogram in latency.HISTOGRAMS:
+        registry.register(histogram)
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
 
 
 def render(topics: Topics, started: float) -> str:
-    samples: dict[str, list[str]] = {name: [] for name in _HELP}
-
-    def add(name: str, labels: dict[str, str], value: float) -> None:
-        text = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-        samples[name].append(f"{name}{{{text}}} {value}")
-
-    for t in topics.served():
-        tl = {"topic": t.full}
-        add("danube_topic_messages_in_total", tl, t.messages_in)
-        add("danube_topic_bytes_in_total", tl, t.bytes_in)
-        add("danube_topic_producers", tl, len(t.producers))
-        if isinstance(t, ReliableTopic):
-            add("danube_topic_committed_offset", tl, t.wal.committed_offset)
-        for s in t.subscriptions.values():
-            sl = {"topic": t.full, "subscription": s.name}
-            d = s.dispatcher
-            add("danube_subscription_messages_out_total", sl, s.delivered)
-            add("danube_subscription_lag", sl, d.backlog)
-            add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
-            if isinstance(d, LiveDispatcher):
-                add("danube_subscription_dropped_total", sl, d.dropped)
-            else:
-                add("danube_subscription_redelivered_total", sl, d.redelivered)
-                add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
-                add("danube_subscription_unacked", sl, d.unacked)
-    samples["danube_dispatch_held_bytes"].append(f"danube_dispatch_held_bytes {topics.budget.held}")
-    samples["danube_topics_idle_released"].append(f"danube_topics_idle_released {topics.released_logs()}")
-    for name in topics.broken():
-        add("danube_topic_load_failed", {"topic": name}, 1)
-    samples["danube_broker_uptime_seconds"].append(
-        f"danube_broker_uptime_seconds {time.monotonic() - started:.3f}")
-
-    def lines() -> Iterator[str]:
-        for name, (kind, text) in _HELP.items():
-            yield f"# HELP {name} {text}"
-            yield f"# TYPE {name} {kind}"
-            yield from samples[name]
-
-    return "\n".join(lines()) + "\n"
+    """The broker's own families alone, in the text format 0.0.4."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(topics, started))
+    return generate_latest(registry).decode()
 
 
 class MetricsServer:
     """A minimal HTTP/1.1 server: GET /metrics (and /) answers the exposition; anything else 404."""
 
     def __init__(self, topics: Topics) -> None:
-        self._topics = topics
-        self._started = time.monotonic()
+        self._registry = broker_registry(topics, time.monotonic())
         self._server: asyncio.Server | None = None
         self._admit: Callable[[str | None], None] | None = None
 
@@ -106,11 +145,9 @@ class MetricsServer:
         if self._admit is None:
             return None
         token = None
-        for line in request.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"authorization":
-                text = value.strip().decode("latin-1")
-                token = text[7:].strip() if text[:7].lower() == "bearer " else ""
+        text = _header(request, b"authorization")
+        if text is not None:
+            token = text[7:].strip() if text[:7].lower() == "bearer " else ""
         try:
             self._admit(token)
         except DanubeError as e:
@@ -132,8 +169,9 @@ class MetricsServer:
                 status, body = refused
                 head = b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nWWW-Authenticate: Bearer\r\n"
             elif method == b"GET" and path.split(b"?")[0] in (b"/metrics", b"/"):
-                body = render(self._topics, self._started).encode()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                encoder, content_type = choose_encoder(_header(request, b"accept") or "")
+                body = encoder(self._registry)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type.encode() + b"\r\n"
             else:
                 body = b"not found: try GET /metrics\n"
                 head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
@@ -143,3 +181,12 @@ class MetricsServer:
             pass
         finally:
             writer.close()
+
+
+def _header(request: bytes, wanted: bytes) -> str | None:
+    """The value of the request's header `wanted` (lower case), None without one."""
+    for line in request.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == wanted:
+            return value.strip().decode("latin-1")
+    return None

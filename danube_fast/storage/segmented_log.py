@@ -46,7 +46,7 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
-from danube_fast import frames, wal_engine
+from danube_fast import frames, latency, wal_engine
 from danube_fast._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport
 from danube_fast.errors import OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
 
@@ -376,8 +376,10 @@ class SegmentedLog:
             self._reopen()
             seg, covered, written = self._segments[-1], self._next_offset, self._written
             self._busy += 1
+        started = time.perf_counter()
         try:
             seg.datasync()
+            latency.FSYNC_SECONDS.observe(time.perf_counter() - started)
         except OSError as e:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing written since the last
             # good sync can be trusted, so refuse to go on (PostgreSQL's "fsyncgate" lesson).

@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from danube_fast import latency
 from danube_fast._wal_common import LOG_SUFFIX, segment_name
 from danube_fast.errors import DanubeError, ObjectStoreUnavailable, StorageError, WalClosed, WalWriteError
 from danube_fast.meta.resources_storage import ObjectDescriptor
@@ -253,7 +254,9 @@ class Uploader:
                     return
                 self._pending = pending
             if not pending.stored:
+                started = time.perf_counter()
                 pending.etag = await self._store.put_parts(pending.key, pending.built.parts)
+                latency.UPLOAD_SECONDS.observe(time.perf_counter() - started)
                 pending.stored = True
             descriptor = self._descriptor(pending)
             await self._publish(descriptor)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 from broker_support import Run, message, offsets, receive
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.broker import metrics
 from danube_fast.broker.config import DispatchConfig
@@ -24,8 +24,6 @@ from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 
-SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="(?:[^"\\\n]|\\[\\"n])*",?)*\})? -?[0-9.e+]+$')
-
 
 def topics_of(*topics: Topic) -> Topics:
     """The registry `render` reads, holding just these topics (no store behind it)."""
@@ -37,23 +35,18 @@ def topics_of(*topics: Topic) -> Topics:
 
 
 def samples(text: str) -> dict[str, float]:
-    """Sample line (name and labels) → value; checks the exposition format on the way."""
-    assert text.endswith("\n")
+    """Series (name and raw label values, as `name{label="value"}`) -> value, read back by prometheus-client's
+    own parser; every series once."""
     out: dict[str, float] = {}
-    described: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            described.add(line.split()[2])
-            continue
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split()
-            assert name in described and kind in ("counter", "gauge"), line
-            continue
-        assert SAMPLE.match(line), f"not a valid sample line: {line!r}"
-        series, value = line.rsplit(" ", 1)
-        assert series.split("{")[0] in described, line
-        assert series not in out, f"duplicate series {series}"
-        out[series] = float(value)
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, family.name
+        for sample in family.samples:
+            # Written as the tests below spell them: topic first (the exposition sorts labels by name).
+            ordered = sorted(sample.labels.items(), key=lambda kv: kv[0] != "topic")
+            labels = ",".join(f'{k}="{v}"' for k, v in ordered)
+            series = f"{sample.name}{{{labels}}}" if labels else sample.name
+            assert series not in out, f"duplicate series {series}"
+            out[series] = sample.value
     return out
 
 
@@ -71,9 +64,11 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
             await t.publish(message(i))  # the third finds the buffer full
         await receive(c, token, 1)
 
-        got = samples(metrics.render(topics_of(t), time.monotonic() - 1.5))
-        tl = 'topic="/default/we\\"ird\\\\name"'
-        sl = tl + ',subscription="sub\\nline"'
+        text = metrics.render(topics_of(t), time.monotonic() - 1.5)
+        assert 'subscription="sub\\nline",topic="/default/we\\"ird\\\\name"' in text  # escaped on the wire
+        got = samples(text)
+        tl = 'topic="/default/we"ird\\name"'
+        sl = tl + ',subscription="sub\nline"'
         assert got == {
             f"danube_topic_messages_in_total{{{tl}}}": 3,
             f"danube_topic_bytes_in_total{{{tl}}}": 6,

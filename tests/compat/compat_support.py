@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import grpc
 import uvloop
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
@@ -328,14 +330,25 @@ def status_line(error: Any) -> str:
     return f"{error.code().name}: {error.details()!r}"
 
 
-def scrape(broker: Any) -> dict[str, float]:
-    """`name{labels}` -> value, from GET /metrics (in a thread: urllib blocks)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
-        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+def scrape(broker: Any, accept: str | None = None) -> dict[str, float]:
+    """`name{labels}` -> value, from GET /metrics (in a thread: urllib blocks), read by prometheus-client's
+    parser; labels written topic first, then by name. `accept` asks for another format (OpenMetrics)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.prom_port}/metrics",
+                                     headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        kind = r.headers["Content-Type"]
         text = r.read().decode()
+    assert r.status == 200
+    if accept is None:
+        assert kind.startswith("text/plain; version=0.0.4"), kind
+        families = text_string_to_metric_families(text)
+    else:
+        assert kind.startswith("application/openmetrics-text"), kind
+        families = openmetrics_families(text)
     samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+    for family in families:
+        for sample in family.samples:
+            ordered = sorted(sample.labels.items(), key=lambda kv: (kv[0] != "topic", kv[0]))
+            labels = ",".join(f'{k}="{v}"' for k, v in ordered)
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples

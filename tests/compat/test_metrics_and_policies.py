@@ -46,6 +46,30 @@ def test_metrics_show_rates_bytes_backlog_and_lag(broker: Broker, topic: str) ->
     run_async(scenario())
 
 
+def test_metrics_carry_latency_histograms_and_the_process(broker: Broker, topic: str) -> None:
+    """Publishes through the official client show in the publish-to-ack and fsync histograms; the library's
+    process and GC collectors are there; a scraper asking for OpenMetrics gets it."""
+    async def scenario() -> None:
+        before = await asyncio.to_thread(scrape, broker)
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            for i in range(4):
+                await producer.send(b"%04d" % i, None)
+        m = await asyncio.to_thread(scrape, broker)
+        published = 'danube_publish_ack_seconds_count{api="danube"}'
+        assert m[published] - before.get(published, 0) == 4
+        assert m['danube_publish_ack_seconds_bucket{api="danube",le="+Inf"}'] == m[published]
+        assert m[published.replace("_count", "_sum")] > 0
+        assert m["danube_wal_fsync_seconds_count"] > before.get("danube_wal_fsync_seconds_count", 0)
+        assert "danube_tier_upload_seconds_count" in m
+        assert m["process_resident_memory_bytes"] > 10e6 and m["process_open_fds"] > 5
+        assert any(name.startswith("python_gc_collections_total") for name in m)
+        om = await asyncio.to_thread(scrape, broker, "application/openmetrics-text; version=1.0.0")
+        assert om[f'danube_topic_messages_in_total{{topic="{topic}"}}'] == 4
+
+    run_async(scenario())
+
+
 def test_unacknowledged_message_comes_back_after_the_ack_timeout(broker: Broker, topic: str) -> None:
     async def scenario() -> None:
         async with Session(broker.url) as s:

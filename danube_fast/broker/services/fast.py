@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import grpc
 
-from danube_fast import frames
+from danube_fast import frames, latency
 from danube_fast.broker.clients import new_id
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.errors import ApiError, invalid
@@ -131,7 +132,9 @@ def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
 
 
 async def _publish(topic: Topic, data: bytes | memoryview, records: int) -> tuple[int, int, int]:
+    started = time.perf_counter()
     first, last = await topic.publish_batch(data, records)
+    latency.PUBLISH_FAST.observe(time.perf_counter() - started)
     return first, last, records
 
 

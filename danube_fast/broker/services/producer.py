@@ -6,6 +6,9 @@ SendMessage runs the topic's schema gate, which exists only when the topic's val
 
 from __future__ import annotations
 
+import time
+
+from danube_fast import latency
 from danube_fast.broker.errors import denied, invalid, precondition
 from danube_fast.broker.names import check_name, clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
@@ -58,7 +61,9 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
         gate = topic.schema_gate
         if gate is not None:
             await gate.check(request)
+        started = time.perf_counter()
         await topic.publish(request)
+        latency.PUBLISH_DANUBE.observe(time.perf_counter() - started)
         return pb.MessageResponse(request_id=request.request_id)
 
     @staticmethod
