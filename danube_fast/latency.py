@@ -3,11 +3,13 @@ the produce services) and rendered by the broker's metrics endpoint (danube_fast
 
 They are prometheus-client Histograms registered in no registry: each broker's endpoint registers them in
 its own, and a process holds one set (a test process running several brokers shares it). An observation
-costs about 0.6 us, so they are observed per fdatasync, per upload and per produce request, never per
-record.
+costs about 0.6 us, so they are observed per fdatasync, per upload, per produce request and per delivery,
+never per record of a batch.
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import Histogram
 
@@ -29,5 +31,18 @@ PUBLISH_SECONDS = Histogram(
     ["api"], buckets=_FAST_BUCKETS, registry=None)
 PUBLISH_DANUBE = PUBLISH_SECONDS.labels(api="danube")
 PUBLISH_FAST = PUBLISH_SECONDS.labels(api="fast")
+# End to end, as the broker sees it: a caught-up consumer's deliveries are as old as publish-to-delivery
+# takes; a consumer behind shows how far behind it reads. Publish times are the producer's clock (Unix ms).
+DELIVERY_AGE_SECONDS = Histogram(
+    "danube_delivery_age_seconds", "End to end: at each delivery to a consumer stream, now minus the publish "
+    "time of its oldest record (the producer's clock). `api`: danube or fast.",
+    ["api"], buckets=(*_FAST_BUCKETS, 60.0, 600.0, 3600.0), registry=None)
+DELIVERY_DANUBE = DELIVERY_AGE_SECONDS.labels(api="danube")
+DELIVERY_FAST = DELIVERY_AGE_SECONDS.labels(api="fast")
 
-HISTOGRAMS = (FSYNC_SECONDS, UPLOAD_SECONDS, PUBLISH_SECONDS)
+HISTOGRAMS = (FSYNC_SECONDS, UPLOAD_SECONDS, PUBLISH_SECONDS, DELIVERY_AGE_SECONDS)
+
+
+def observe_age(child: Histogram, publish_ms: int) -> None:
+    """A delivery of a record published at `publish_ms` (Unix ms), now; a clock ahead of ours counts 0."""
+    child.observe(max(0.0, time.time() - publish_ms / 1000))

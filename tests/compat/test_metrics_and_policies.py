@@ -11,6 +11,7 @@ import grpc
 from compat_support import RawApi, Session, offsets, rpc_error, run_async, scrape, status_line
 from danube import SubType
 
+from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.testing.broker import Broker, BrokerFactory
 
@@ -53,8 +54,11 @@ def test_metrics_carry_latency_histograms_and_the_process(broker: Broker, topic:
         before = await asyncio.to_thread(scrape, broker)
         async with Session(broker.url) as s:
             producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "timed", SubType.EXCLUSIVE)
             for i in range(4):
                 await producer.send(b"%04d" % i, None)
+            for m in await consumer.get_n(4):
+                await consumer.ack(m)
         m = await asyncio.to_thread(scrape, broker)
         published = 'danube_publish_ack_seconds_count{api="danube"}'
         assert m[published] - before.get(published, 0) == 4
@@ -62,8 +66,26 @@ def test_metrics_carry_latency_histograms_and_the_process(broker: Broker, topic:
         assert m[published.replace("_count", "_sum")] > 0
         assert m["danube_wal_fsync_seconds_count"] > before.get("danube_wal_fsync_seconds_count", 0)
         assert "danube_tier_upload_seconds_count" in m
+        delivered = 'danube_delivery_age_seconds_count{api="danube"}'
+        assert m[delivered] > before.get(delivered, 0)
+        assert m[delivered.replace("_count", "_sum")] < 60 * m[delivered]  # ages, not timestamps
         assert m["process_resident_memory_bytes"] > 10e6 and m["process_open_fds"] > 5
         assert any(name.startswith("python_gc_collections_total") for name in m)
+        # The fast API: its publishes and deliveries under api="fast".
+        producer = await FastProducer.connect(broker.target, topic + "-fast", "fp")
+        consumer = await FastConsumer.connect(broker.target, topic + "-fast", "s", "fc")
+        try:
+            await (await producer.send_batch([b"a", b"b"]))
+            async for delivery in consumer.batches():
+                await consumer.ack_cumulative(delivery.last_offset)
+                break
+        finally:
+            await consumer.close()
+            await producer.close()
+        f = await asyncio.to_thread(scrape, broker)
+        assert f['danube_publish_ack_seconds_count{api="fast"}'] >= 1
+        assert f['danube_delivery_age_seconds_count{api="fast"}'] >= 1
+        assert f['danube_delivery_age_seconds_sum{api="fast"}'] < 60
         om = await asyncio.to_thread(scrape, broker, "application/openmetrics-text; version=1.0.0")
         assert om[f'danube_topic_messages_in_total{{topic="{topic}"}}'] == 4
 

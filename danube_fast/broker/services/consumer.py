@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from danube_fast import latency
 from danube_fast.broker.errors import ApiError, invalid, not_found
 from danube_fast.broker.names import clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
@@ -66,6 +67,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
                 batch = await consumer.take(token)
                 if not batch:
                     return
+                latency.observe_age(latency.DELIVERY_DANUBE, batch[0].publish_time)
                 for msg in batch:
                     yield msg
         finally:

@@ -209,6 +209,7 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 got = records.result()
                 if got is None:
                     break
+                latency.observe_age(latency.DELIVERY_FAST, frames.parse_header(got[0]).base_timestamp)
                 yield encode_records_response(*got)
             if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DanubeError):
                 error = reader.exception()
