@@ -24,3 +24,11 @@ def count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number, 1 or more."""
+    value = count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more, not 0")
+    return value

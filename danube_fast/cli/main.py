@@ -1,8 +1,8 @@
-"""`danube-fast`: one command with a subcommand per area (`broker`; `admin metadata backup|restore`;
-`admin brokers|topics|cluster ...` in cli/admin.py; `admin security ...` in cli/security.py; `produce`,
-... join the same tree). Every leaf sets `run`, an async function of the parsed arguments that returns the
-summary to print (a dict of fields, an admin Listing of rows, or a bare string such as a token), and
-`what`, the words its error line starts with.
+"""`danube-fast`: one command with a subcommand per area (`broker`; `produce` and `consume` in
+cli/messages.py; `admin metadata backup|restore`; `admin brokers|topics|cluster ...` in cli/admin.py;
+`admin security ...` in cli/security.py). Every leaf sets `run`, an async function of the parsed
+arguments that returns the summary to print (a dict of fields, an admin Listing of rows, or a bare string
+such as a token), and `what`, the words its error line starts with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
 one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
+from danube_fast.cli import messages as messages_cli
 from danube_fast.cli import security as security_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker_cli.add_parser(commands)
+    messages_cli.add_parsers(commands, _leaf)
     admin = commands.add_parser("admin", help="administer a cluster").add_subparsers(
         dest="area", required=True, metavar="AREA")
     metadata = admin.add_parser("metadata", help="back up and restore the cluster metadata").add_subparsers(
@@ -128,7 +130,14 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 on a usage error
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)  # exits 2 on a usage error
+    # argparse gives a `nargs="*"` positional only the words before the first option: the ones after it
+    # (`produce /ns/t --key k one two`) come back here, and belong to it.
+    trailing = getattr(args, "trailing", None)
+    if trailing is not None and extra and not any(word.startswith("-") for word in extra):
+        getattr(args, trailing).extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "broker":
         return broker_cli.run(args)
     try:
@@ -139,12 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: {args.what} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    # Commands whose stdout carries data (consume's messages) report on stderr.
+    out = sys.stderr if getattr(args, "summary_on_stderr", False) else sys.stdout
     if isinstance(summary, str):  # a value meant for a shell variable (a token)
-        print(summary)
+        print(summary, file=out)
     elif isinstance(summary, admin_cli.Listing):
-        print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table())
+        print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table(), file=out)
     else:
-        print(json.dumps(summary) if args.output == "json" else _table(summary))
+        print(json.dumps(summary) if args.output == "json" else _table(summary), file=out)
     return EXIT_OK
 
 
