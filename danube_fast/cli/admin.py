@@ -95,9 +95,11 @@ def credentials(args: argparse.Namespace) -> Credentials | None:
 
 
 async def call(args: argparse.Namespace, path: str, request: WireMessage, reply: type[M], *,
-               longer: float = 0.0) -> M:
-    """One RPC (`/package.Service/Method`) to the broker at --admin-addr, within --timeout (+ `longer`)."""
-    target = dial_target(args.admin_addr)
+               longer: float = 0.0, port: str = "admin_addr") -> M:
+    """One RPC (`/package.Service/Method`) to the broker at --admin-addr (or the option `port` names), within
+    --timeout (+ `longer`)."""
+    target = dial_target(getattr(args, port))
+    option = "--" + port.replace("_", "-")
     async with open_channel(target, (), credentials(args)) as channel:
         stub = channel.unary_unary(path,
                                    request_serializer=type(request).SerializeToString,
@@ -107,7 +109,7 @@ async def call(args: argparse.Namespace, path: str, request: WireMessage, reply:
         except grpc.aio.AioRpcError as e:
             code, details = e.code(), " ".join((e.details() or "").split())
             if code == grpc.StatusCode.UNAVAILABLE and channel.get_state() != grpc.ChannelConnectivity.READY:
-                raise AdminCallFailed(f"cannot reach the broker at {target} (--admin-addr): {details}") from e
+                raise AdminCallFailed(f"cannot reach the broker at {target} ({option}): {details}") from e
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise AdminCallFailed(f"no answer from the broker at {target} within "
                                       f"{args.timeout + longer:g} s") from e

@@ -1,8 +1,9 @@
 """`danube-fast`: one command with a subcommand per area (`broker`; `produce` and `consume` in
-cli/messages.py; `admin metadata backup|restore`; `admin brokers|topics|cluster ...` in cli/admin.py;
-`admin security ...` in cli/security.py). Every leaf sets `run`, an async function of the parsed
-arguments that returns the summary to print (a dict of fields, an admin Listing of rows, or a bare string
-such as a token), and `what`, the words its error line starts with.
+cli/messages.py; `schema ...` in cli/schemas.py; `admin metadata backup|restore`;
+`admin brokers|topics|cluster ...` in cli/admin.py; `admin security ...` in cli/security.py). Every leaf
+sets `run`, an async function of the parsed arguments that returns the summary to print (a dict of fields,
+an admin Listing of rows, or a bare string such as a token), and `what`, the words its error line starts
+with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
 one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
 from danube_fast.cli import messages as messages_cli
+from danube_fast.cli import schemas as schemas_cli
 from danube_fast.cli import security as security_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker_cli.add_parser(commands)
     messages_cli.add_parsers(commands, _leaf)
+    schemas_cli.add_parsers(commands, _leaf)
     admin = commands.add_parser("admin", help="administer a cluster").add_subparsers(
         dest="area", required=True, metavar="AREA")
     metadata = admin.add_parser("metadata", help="back up and restore the cluster metadata").add_subparsers(
