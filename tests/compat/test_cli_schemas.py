@@ -34,7 +34,8 @@ def test_register_get_versions_check_mode_delete(broker: Broker, tmp_path: Path)
     v1 = tmp_path / "v1.avsc"
     v1.write_text(json.dumps(V1))
     first = as_json(broker, "register", "users", "--type", "avro", "--file", str(v1), "--description", "one")
-    assert (first["version"], first["new_version"]) == (1, True) and first["fingerprint"].startswith("sha256:")
+    assert (first["version"], first["new_version"]) == (1, True)
+    assert first["fingerprint"].startswith("sha256:")
     again = as_json(broker, "register", "users", "--type", "AVRO", "--definition", json.dumps(V1, indent=2))
     assert (again["schema_id"], again["version"], again["new_version"]) == (first["schema_id"], 1, False)
 
@@ -46,7 +47,8 @@ def test_register_get_versions_check_mode_delete(broker: Broker, tmp_path: Path)
     _, err = schema(broker, "register", "users", "--type", "avro", "--definition", json.dumps(BREAKS), code=1)
     assert "schema register failed" in err and "not backward compatible" in err
 
-    assert as_json(broker, "register", "users", "--type", "avro", "--definition", json.dumps(V2))["version"] == 2
+    v2 = as_json(broker, "register", "users", "--type", "avro", "--definition", json.dumps(V2))
+    assert v2["version"] == 2
     got = as_json(broker, "get", "users")
     assert (got["version"], got["latest_version"], got["type"]) == (2, 2, "avro")
     assert json.loads(got["definition"]) == V2 and got["compatibility_mode"] == "backward"
