@@ -4,6 +4,7 @@ ones that do not own a topic or do not lead pass the call on.
 
     admin brokers list | leader | namespaces | unload ID [--dry-run ...] | activate ID [--reason TEXT]
     admin topics list NS | list --broker ID | describe /ns/t | unload /ns/t | create /ns/t | delete /ns/t
+    (describe adds the namespace policy and live figures from the owner's metrics: cli/topic_stats.py)
     admin cluster balance | rebalance [--dry-run] [--max-moves N]
 
 Output: aligned tables by default, `--output json` for machines (an object per command; listings hold their
@@ -23,6 +24,7 @@ import grpc
 
 from danube_fast.broker.services.forward import M, WireMessage, dial_target, method_path
 from danube_fast.cli.args import count, positive_float
+from danube_fast.cli.topic_stats import TopicStats, topic_stats
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeAdmin_pb2 as pb
@@ -175,15 +177,39 @@ async def _topics_list(args: argparse.Namespace) -> Listing:
         {"name": t.name, "broker_id": t.broker_id, "delivery": t.delivery} for t in answer.topics])
 
 
-async def _topics_describe(args: argparse.Namespace) -> dict[str, object]:
+SUBSCRIPTION_COLUMNS = [("subscription", "SUBSCRIPTION"), ("consumers", "CONSUMERS"), ("lag", "LAG"),
+                        ("unacked", "UNACKED"), ("delivered", "DELIVERED"), ("redelivered", "REDELIVERED")]
+
+
+async def _topics_describe(args: argparse.Namespace) -> Listing:
+    """The admin API's description, the namespace's policy, and the live figures of the topic and each
+    subscription from its broker's metrics (cli/topic_stats.py); without them, a line says why."""
     d = await _call(args, "TopicAdmin", "DescribeTopic", pb.DescribeTopicRequest(name=args.topic),
                     pb.DescribeTopicResponse)
-    found: dict[str, object] = {"name": d.name, "broker_id": d.broker_id, "delivery": d.delivery,
-                                "subscriptions": list(d.subscriptions)}
+    found: dict[str, object] = {"name": d.name, "broker_id": d.broker_id, "delivery": d.delivery}
     for optional in ("schema_subject", "schema_id", "schema_version", "schema_type", "compatibility_mode"):
         if d.HasField(optional):
             found[optional] = getattr(d, optional)
-    return found
+    namespace = d.name.strip("/").split("/")[0]
+    policy = await _call(args, "NamespaceAdmin", "GetNamespacePolicies", pb.NamespaceRequest(name=namespace),
+                         pb.PolicyResponse)
+    found["namespace_policy"] = policy.policies
+    stats = TopicStats()
+    brokers = await _call(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
+    owner = next((b for b in brokers.brokers if b.broker_id == d.broker_id), None)
+    if owner is None or not owner.metrics_addr:
+        found["live"] = "unavailable: the owner registered no metrics address"
+    else:
+        try:
+            stats = await topic_stats(args, owner.metrics_addr, d.name)
+            found.update(stats.figures)
+        except (OSError, ValueError) as e:
+            found["live"] = f"unavailable: {owner.metrics_addr}: {' '.join(str(e).split())}"
+    rows: list[dict[str, object]] = []
+    for name in d.subscriptions:
+        live = stats.subscriptions.get(name, {})
+        rows.append({"subscription": name, **{key: live.get(key, "") for key, _ in SUBSCRIPTION_COLUMNS[1:]}})
+    return Listing("subscriptions", SUBSCRIPTION_COLUMNS, rows, found)
 
 
 async def _topics_unload(args: argparse.Namespace) -> dict[str, object]:
@@ -307,7 +333,8 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
         parser.add_argument("topic", metavar="/NS/TOPIC")
         return parser
 
-    on_topic("describe", _topics_describe, "show a topic's owner, delivery, subscriptions and schema")
+    on_topic("describe", _topics_describe, "show a topic's owner, delivery, schema, namespace policy and "
+                                           "live figures: messages in, each subscription's consumers and lag")
     on_topic("unload", _topics_unload, "unload a topic from its broker so that another one takes it")
     c = on_topic("create", _topics_create, "create a topic")
     c.add_argument("--partitions", type=count, default=0, metavar="N",

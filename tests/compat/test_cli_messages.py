@@ -85,6 +85,13 @@ def test_consume_through_a_subscription_acknowledges_what_it_printed(broker: Bro
     finally:
         waiting.kill()
     produced(broker, topic, "m3")
+    described = subprocess.run([*CLI, "admin", "topics", "describe", topic, "--admin-addr",
+                                f"127.0.0.1:{broker.admin_port}", "--output", "json"], capture_output=True,
+                               check=True, timeout=30)
+    d = json.loads(described.stdout)
+    assert (d["delivery"], d["messages_in"], d["committed_offset"]) == ("Reliable", 5, 5), d
+    assert d["subscriptions"] == [{"subscription": "s", "consumers": 0, "lag": 1, "unacked": 0,
+                                   "delivered": 3, "redelivered": 0}]
     out, _ = cli(broker, "consume", topic, "--subscription", "s", "--type", "shared", "--count", "1",
                  "--format", "json")
     assert json.loads(out)["payload"] == "m3"  # m0..m2 were acknowledged: not given again
