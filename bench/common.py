@@ -6,7 +6,6 @@ import gc
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
+
+from tqdm import tqdm
 
 MIB = 1024 * 1024
 MB = 1_000_000
@@ -133,48 +134,38 @@ def progress(message: str) -> None:
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, for humans (tqdm's look without the dependency): `step(label)`
-    before each step, `advance()` after it, `write(message)` for a line above the bar. Redrawn in place on
-    a terminal; elsewhere (a log file) one line per step."""
-
-    WIDTH = 24
+    """The steps of a long benchmark on stderr, for humans: `step(label)` before each step, `advance()` after
+    it, `write(message)` for a line above the bar. A tqdm bar on a terminal; elsewhere (a log file) one line
+    per step, which a log keeps readable where a redrawn bar would not."""
 
     def __init__(self, total: int, out: TextIO = sys.stderr) -> None:
         self.total = max(1, total)
         self.done = 0
-        self.label = ""
         self.out = out
-        self.tty = out.isatty()
-        self.started = time.monotonic()
+        on_terminal = out.isatty()
+        self._bar = tqdm(total=self.total, file=out, unit="step", dynamic_ncols=True) if on_terminal else None
 
     def step(self, label: str) -> None:
-        self.label = label
-        self._draw(newline=not self.tty)
+        if self._bar is not None:
+            self._bar.set_postfix_str(label)
+        else:
+            self.out.write(f"[{self.done}/{self.total}] {label}\n")
+            self.out.flush()
 
     def advance(self) -> None:
         self.done += 1
-        if self.tty:
-            self._draw()
+        if self._bar is not None:
+            self._bar.update(1)
 
     def write(self, message: str) -> None:
-        self.out.write(("\r\x1b[K" if self.tty else "") + message + "\n")
-        if self.tty:
-            self._draw()
+        if self._bar is not None:
+            self._bar.write(message, file=self.out)
+        else:
+            self.out.write(message + "\n")
 
     def close(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
-
-    def _draw(self, newline: bool = False) -> None:
-        filled = self.WIDTH * self.done // self.total
-        elapsed = time.monotonic() - self.started
-        eta = f", ~{elapsed / self.done * (self.total - self.done):.0f} s left" if self.done else ""
-        line = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} "
-                f"{elapsed:.0f} s{eta}  {self.label}")
-        self.out.write(line + "\n" if newline else "\r" + line[:shutil.get_terminal_size().columns - 1]
-                       + "\x1b[K")
-        self.out.flush()
+        if self._bar is not None:
+            self._bar.close()
 
 
 # -- machine facts --------------------------------------------------------------------------------------
