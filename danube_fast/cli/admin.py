@@ -23,6 +23,7 @@ from typing import TypeAlias
 import grpc
 
 from danube_fast.broker.services.forward import M, WireMessage, dial_target, method_path
+from danube_fast.cli import feedback
 from danube_fast.cli.args import count, positive_float
 from danube_fast.cli.topic_stats import TopicStats, topic_stats
 from danube_fast.client.credentials import Credentials, open_channel
@@ -148,8 +149,9 @@ async def _brokers_unload(args: argparse.Namespace) -> dict[str, object]:
     request = pb.UnloadBrokerRequest(broker_id=args.broker_id, max_parallel=args.max_parallel,
                                      namespaces_include=args.include, namespaces_exclude=args.exclude,
                                      dry_run=args.dry_run, timeout_seconds=args.drain_timeout)
-    answer = await _call(args, "BrokerAdmin", "UnloadBroker", request, pb.UnloadBrokerResponse,
-                         longer=args.drain_timeout or DRAIN_DEFAULT_SECONDS)
+    unloading = _call(args, "BrokerAdmin", "UnloadBroker", request, pb.UnloadBrokerResponse,
+                      longer=args.drain_timeout or DRAIN_DEFAULT_SECONDS)
+    answer = await feedback.waiting(f"broker {args.broker_id}: moving its topics", unloading)
     return {"broker_id": args.broker_id, "dry_run": args.dry_run, "started": answer.started,
             "total": answer.total, "succeeded": answer.succeeded, "failed": answer.failed,
             "pending": answer.pending, "failed_topics": list(answer.failed_topics)}

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
+from danube_fast.cli import feedback
 from danube_fast.cli import messages as messages_cli
 from danube_fast.cli import schemas as schemas_cli
 from danube_fast.cli import security as security_cli
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def _backup(args: argparse.Namespace) -> Summary:
     store = await open_store(args.store, create=False, timeout=args.timeout)
     try:
-        return (await backup.backup(store, args.file)).as_json()
+        return (await feedback.waiting("reading and writing every key", backup.backup(store, args.file))
+                ).as_json()
     finally:
         await store.close()
 
@@ -111,9 +113,12 @@ async def _backup(args: argparse.Namespace) -> Summary:
 async def _restore(args: argparse.Namespace) -> Summary:
     source = await backup.load(args.file)  # first: a bad file must not create an embedded store
     store = await open_store(args.store, create=True, timeout=args.timeout)
+    shown = feedback.bar(len(source.entries), "key")
     try:
-        return (await backup.restore(store, source, skip_ephemeral=args.skip_ephemeral)).as_json()
+        return (await backup.restore(store, source, skip_ephemeral=args.skip_ephemeral,
+                                     on_written=shown.update)).as_json()
     finally:
+        shown.close()
         await store.close()
 
 

@@ -40,6 +40,7 @@ from typing import IO, Any, TypeAlias
 import grpc
 
 from danube_fast import frames
+from danube_fast.cli import feedback
 from danube_fast.cli.admin import Leaf, Subparsers, credentials
 from danube_fast.cli.args import count, positive_float, positive_int
 from danube_fast.client.credentials import open_channel
@@ -146,13 +147,6 @@ async def _source(args: argparse.Namespace) -> AsyncIterator[list[bytes]]:
         yield chunk
 
 
-def _progress(total: int | None) -> Any:
-    from tqdm import tqdm  # only here: the other commands do not pay its import
-
-    # disable=None: drawn on a terminal only, so a pipe or a log gets the summary alone.
-    return tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, disable=None, leave=False)
-
-
 async def _produce(args: argparse.Namespace) -> Summary:
     attributes = _attributes(args.attr)
     name = args.name or f"danube-fast-cli-{os.getpid()}"
@@ -161,7 +155,7 @@ async def _produce(args: argparse.Namespace) -> Summary:
     records = size = 0
     acks: list[asyncio.Future[tuple[int, int]]] = []
     started = time.perf_counter()
-    bar = _progress(args.count or (len(args.messages) if args.messages else None))
+    shown = feedback.bar(args.count or (len(args.messages) if args.messages else None), "rec")
     try:
         async for chunk in _source(args):
             if args.rate:  # hold the rate: this chunk is due when the ones before it have had their time
@@ -172,10 +166,10 @@ async def _produce(args: argparse.Namespace) -> Summary:
             acks.append(await producer.send_records(batch))
             records += len(chunk)
             size += sum(len(p) for p in chunk)
-            bar.update(len(chunk))
+            shown.update(len(chunk))
         offsets = await asyncio.gather(*acks)
     finally:
-        bar.close()
+        shown.close()
         await producer.close()
     seconds = time.perf_counter() - started
     return {"topic": args.topic, "records": records, "bytes": size,

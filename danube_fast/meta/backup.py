@@ -38,7 +38,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -208,14 +208,16 @@ async def load(file: str | os.PathLike[str]) -> Backup:
 
 
 async def restore(store: MetadataStore, source: str | os.PathLike[str] | Backup, *,
-                  skip_ephemeral: bool = True) -> RestoreSummary:
+                  skip_ephemeral: bool = True, on_written: Callable[[int], object] | None = None
+                  ) -> RestoreSummary:
     """Write the keys of a backup (a file, or what `load` made of one) into `store`, which must hold no key.
 
     Raises BackupFileError (the file is incomplete, corrupt or of another format) or StoreNotEmpty before
     writing anything. Writes in transactions of at most MAX_TXN_OPS keys and MAX_REQUEST_BYTES, each put
     guarded by "the key does not exist", so a key someone else creates meanwhile is never overwritten; a
     failure part way raises RestoreIncomplete, and the target must be emptied before a retry. See the
-    module docstring for leased keys (`skip_ephemeral`) and revisions."""
+    module docstring for leased keys (`skip_ephemeral`) and revisions. `on_written(n)` hears of each
+    transaction's n keys (a progress bar)."""
     parsed = source if isinstance(source, Backup) else await load(source)
     present = await store.get_prefix(ALL_KEYS)
     if present:
@@ -241,6 +243,8 @@ async def restore(store: MetadataStore, source: str | os.PathLike[str] | Backup,
         written += len(batch)
         transactions += 1
         revision = result.revision
+        if on_written is not None:
+            on_written(len(batch))
     return RestoreSummary(parsed.path, parsed.revision, written, transactions,
                           ephemeral if skip_ephemeral else (), () if skip_ephemeral else ephemeral, revision)
 
