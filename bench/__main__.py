@@ -64,8 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                                        "1 run unless --runs says otherwise", default_runs=None)
     sp.add_argument("--records", type=_positive_int, help=f"records to produce (default {SPARK_RECORDS:,})")
     _e2e_options(suites.add_parser(
-        "e2e", help="the same workload against our broker, NATS JetStream and Redis Streams: throughput, "
-                    "latency at a fixed rate, CPU per side, throughput by record size"))
+        "e2e", help="the same workload against our broker, NATS JetStream, Redis Streams and RabbitMQ "
+                    "Streams: throughput, latency at a fixed rate, CPU per side, throughput by record size"))
     _topics_options(suites.add_parser(
         "topics", help="one broker as Reliable topics grow to 10,000: its threads, RSS and topic creation "
                        "rate"))

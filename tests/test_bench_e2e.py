@@ -1,14 +1,19 @@
 """`python -m bench e2e`: its JSON from a tiny run, and the report (tables, RESULTS.md section, plots) from
 synthetic measurements. The run uses our broker and whichever peer servers are installed (none needs the
-network: a peer that is not installed is skipped and named in `skipped`)."""
+network: a peer that is not installed is skipped and named in `skipped`). The RabbitMQ peer, whose node is
+the most involved server to start and stop, also gets a short run of its own."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,8 @@ import pytest
 from bench import e2e
 from bench.e2e import report as e2e_report
 from bench.e2e.ceiling import Ceiling
-from bench.peers.workload import Latencies, Measurement, Workload, measurement
+from bench.peers.install import find_binary
+from bench.peers.workload import PHASES, Latencies, Measurement, Workload, measurement
 from bench.peers.workload import Usage as PhaseUsage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,3 +138,72 @@ def test_report_from_measurements(tmp_path: Path) -> None:
     assert section.startswith(f"## {e2e_report.TITLE}\n")
     assert "| 4 KiB |" in section and "Not run: redis_always (not installed)" in section
     assert "\n## " not in section[3:]  # one section: RESULTS.md is split at `## ` headings
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (exited, not yet reaped by its parent or init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes under `pid` (children, their children, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found.update(children)
+        todo += children
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_binary("rabbitmq-server") is None or importlib.util.find_spec("rstream") is None,
+                    reason="rabbitmq-server or rstream is not installed (python -m bench.peers.install)")
+def test_rabbitmq_streams_run(tmp_path: Path) -> None:
+    """Every phase against a real node through rstream, then produce and consume of 64 KiB records (more
+    than a Publish frame holds at the workload's batch) on the same node, whose streams are deleted and
+    declared again; when the `with` ends, no process of the node (its VM and the VM's helpers, its epmd)
+    is left."""
+    from bench.peers import rabbitmq_peer, servers
+
+    workload = Workload(records=3_000, warmup=300, batch=100, window=400, durability=rabbitmq_peer.DURABILITY)
+    large = replace(workload, size=65_536, records=100, warmup=20, phases=("produce", "consume"))
+    assert rabbitmq_peer.batch_records(large) == 15  # 1 MiB frames
+    with servers.rabbitmq_server(tmp_path / "rabbitmq") as server:
+        node = _descendants(os.getpid())
+        assert server.pid in node and len(node) >= 3, node  # the VM, epmd, erl_child_setup
+        phases = rabbitmq_peer.run(server, workload)
+        large_phases = rabbitmq_peer.run(server, large)
+    assert [m.phase for m in phases] == list(PHASES)
+    assert all(m.records == 3_000 and m.wall_s > 0 for m in phases)
+    produce, e2e_phase = phases[0], phases[-1]
+    assert produce.ack_ms is not None and len(produce.ack_s) == 3_000
+    assert e2e_phase.ack_ms is not None and e2e_phase.e2e_ms is not None and len(e2e_phase.e2e_s) == 3_000
+    assert e2e_phase.offered_rate == pytest.approx(produce.records_per_s / 2)
+    assert [(m.phase, m.records, m.size) for m in large_phases] == [("produce", 100, 65_536),
+                                                                    ("consume", 100, 65_536)]
+    deadline = time.monotonic() + 5  # the VM's helpers exit once they see it gone
+    while (left := [pid for pid in node if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes of the node left: {left}"
+    named = subprocess.run(["pgrep", "-a", "-f", str(tmp_path)], capture_output=True, text=True).stdout
+    assert not named, named  # the VM's command line names its $HOME, the scratch directory
+
+
+def test_rabbitmq_streams_takes_one_consumer() -> None:
+    """A stream's consumers each read every record: the e2e suite skips RabbitMQ with several consumers
+    (the way it skips ours) and the peers command refuses them."""
+    config = next(c for c in e2e.all_configs() if c.name == "rabbitmq_streams")
+    assert "one consumer" in (e2e.missing(config, consumers=2) or "")
+    done = subprocess.run([sys.executable, "-m", "bench.peers", "--peers", "rabbitmq_streams", "--consumers",
+                           "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "one consumer" in done.stderr

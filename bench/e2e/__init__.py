@@ -7,6 +7,7 @@ machine, each server a fresh subprocess on loopback per run (bench/peers/servers
 | nats | nats-server -js, file storage | `file_sync2m` | nats-py |
 | redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` | redis-py + hiredis |
 | redis_everysec | the same, appendfsync everysec | `aof_everysec` | redis-py + hiredis |
+| rabbitmq_streams | rabbitmq-server with the stream plugin, one node | `segment_nofsync` | rstream |
 
 Per run, for each system in turn: the main workload (N records of S bytes, P producers, C consumers):
 produce as fast as acks come back, a catch-up consume with acks, then producers and consumers at once at a
@@ -50,9 +51,13 @@ MIN_RECORDS = 2_000  # the size sweep never goes below this (or N)
 DISK_BYTES = 256 << 20  # per disk baseline measurement (quick: a quarter)
 GRPC_BYTES = 256 << 20  # of payload per size and direction per gRPC ceiling measurement (quick: a quarter)
 OURS = "danube"
-SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec")  # all_configs() checks them
+SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec", "rabbitmq_streams")  # all_configs() checks them
 CLIENT_MODULES = {"nats": ("nats",), "redis_always": ("redis", "hiredis"),
-                  "redis_everysec": ("redis", "hiredis")}
+                  "redis_everysec": ("redis", "hiredis"), "rabbitmq_streams": ("rstream",)}
+# The systems whose consumers cannot share a stream's records, and why.
+ONE_CONSUMER = {OURS: "the fast API's subscriptions are exclusive: one consumer",
+                "rabbitmq_streams": "a stream's consumers each read every record (no competing consumers): "
+                                    "one consumer"}
 MAIN_PHASES = ("produce", "consume", "e2e")
 SWEEP_PHASES = ("produce", "consume")
 
@@ -73,8 +78,8 @@ def all_configs(linger_ms: float = LINGER_MS) -> tuple[Config, ...]:
 def missing(config: Config, consumers: int = 1) -> str | None:
     """Why this system cannot run here (its server binary or client library is not installed, or it cannot
     take the workload), or None."""
-    if config.name == OURS and consumers != 1:
-        return "the fast API's subscriptions are exclusive: one consumer"
+    if config.name in ONE_CONSUMER and consumers != 1:
+        return ONE_CONSUMER[config.name]
     if config.binary is not None and find_binary(config.binary) is None:
         return f"{config.binary} is not installed (python -m bench.peers.install)"
     for module in CLIENT_MODULES.get(config.name, ()):
@@ -327,6 +332,8 @@ def versions(report: Report) -> str:
     if names & {"redis_always", "redis_everysec"}:
         parts.append(f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {_dist('redis')}, "
                      f"hiredis {_dist('hiredis')}")
+    if "rabbitmq_streams" in names:
+        parts.append(f"{servers.rabbitmq_version()}, rstream {_dist('rstream')}")
     return "; ".join(parts)
 
 

@@ -1,5 +1,5 @@
 """`python -m bench.peers [--json] [--records N] [--size S ...] [--quick] ...`: the end-to-end workload
-against NATS JetStream and Redis Streams (see bench/README.md, "Peers").
+against NATS JetStream, Redis Streams and RabbitMQ Streams (see bench/README.md, "Peers").
 
 Results go to stdout (a table, or one JSON object per figure with --json, the keys of every bench suite);
 progress, versions and the durability of each configuration go to stderr."""
@@ -34,7 +34,8 @@ def _positive_float(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     defaults = Workload()
     p = argparse.ArgumentParser(prog="python -m bench.peers",
-                                description="the end-to-end workload against NATS JetStream and Redis")
+                                description="the end-to-end workload against NATS JetStream, Redis and "
+                                            "RabbitMQ Streams")
     p.add_argument("--json", action="store_true", help="one JSON object per figure on stdout")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke run: {suite.QUICK_RECORDS:,} records and {suite.QUICK_RUNS} run unless "
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (suite.QUICK_RUNS if args.quick else suite.RUNS)
     workloads = [Workload(size=size, records=records, producers=args.producers, consumers=args.consumers,
                           window=args.window, batch=args.batch, e2e_rate=args.e2e_rate) for size in args.size]
+    if args.consumers != 1 and "rabbitmq_streams" in args.peers:
+        _parser().error("rabbitmq_streams runs with one consumer (a stream's consumers each read every "
+                        "record): name the other --peers")
     configs = tuple(c for c in suite.CONFIGS if c.name in args.peers)
     signal.signal(signal.SIGTERM, _terminate)
     progress(f"peers: {suite.versions()}")

@@ -1,11 +1,13 @@
 """`python -m bench.peers.install`: the peer servers and clients, only what is missing.
 
-- Debian packages `nats-server` and `redis-server` (apt-get update once, then install, non-interactive),
-  when their binaries are not found. The redis package starts a system-wide redis on port 6379 and both
-  install a service started at boot; both services are stopped (and disabled where systemd runs), every time,
-  so that only the instances the benchmark starts run while it measures.
-- The Python clients (`nats-py`, `redis[hiredis]`) from the `bench` extra of pyproject.toml, into this
-  interpreter's environment, when they cannot be imported (`make install` installs that extra already).
+- Debian packages `nats-server`, `redis-server` and `rabbitmq-server` (apt-get update once, then install,
+  non-interactive), when their binaries are not found. The redis and rabbitmq packages start a system-wide
+  server where they can (redis on port 6379, a RabbitMQ node on 5672) and all three install a service started
+  at boot; the services are stopped (and disabled where systemd runs), every time, so that only the
+  instances the benchmark starts run while it measures. (The benchmark's RabbitMQ node runs its own epmd on
+  a free port: an epmd the package left on port 4369 is not used.)
+- The Python clients (`nats-py`, `redis[hiredis]`, `rstream`) from the `bench` extra of pyproject.toml, into
+  this interpreter's environment, when they cannot be imported (`make install` installs that extra already).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from bench.common import progress
 REPO = Path(__file__).resolve().parents[2]
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # binary -> the Debian package that ships it
-PACKAGES = {"nats-server": "nats-server", "redis-server": "redis-server"}
+PACKAGES = {"nats-server": "nats-server", "redis-server": "redis-server",
+            "rabbitmq-server": "rabbitmq-server"}
 # import name -> the distribution name in the bench extra
-MODULES = {"nats": "nats-py", "redis": "redis", "hiredis": "redis"}
+MODULES = {"nats": "nats-py", "redis": "redis", "hiredis": "redis", "rstream": "rstream"}
 
 
 def find_binary(name: str) -> str | None:
@@ -45,9 +48,9 @@ def _run(argv: list[str], check: bool = True) -> int:
 
 
 def stop_system_services() -> None:
-    """Stop the services the Debian packages start (redis-server at install; nats-server at boot) and keep
-    them from starting at boot, so that only the benchmark's own instances use the CPU during a run.
-    Idempotent; failures are reported, not raised: a service that is not there is the goal."""
+    """Stop the services the Debian packages start (redis-server and rabbitmq-server at install; nats-server
+    at boot) and keep them from starting at boot, so that only the benchmark's own instances use the CPU
+    during a run. Idempotent; failures are reported, not raised: a service that is not there is the goal."""
     sudo = _root_prefix()
     for service in PACKAGES.values():
         if shutil.which("systemctl") and os.path.isdir("/run/systemd/system"):
@@ -59,7 +62,7 @@ def stop_system_services() -> None:
 def install_servers() -> None:
     missing = [pkg for binary, pkg in PACKAGES.items() if find_binary(binary) is None]
     if not missing:
-        progress("nats-server and redis-server are installed")
+        progress(f"{', '.join(PACKAGES)} are installed")
         return
     sudo = _root_prefix()
     _run([*sudo, "apt-get", "update", "-q"])
@@ -86,7 +89,7 @@ def _distribution(requirement: str) -> str:
 def install_clients() -> None:
     wanted = {dist for module, dist in MODULES.items() if importlib.util.find_spec(module) is None}
     if not wanted:
-        progress("nats-py and redis[hiredis] are installed")
+        progress(f"the Python clients ({', '.join(sorted(set(MODULES.values())))}) are installed")
         return
     requirements = [r for r in bench_requirements() if _distribution(r) in wanted]
     _run([sys.executable, "-m", "pip", "install", "-q", *requirements])

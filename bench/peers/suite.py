@@ -7,6 +7,7 @@ Configurations (the durability label is in every figure's name, e.g. `redis_aof_
 | nats | nats-server -js, file storage | `file_sync2m` |
 | redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` |
 | redis_everysec | redis-server, appendonly yes, appendfsync everysec | `aof_everysec` |
+| rabbitmq_streams | rabbitmq-server with the stream plugin, one node | `segment_nofsync` |
 
 Runs take turns: run 1 of every configuration, then run 2 of every configuration, and so on, so that a slow
 spell of the disk or a busy neighbour spreads over all of them rather than hitting one.
@@ -23,7 +24,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from bench.common import Options, Result, fmt, progress
-from bench.peers import nats_peer, redis_peer, servers
+from bench.peers import nats_peer, rabbitmq_peer, redis_peer, servers
 from bench.peers.workload import Measurement, Workload, figure_prefix, figures
 from danube_fast.testing.process import ServerProcess
 
@@ -66,6 +67,8 @@ CONFIGS = (
            nats_peer.run, nats_peer.batching_text, "nats-server"),
     _redis("always"),
     _redis("everysec"),
+    Config("rabbitmq_streams", rabbitmq_peer.PEER, rabbitmq_peer.DURABILITY, rabbitmq_peer.DURABILITY_TEXT,
+           servers.rabbitmq_server, rabbitmq_peer.run, rabbitmq_peer.batching_text, "rabbitmq-server"),
 )
 CONFIG_NAMES = tuple(c.name for c in CONFIGS)
 
@@ -74,7 +77,8 @@ def versions() -> str:
     """Servers and clients, for the report."""
     return (f"{servers.version('nats-server')}, nats-py {dist_version('nats-py')}; "
             f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {dist_version('redis')}, "
-            f"hiredis {dist_version('hiredis')}")
+            f"hiredis {dist_version('hiredis')}; "
+            f"{servers.rabbitmq_version()}, rstream {dist_version('rstream')}")
 
 
 def durability_lines(configs: tuple[Config, ...] = CONFIGS) -> Iterator[str]:
