@@ -13,6 +13,7 @@ fields after.
 from __future__ import annotations
 
 import json
+import math
 from enum import IntEnum, StrEnum
 from typing import ClassVar, Self, TypeAlias, TypeVar
 
@@ -46,13 +47,22 @@ def _no_constants(name: str) -> JSON:
     raise _NotJson(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one beyond a double's range (1e999) would come back as
+    infinity, which no JSON can hold, so the value could be read but never written again."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"the number {text[:40]} is out of range")
+    return value
+
+
 def load_json(data: bytes, where: str) -> JSON:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise BadValue(f"{where}: value must be bytes, got {type(data).__name__}")
     try:
         text = bytes(data).decode("utf-8")
         return json.loads(text, object_pairs_hook=_no_duplicates,  # type: ignore[no-any-return]
-                          parse_constant=_no_constants)
+                          parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # bad UTF-8, bad JSON, _NotJson, int digit limit, nesting
         raise BadValue(f"{where}: value is not valid JSON ({e}): {bytes(data)[:80]!r}") from e
 

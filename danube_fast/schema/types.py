@@ -24,6 +24,7 @@ from typing import Any
 from danube_fast.meta.resources import CompatibilityMode, SchemaDefinition, SchemaKind, ValidationPolicy
 from danube_fast.schema import avro, jsonschema
 from danube_fast.schema.errors import InvalidSchema, InvalidSetting
+from danube_fast.schema.jsonschema import finite
 
 PROTOBUF_MESSAGE_NAME = "DefaultMessage"  # v0.7.3 fixes it: the definition does not say which message
 
@@ -103,7 +104,7 @@ def _text(data: bytes, schema_type: SchemaType) -> str:
 
 def _json(text: str, schema_type: SchemaType) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=finite)
     except (ValueError, RecursionError) as e:
         raise InvalidSchema(f"Invalid JSON in {schema_type.value} schema: {e}") from e
 
