@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, NoReturn
 from danube_fast import frames, latency, wal_engine
 from danube_fast._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport
 from danube_fast.errors import OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
+from danube_fast.storage import sync_ledger
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -186,6 +187,7 @@ class SegmentedLog:
             if self._direct:
                 seg.direct(True)
             self._fsync_dir()
+            sync_ledger.record(seg.log_path, 0)
         except BaseException:
             seg.close()
             raise
@@ -375,11 +377,13 @@ class SegmentedLog:
             self._check_open()
             self._reopen()
             seg, covered, written = self._segments[-1], self._next_offset, self._written
+            size = seg.size
             self._busy += 1
         started = time.perf_counter()
         try:
             seg.datasync()
             latency.FSYNC_SECONDS.observe(time.perf_counter() - started)
+            sync_ledger.record(seg.log_path, size)
         except OSError as e:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing written since the last
             # good sync can be trusted, so refuse to go on (PostgreSQL's "fsyncgate" lesson).
@@ -405,6 +409,7 @@ class SegmentedLog:
         try:
             seg.direct(False)  # its padding cut, made durable by the datasync
             seg.datasync()
+            sync_ledger.record(seg.log_path, seg.size)
             seg.seal_index()
             with self._lock:  # readers may be searching the mapping that is replaced
                 seg.load_index(seg.idx_count)
