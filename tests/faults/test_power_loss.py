@@ -5,6 +5,7 @@ deleted, its index with it), as a machine that lost power at that moment would h
 broker restarts on what is left.
 
 - sync = always: every acknowledged record is read back, with its payload, at its offset.
+- sync = interval(50): what was acknowledged before the last interval is read back.
 - sync = none: acknowledged records are lost (the simulation bites: nothing was fsynced before the acks).
 
 The metadata store (SQLite) keeps its own durability and is not cut.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,10 +38,16 @@ def payload(batch: int, i: int) -> bytes:
     return b"b%05d-r%03d" % (batch, i)
 
 
+ACKED_AT: dict[int, float] = {}  # offset -> time.monotonic() of its acknowledgement, in the last run
+KILLED_AT: list[float] = []
+
+
 async def produce_then_kill(broker: Broker) -> dict[int, bytes]:
     """Offset -> payload of every acknowledged record; the broker is killed with batches still in flight."""
     producer = await FastProducer.connect(broker.target, TOPIC, "p", reconnect_tries=1)
     acked: dict[int, bytes] = {}
+    ACKED_AT.clear()
+    KILLED_AT.clear()
     slots = asyncio.Semaphore(IN_FLIGHT)
     sent = 0
     try:
@@ -54,10 +62,12 @@ async def produce_then_kill(broker: Broker) -> dict[int, bytes]:
                     first, last = f.result()
                     assert last - first + 1 == len(batch)
                     acked.update(zip(range(first, last + 1), batch, strict=True))
+                    ACKED_AT.update(dict.fromkeys(range(first, last + 1), time.monotonic()))
 
             future.add_done_callback(done)
             sent += 1
         broker.kill()  # SIGKILL, IN_FLIGHT batches still unanswered
+        KILLED_AT.append(time.monotonic())
     finally:
         # The unanswered batches fail once its one reconnect is refused; close() waits for that.
         await asyncio.gather(asyncio.wait_for(producer.close(), 60), return_exceptions=True)
@@ -116,6 +126,15 @@ def test_sync_always_keeps_every_acknowledged_record(tmp_path: Path) -> None:
     assert len(acked) >= BATCHES * RECORDS
     lost = sorted(o for o, p in acked.items() if stored.get(o) != p)
     assert not lost, f"{len(lost)} acknowledged records lost, first {lost[:5]} (cut {cut}, deleted {deleted})"
+
+
+def test_sync_interval_loses_only_the_last_interval(tmp_path: Path) -> None:
+    """interval(ms): what was acknowledged more than the interval (plus scheduling slack) before the power
+    went is durable."""
+    acked, stored, _ = run(tmp_path, "interval(50)")
+    deadline = KILLED_AT[0] - 0.050 - 0.25
+    old_lost = sorted(o for o, p in acked.items() if stored.get(o) != p and ACKED_AT[o] < deadline)
+    assert len(acked) >= BATCHES * RECORDS and not old_lost, old_lost[:5]
 
 
 def test_sync_none_loses_acknowledged_records(tmp_path: Path) -> None:
