@@ -36,6 +36,7 @@ from danube_fast.schema.errors import InvalidSchema
 
 PayloadCheck = Callable[[bytes], str | None]
 _MAX_ERRORS = 5
+_MAX_MESSAGE = 200  # characters of one reason
 
 
 def _no_retrieval(uri: str) -> Any:
@@ -134,6 +135,12 @@ def _accepts(reader: Any, writer: Any, path: str, errors: list[str], rl: str, wl
 
 # -------------------------------------------------------------------------------------- validation
 
+def _clip(message: str) -> str:
+    """The library's message quotes the offending instance whole: a large payload must not come back whole
+    in the error its producer gets and the log keeps."""
+    return message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE - 20] + " ... " + message[-15:]
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -156,13 +163,16 @@ def payload_check(schema: Any) -> PayloadCheck:
             instance = json.loads(payload, parse_constant=_no_constant, parse_float=finite)
         except (ValueError, RecursionError) as e:
             return f"Invalid JSON data: {e}"
-        if validator.is_valid(instance):  # the common case: no error objects built
-            return None
         found = []
-        for error in validator.iter_errors(instance):
-            found.append(f"{_where(error.instance_path)}: {error.message}")
-            if len(found) == _MAX_ERRORS:
-                break
+        try:
+            if validator.is_valid(instance):  # the common case: no error objects built
+                return None
+            for error in validator.iter_errors(instance):
+                found.append(f"{_where(error.instance_path)}: {_clip(error.message)}")
+                if len(found) == _MAX_ERRORS:
+                    break
+        except ValueError as e:  # "Recursion limit reached": a payload nested deeper than the validator goes
+            return f"JSON Schema validation failed: {e}"
         return "JSON Schema validation failed: " + "; ".join(found)
 
     return errors

@@ -335,3 +335,21 @@ def test_avro_payloads_are_decoded_by_the_schema() -> None:
     assert check(_zigzag(1) + _zigzag(0)) is None
     assert check(_zigzag(2) + _zigzag(0)) is not None  # enum index outside the symbols
     assert check(_zigzag(1) + _zigzag(2 ** 40)) is not None  # a map's entries each need a key: ends at EOF
+
+
+def test_deep_payloads_are_refused_not_fatal() -> None:
+    """A recursive Avro schema lets a payload nest as deep as its bytes go: fastavro's C reader overflowed
+    the stack at about 10,000 levels and killed the process (found by tests/fuzz). And jsonschema-rs stops
+    at its recursion limit with a ValueError, which must be a refusal, not an error of the publish path."""
+    linked = validator_for(build_definition(SchemaType.AVRO, json.dumps(
+        {"type": "record", "name": "N", "fields": [{"name": "next", "type": ["null", "N"]}]}).encode()))
+    assert linked(b"\x02" * 50 + b"\x00") is None
+    assert linked(b"\x02" * 50) is not None  # truncated
+    refused = linked(b"\x02" * 100_000 + b"\x00")
+    assert refused is not None and "nested too deeply" in refused
+    deep = validator_for(build_definition(SchemaType.JSON_SCHEMA, json.dumps(
+        {"anyOf": [{"type": "array", "items": {"$ref": "#"}}, {"type": "integer"}]}).encode()))
+    found = deep(b'{"a":' * 400 + b"1" + b"}" * 400)
+    assert found == "JSON Schema validation failed: Recursion limit reached"
+    long = deep(b'{"a":' * 100 + b"1" + b"}" * 100)
+    assert long is not None and len(long) < 400  # each reason is clipped: the instance is not echoed whole
