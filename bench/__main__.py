@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|spark|e2e|cluster|topics [--json] [--runs N] [--quick]
-[--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker|fast|security|spark|e2e|cluster|topics|chaos [--json] [--runs N]
+[--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
 progress and machine facts go to stderr, so `--json` output can be piped as is."""
@@ -72,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_options(suites.add_parser(
         "cluster", help="three brokers in cluster mode on etcd and moto S3: producer-visible unavailability "
                         "per topic move (ours and the official client), the uploader against raw S3 puts"))
+    from bench import chaos
+
+    chaos.add_options(suites.add_parser(
+        "chaos", help="randomized fault campaigns on a 3-broker cluster, checked against the clients' "
+                      "history (lost, duplicated, inconsistent, skipped messages)"))
     return parser
 
 
@@ -181,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench import topics
 
         return topics.main(args, argv)
+    if args.suite == "chaos":
+        from bench import chaos
+
+        signal.signal(signal.SIGTERM, _terminate)
+        return chaos.main(args, argv)
     if args.suite == "cluster":
         from bench import cluster
 

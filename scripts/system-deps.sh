@@ -20,6 +20,8 @@ dpkg -s openjdk-17-jre-headless >/dev/null 2>&1 || need+=(openjdk-17-jre-headles
 # device (mkfs.ext4, e2fsprogs), which takes the WAL's O_DIRECT appends.
 command -v mount >/dev/null || need+=(mount)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+# Benchmark servers get SIGKILL when their parent dies through setpriv --pdeathsig (util-linux).
+command -v setpriv >/dev/null || need+=(util-linux)
 # The clock-jump test moves a broker's wall clock with libfaketime (LD_PRELOAD).
 dpkg -s faketime >/dev/null 2>&1 || need+=(faketime)
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import ast
 import socket
 import socketserver
+import struct
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -118,3 +120,72 @@ def test_refuse_resets_new_connections_until_pass_through(proxy: Proxy) -> None:
     with connect(proxy) as s:
         assert echo(s) == b"ping"
     assert proxy.resets == 1
+
+
+class Recording(socketserver.BaseRequestHandler):
+    """Echoes, and keeps what it received in its server's `received`."""
+
+    def handle(self) -> None:
+        while data := self.request.recv(4096):
+            self.server.received += data  # type: ignore[attr-defined]
+            self.request.sendall(data)
+
+
+@pytest.mark.parametrize("direction", ["to_server", "to_client"])
+def test_one_way_holds_one_direction_until_healed(direction: Literal["to_server", "to_client"]) -> None:
+    with socketserver.ThreadingTCPServer((LOOPBACK, 0), Recording) as server:
+        server.daemon_threads = True
+        server.received = b""  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with Proxy(f"{LOOPBACK}:{server.server_address[1]}") as p, connect(p) as s:
+                p.one_way(direction)
+                s.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    echo(s, b"held")
+                # the server saw the bytes only if the answer is what is held
+                assert server.received == (b"held" if direction == "to_client" else b"")  # type: ignore
+                p.pass_through()
+                s.settimeout(5)
+                assert echo(s, b"again") == b"heldagain"  # nothing lost, nothing reordered
+        finally:
+            server.shutdown()
+
+
+def test_stall_holds_both_directions_and_loses_nothing(proxy: Proxy) -> None:
+    with connect(proxy) as s:
+        proxy.stall()
+        s.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            echo(s, b"x" * 200_000)
+        assert proxy.open_connections == 1
+        proxy.pass_through()
+        s.settimeout(5)
+        s.sendall(b"again")
+        expected = b"x" * 200_000 + b"again"
+        got = b""
+        while len(got) < len(expected) and (chunk := s.recv(65536)):
+            got += chunk
+        assert got == expected
+
+
+def test_a_reset_upstream_resets_the_client(proxy: Proxy) -> None:
+    """A server that dies with a RST must not leave the client's connection open and silent."""
+    class Resetting(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(4096)
+            self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.request.close()
+
+    with socketserver.ThreadingTCPServer((LOOPBACK, 0), Resetting) as server:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with Proxy(f"{LOOPBACK}:{server.server_address[1]}") as p, connect(p) as s:
+                s.sendall(b"die")
+                s.settimeout(5)
+                with pytest.raises(ConnectionError):
+                    while s.recv(4096):
+                        pass
+        finally:
+            server.shutdown()

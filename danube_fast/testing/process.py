@@ -5,13 +5,13 @@ killed.
 The process belongs to whoever created the ServerProcess, which must stop() or kill() it. With
 `die_with_parent` the kernel also kills it when the thread that started it exits (PR_SET_PDEATHSIG), so an
 interrupted benchmark leaves no server behind; tests leave it off, since they restart servers from worker
-threads (`asyncio.to_thread`) that end before the server should.
+threads (`asyncio.to_thread`) that end before the server should. The signal is set by util-linux's `setpriv`,
+which then execs the server: no Python runs between fork and exec (a `preexec_fn` in a process with gRPC's
+threads crashed the child with SIGSEGV before exec, one restart in a few, in the chaos campaign).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shlex
 import signal
@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0  # seconds a server gets to log its ready text
 STOP_TIMEOUT = 15.0  # seconds a server gets to exit after SIGTERM
 LOG_TAIL_CHARS = 16_000
-PR_SET_PDEATHSIG = 1
 
 
 class ServerFailed(RuntimeError):
@@ -35,10 +34,9 @@ class ServerFailed(RuntimeError):
     with the end of its log."""
 
 
-def die_with_parent() -> None:
-    """In the child between fork and exec: SIGKILL when the parent thread exits, however it exits."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when the thread that starts it exits, however that exits."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]
 
 
 def repo_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -98,14 +96,15 @@ class ServerProcess:
         assert not self.running, f"the {self.name} is already running"
         self.runs += 1
         argv = self.command()
+        spawned = die_with_parent(argv) if self.die_with_parent else argv
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"===== run {self.runs}: {shlex.join(argv)}\n".encode())
             log.flush()
             self._run_offset = log.tell()
             self.process = subprocess.Popen(
-                argv, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=repo_env(self.env), preexec_fn=die_with_parent if self.die_with_parent else None)
+                spawned, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=repo_env(self.env))
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Return once this run logged `ready_text`; ServerFailed (the process killed) if it exits or the time

@@ -1,8 +1,14 @@
 """A fault-injecting TCP proxy on a free loopback port, in front of one upstream server (host:port): bytes
 pass through both ways until a test asks for a fault.
 
-- delay(seconds): every chunk is held that long before it is forwarded (a slow link);
-- blackhole(): connections stay open and new ones are accepted, but every byte is dropped (a partition);
+- delay(seconds, jitter): every chunk is held that long (plus up to `jitter` more, at random) before it is
+  forwarded (a slow link);
+- blackhole(): connections stay open and new ones are accepted, but every byte is dropped (bytes missing
+  from the middle of a TCP stream: a broken middlebox, not a network, can do that);
+- stall(): nothing is forwarded, nothing is lost: bytes wait (in the kernel's buffers, then the sender's)
+  until the fault heals, as in a network partition that TCP's retransmissions outlast;
+- one_way(direction): stall() one way only ("to_server": requests wait, "to_client": answers wait), a
+  one-way partition;
 - reset(): every open connection is closed with a TCP RST on both sides (a crashed peer or middlebox);
 - refuse(): new connections are reset as soon as they are accepted;
 - cut(): refuse() and reset(), a partition that clients notice at once;
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 import threading
@@ -30,7 +37,8 @@ from danube_fast.testing.ports import LOOPBACK
 
 T = TypeVar("T")
 CHUNK = 64 * 1024
-Mode = Literal["pass", "delay", "blackhole"]
+Mode = Literal["pass", "delay", "blackhole", "stall", "to_server", "to_client"]
+Direction = Literal["to_server", "to_client"]
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -61,10 +69,15 @@ class Proxy:
         self.upstream_port = int(port)
         self.mode: Mode = "pass"
         self.delay_seconds = 0.0
+        self.jitter_seconds = 0.0
         self.refusing = False
         self.accepted = 0  # connections accepted, refused ones included
         self.resets = 0  # connections reset by reset() or refuse()
         self._connections: set[_Connection] = set()
+        # Set while bytes may flow that way; used on the proxy's thread only.
+        self._flowing = {"to_server": asyncio.Event(), "to_client": asyncio.Event()}
+        for flowing in self._flowing.values():
+            flowing.set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
         self._thread.start()
@@ -81,15 +94,23 @@ class Proxy:
     def pass_through(self) -> None:
         self._call(lambda: self._set("pass", 0.0, refusing=False))
 
-    def delay(self, seconds: float) -> None:
-        self._call(lambda: self._set("delay", seconds, refusing=False))
+    def delay(self, seconds: float, jitter: float = 0.0) -> None:
+        self._call(lambda: self._set("delay", seconds, refusing=False, jitter=jitter))
 
     def blackhole(self) -> None:
         self._call(lambda: self._set("blackhole", 0.0, refusing=False))
 
+    def stall(self) -> None:
+        self._call(lambda: self._set("stall", 0.0, refusing=False))
+
+    def one_way(self, direction: Direction) -> None:
+        """Hold what goes in `direction`, forward the other way."""
+        self._call(lambda: self._set(direction, 0.0, refusing=False))
+
     def refuse(self) -> None:
         """New connections are reset when accepted; open ones are left alone (see reset())."""
-        self._call(lambda: self._set(self.mode, self.delay_seconds, refusing=True))
+        self._call(lambda: self._set(self.mode, self.delay_seconds, refusing=True,
+                                     jitter=self.jitter_seconds))
 
     def reset(self) -> int:
         """Reset every open connection; how many there were."""
@@ -139,8 +160,13 @@ class Proxy:
     async def _listen(self) -> asyncio.Server:
         return await asyncio.start_server(self._accept, LOOPBACK, 0)
 
-    def _set(self, mode: Mode, delay: float, *, refusing: bool) -> None:
-        self.mode, self.delay_seconds, self.refusing = mode, delay, refusing
+    def _set(self, mode: Mode, delay: float, *, refusing: bool, jitter: float = 0.0) -> None:
+        self.mode, self.delay_seconds, self.refusing, self.jitter_seconds = mode, delay, refusing, jitter
+        for direction, flowing in self._flowing.items():
+            if mode in ("stall", direction):
+                flowing.clear()
+            else:
+                flowing.set()
 
     def _reset_all(self) -> int:
         connections = list(self._connections)
@@ -162,8 +188,8 @@ class Proxy:
             return
         connection = _Connection(writer, up_writer)
         self._connections.add(connection)
-        connection.pumps = [asyncio.ensure_future(self._pump(reader, up_writer)),
-                            asyncio.ensure_future(self._pump(up_reader, writer))]
+        connection.pumps = [asyncio.ensure_future(self._pump(reader, up_writer, "to_server")),
+                            asyncio.ensure_future(self._pump(up_reader, writer, "to_client"))]
         try:
             await asyncio.gather(*connection.pumps, return_exceptions=True)
         finally:
@@ -171,20 +197,28 @@ class Proxy:
             writer.close()
             up_writer.close()
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        """Forward `source` to `sink` as the mode says, until end of file or a broken connection."""
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, direction: Direction
+                    ) -> None:
+        """Forward `source` to `sink` as the mode says, until end of file (passed on as a half-close) or a
+        broken connection (passed on as a reset, as if the two ends were connected directly)."""
         try:
-            while data := await source.read(CHUNK):
+            flowing = self._flowing[direction]
+            while True:
+                await flowing.wait()  # not read while held: TCP's flow control holds the sender
+                data = await source.read(CHUNK)
+                if not data:
+                    break
+                await flowing.wait()  # a chunk read just before the fault began waits too
                 if self.mode == "blackhole":
                     continue
                 if self.mode == "delay":
-                    await asyncio.sleep(self.delay_seconds)
+                    await asyncio.sleep(self.delay_seconds + random.uniform(0, self.jitter_seconds))
                 sink.write(data)
                 await sink.drain()
             if sink.can_write_eof() and not sink.transport.is_closing():
                 sink.write_eof()
         except (ConnectionError, OSError):
-            pass
+            _reset(sink)
 
     async def _shutdown(self) -> None:
         self._server.close()

@@ -1,0 +1,137 @@
+"""One campaign: a 3-broker cluster under the workload, the nemesis for a while, every fault healed, a check
+that every topic takes writes again, then a final read until every subscription has caught up (or
+DRAIN_TIMEOUT), and the checker over the history.
+
+docs/CHAOS.md says what each figure means and how to replay a seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.chaos import checker, workload
+from bench.chaos.history import History, Send, payload
+from bench.chaos.nemesis import Nemesis
+from bench.chaos.servers import ChaosCluster, chaos_cluster
+from danube_fast.client import FastProducer
+
+RECOVERY_TARGET = 10.0  # seconds after the last heal within which every topic must take writes
+RECOVERY_GIVE_UP = 60.0
+AFTER_HEAL_SECONDS = 3.0  # the producers keep going this long after the recovery check
+DRAIN_TIMEOUT = 90.0  # seconds the final read gets to catch up
+
+
+@dataclass
+class Outcome:
+    seed: int
+    seconds: float
+    verdict: checker.Verdict
+    faults: int
+    fault_kinds: dict[str, int]
+    recovery: dict[str, float]  # topic -> seconds from the last heal to its first acknowledged write
+    errors: list[str] = field(default_factory=list)  # the nemesis's (a broker that did not restart)
+    tracebacks: int = 0  # in the brokers' logs
+    watchdog_restarts: int = 0  # official consumers restarted by the workload's watchdog
+    history_path: str = ""
+    logs_path: str = ""  # the brokers' logs
+
+    @property
+    def recovered_in_time(self) -> bool:
+        return bool(self.recovery) and max(self.recovery.values()) <= RECOVERY_TARGET
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict.valid and not self.errors and self.recovered_in_time
+
+
+def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcome, History]:
+    """A whole campaign in `scratch` (the servers' data); the history goes to `out_dir`."""
+    # The official client logs every broken stream at WARNING; the history has what matters.
+    logging.getLogger("danube").setLevel(logging.CRITICAL)
+    with chaos_cluster(scratch) as cluster:
+        try:
+            import uvloop
+
+            outcome, history = uvloop.run(_campaign(cluster, seed, seconds))
+        except BaseException:
+            print(cluster.logs()[-20_000:])
+            raise
+        outcome.tracebacks = sum(n.broker.log_text().count("Traceback") for n in cluster.nodes)
+        logs = out_dir / f"chaos-logs-{seed}"
+        logs.mkdir(exist_ok=True)
+        for n in cluster.nodes:  # the scratch directory goes; the logs stay with the history
+            shutil.copy(n.broker.log_path, logs / f"{n.name}.log")
+        outcome.logs_path = str(logs)
+    path = out_dir / f"chaos-history-{seed}.jsonl"
+    history.write(path)
+    outcome.history_path = str(path)
+    return outcome, history
+
+
+async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[Outcome, History]:
+    history = History(seed)
+    load = workload.Workload(history, cluster.service_url,
+                             f"127.0.0.1:{cluster.nodes[0].broker.admin_port}", seed)
+    await load.start()
+    nemesis = Nemesis(cluster, history, workload.partitions(), seed)
+    try:
+        await nemesis.run(seconds)
+    finally:
+        await nemesis.heal_all()
+    recovery = await _recovery(cluster, history)
+    await asyncio.sleep(AFTER_HEAL_SECONDS)
+    await load.stop_producers()
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    while load.unread() and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    await load.close()
+    kinds: dict[str, int] = {}
+    for f in history.faults:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    verdict = checker.check(history, workload.subscriptions())
+    outcome = Outcome(seed, seconds, verdict, len(history.faults), kinds, recovery, list(nemesis.errors),
+                      watchdog_restarts=load.watchdog_restarts)
+    return outcome, history
+
+
+async def _recovery(cluster: ChaosCluster, history: History) -> dict[str, float]:
+    """Seconds from now (every fault healed) until each topic (partition) acknowledges a write. The probe
+    records are in the history like any other send, so every subscription must read them too."""
+    healed = time.monotonic()
+    base = {p: t.name for t in workload.TOPICS for p in workload.partitions() if p.startswith(t.name)}
+    return dict(await asyncio.gather(*(_probe(cluster, history, p, base[p], healed) for p in base)))
+
+
+async def _probe(cluster: ChaosCluster, history: History, topic: str, base: str, healed: float
+                 ) -> tuple[str, float]:
+    name = "probe" + topic.rsplit("-", 1)[-1]
+    attempt = 0
+    while time.monotonic() - healed < RECOVERY_GIVE_UP:
+        invoked = history.now()
+        producer = None
+        try:
+            target = cluster.nodes[attempt % len(cluster.nodes)].proxy.target
+            producer = await asyncio.wait_for(
+                FastProducer.connect(target, topic, name, reconnect_tries=3), 10)
+            first, _ = await asyncio.wait_for(
+                await producer.send_batch([payload(name, attempt)]), 10)
+        except Exception as e:
+            failed = Send(name, attempt, base, invoked, history.now(), "info", None, str(e)[:300])
+            history.sends.append(failed)
+            attempt += 1
+            await asyncio.sleep(0.2)
+            continue
+        finally:
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.close(), 5)
+        history.sends.append(Send(name, attempt, base, invoked, history.now(), "ok",
+                                  first if topic == base else None))
+        return topic, time.monotonic() - healed
+    return topic, float("inf")
