@@ -88,3 +88,36 @@ def test_a_delivery_joins_cached_groups_up_to_the_window(tmp_path: Path, run: Ru
         await wal.close()
 
     run(main())
+
+
+def test_a_failed_cursor_save_keeps_delivering_and_is_tried_again_later(tmp_path: Path, run: Run) -> None:
+    """The topic's assignment gone (OwnershipLost) or the store away: the save fails, the records keep
+    coming (the unload, if any, ends the stream), and the next try waits for the next flush (it once raised
+    out of the Consume stream as an unretrieved task exception)."""
+    from danube_fast.meta.fencing import OwnershipLost
+
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(sync=SyncPolicy.parse("none")))
+        for b in range(3):
+            await wal.append(frames.encode_payloads([b"p-%d-%d" % (b, i) for i in range(10)]))
+        tries: list[int] = []
+
+        async def save(offset: int) -> None:
+            tries.append(offset)
+            raise OwnershipLost("assignment /x of revision 1 is gone: the topic has moved")
+
+        sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
+        cfg = DispatchConfig(cursor_flush_acks=10, cursor_flush_ms=60_000)
+        d = BatchDispatcher(sub, wal, cfg, Cursor(0, save, cfg))
+        sub.dispatcher = d
+        _, _, last = await asyncio.wait_for(d.next_records(window=1), 2)  # type: ignore[misc]
+        d.acknowledge(last, [])  # 10 acks: a save is due
+        _, second, _ = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
+        assert second == last + 1 and tries == [last]
+        # no ack since: not due again until cursor_flush_ms, though the last save failed
+        await wal.append(frames.encode_payloads([b"more"]))
+        _, third, _ = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
+        assert third == 30 and tries == [last]
+        await wal.close()
+
+    run(main())

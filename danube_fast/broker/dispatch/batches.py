@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 
 from danube_fast import frames
@@ -26,9 +27,11 @@ from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
-from danube_fast.errors import OffsetOutOfRange
+from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.storage.objects.format import Buffer, joined
 from danube_fast.storage.tiered import ReadableLog
+
+log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 1024 * 1024
 
@@ -163,7 +166,11 @@ class BatchDispatcher:
             if self.stopped or self._epoch != epoch:
                 return None
             if self._cursor.due(self._loop.time()):
-                await self._cursor.save()
+                try:
+                    await self._cursor.save()
+                except DanubeError as e:  # ownership lost (the unload ends this stream) or the store is away
+                    log.warning("subscription %s on %s: cursor not saved: %s", self._sub.name,
+                                self._sub.topic_name, e)
             waiting = self._unacked_bytes >= window or self._next >= self._wal.committed_offset
             if not waiting and self._unacked_bytes and self._budget.spent:
                 self._budget.wait(self._wake.set)

@@ -99,10 +99,14 @@ class Cursor:
         return self._next_save
 
     async def save(self) -> None:
+        """Write the floor if it moved. A failed write raises, and is tried again when the next save is due,
+        not at once (the floor stays in memory meanwhile)."""
         async with self._lock:
             floor = self.low - 1
-            if floor > self._saved:
-                await self._save(floor)
-                self._saved = floor
-            self._acks_since_save = 0
-            self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000
+            try:
+                if floor > self._saved:
+                    await self._save(floor)
+                    self._saved = floor
+            finally:
+                self._acks_since_save = 0
+                self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000
