@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +21,12 @@ from bench.chaos import checker, workload
 from bench.chaos.history import History, Send, payload
 from bench.chaos.nemesis import Nemesis
 from bench.chaos.servers import ChaosCluster, chaos_cluster
+from bench.common import progress
 from danube_fast.client import FastProducer
 
 RECOVERY_TARGET = 10.0  # seconds after the last heal within which every topic must take writes
 RECOVERY_GIVE_UP = 60.0
+PROBE_TIMEOUT = 5.0  # seconds one probe write gets before the next try
 AFTER_HEAL_SECONDS = 3.0  # the producers keep going this long after the recovery check
 DRAIN_TIMEOUT = 90.0  # seconds the final read gets to catch up
 
@@ -36,8 +40,10 @@ class Outcome:
     fault_kinds: dict[str, int]
     recovery: dict[str, float]  # topic -> seconds from the last heal to its first acknowledged write
     errors: list[str] = field(default_factory=list)  # the nemesis's (a broker that did not restart)
-    tracebacks: int = 0  # in the brokers' logs
+    tracebacks: int = 0  # in the brokers' logs, through our code
     watchdog_restarts: int = 0  # official consumers restarted by the workload's watchdog
+    open_failures: int = 0  # failed attempts to open a client (each retried)
+    last_open_error: str = ""
     history_path: str = ""
     logs_path: str = ""  # the brokers' logs
 
@@ -62,7 +68,7 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcom
         except BaseException:
             print(cluster.logs()[-20_000:])
             raise
-        outcome.tracebacks = sum(n.broker.log_text().count("Traceback") for n in cluster.nodes)
+        outcome.tracebacks = sum(_our_tracebacks(n.broker.log_text()) for n in cluster.nodes)
         logs = out_dir / f"chaos-logs-{seed}"
         logs.mkdir(exist_ok=True)
         for n in cluster.nodes:  # the scratch directory goes; the logs stay with the history
@@ -76,28 +82,49 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcom
 
 async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[Outcome, History]:
     history = History(seed)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     load = workload.Workload(history, cluster.service_url,
                              f"127.0.0.1:{cluster.nodes[0].broker.admin_port}", seed)
     await load.start()
+    progress(f"seed {seed}: clients running; faults for {seconds:.0f} s")
     nemesis = Nemesis(cluster, history, workload.partitions(), seed)
     try:
         await nemesis.run(seconds)
     finally:
         await nemesis.heal_all()
+    progress(f"seed {seed}: {nemesis.started} faults, all healed; {load.sent:,} sends so far")
     recovery = await _recovery(cluster, history)
     await asyncio.sleep(AFTER_HEAL_SECONDS)
     await load.stop_producers()
     deadline = time.monotonic() + DRAIN_TIMEOUT
     while load.unread() and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
+    progress(f"seed {seed}: producers stopped; {load.unread():,} acknowledged messages left unread")
     await load.close()
     kinds: dict[str, int] = {}
     for f in history.faults:
         kinds[f.kind] = kinds.get(f.kind, 0) + 1
     verdict = checker.check(history, workload.subscriptions())
     outcome = Outcome(seed, seconds, verdict, len(history.faults), kinds, recovery, list(nemesis.errors),
-                      watchdog_restarts=load.watchdog_restarts)
+                      watchdog_restarts=load.watchdog_restarts, open_failures=load.open_failures,
+                      last_open_error=load.last_open_error)
     return outcome, history
+
+
+def _our_tracebacks(log: str) -> int:
+    """Tracebacks through our code. (aiohttp, under aiobotocore, logs one of its own whenever an S3
+    connection is reset during an upload: its write task's exception is never retrieved; the upload itself
+    fails and is retried.)"""
+    return sum("/danube_fast/" in part[:4000] for part in log.split("Traceback (most recent call last)")[1:])
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: every task's stack on stderr (where is a campaign that seems stuck waiting?)."""
+    for task in asyncio.all_tasks():
+        try:
+            task.print_stack(limit=8, file=sys.stderr)
+        except Exception:  # a frame of compiled code (grpc) has no line number
+            print(f"{task!r}: no stack", file=sys.stderr)
 
 
 async def _recovery(cluster: ChaosCluster, history: History) -> dict[str, float]:
@@ -114,24 +141,30 @@ async def _probe(cluster: ChaosCluster, history: History, topic: str, base: str,
     attempt = 0
     while time.monotonic() - healed < RECOVERY_GIVE_UP:
         invoked = history.now()
-        producer = None
+        target = cluster.nodes[attempt % len(cluster.nodes)].proxy.target
+        opened: list[FastProducer] = []
         try:
-            target = cluster.nodes[attempt % len(cluster.nodes)].proxy.target
-            producer = await asyncio.wait_for(
-                FastProducer.connect(target, topic, name, reconnect_tries=3), 10)
-            first, _ = await asyncio.wait_for(
-                await producer.send_batch([payload(name, attempt)]), 10)
+            first = await asyncio.wait_for(_write_one(target, topic, name, attempt, opened), PROBE_TIMEOUT)
         except Exception as e:
-            failed = Send(name, attempt, base, invoked, history.now(), "info", None, str(e)[:300])
+            error = f"{type(e).__name__}: {e}"
+            failed = Send(name, attempt, base, invoked, history.now(), "info", None, error)
             history.sends.append(failed)
             attempt += 1
             await asyncio.sleep(0.2)
             continue
         finally:
-            if producer is not None:
+            for producer in opened:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(producer.close(), 5)
         history.sends.append(Send(name, attempt, base, invoked, history.now(), "ok",
                                   first if topic == base else None))
         return topic, time.monotonic() - healed
     return topic, float("inf")
+
+
+async def _write_one(target: str, topic: str, name: str, n: int, opened: list[FastProducer]) -> int:
+    """One record from a new producer; the offset it was stored at."""
+    producer = await FastProducer.connect(target, topic, name, reconnect_tries=3)
+    opened.append(producer)
+    first, _ = await (await producer.send_batch([payload(name, n)]))
+    return first

@@ -31,8 +31,8 @@ from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.testing.process import ServerFailed
 
-GAP = (1.0, 4.0)  # seconds between the starts of two faults
-DURATION = (2.0, 8.0)  # seconds a fault lasts
+GAP = (0.5, 3.0)  # seconds between the starts of two faults
+DURATION = (1.5, 6.0)  # seconds a fault lasts
 MAX_ACTIVE = 2
 ADMIN_TIMEOUT = 30.0
 

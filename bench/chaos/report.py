@@ -50,6 +50,8 @@ def text(outcomes: list[Outcome]) -> str:
         for kind, examples in o.verdict.examples.items():
             lines += [f"  {kind}: {e}" for e in examples]
         lines += [f"  error: {e[-1500:]}" for e in o.errors]
+        if o.open_failures:
+            lines.append(f"  clients that failed to open: {o.open_failures}, the last at {o.last_open_error}")
         if o.tracebacks:
             lines.append(f"  tracebacks in the brokers' logs: {o.tracebacks}")
     header = "| " + " | ".join(COLUMNS) + " |"

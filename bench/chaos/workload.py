@@ -89,6 +89,8 @@ class Workload:
         self._consumers: list[asyncio.Task[None]] = []
         self.sent = 0
         self.watchdog_restarts = 0
+        self.open_failures = 0  # clients that could not be opened (each retried)
+        self.last_open_error = ""
         self._last_read: dict[tuple[str, str], float] = {}  # (subscription, topic partition) -> history time
         self._last_acked: dict[str, float] = {}  # topic -> when a send to it was last acknowledged
 
@@ -152,7 +154,8 @@ class Workload:
         producer = None
         while self.producing.is_set():
             if producer is None:
-                producer = await self._retry(lambda: self._official_producer_open(topic, name, partitions))
+                producer = await self._retry(lambda: self._official_producer_open(topic, name, partitions),
+                                             self.producing)
                 if producer is None:
                     return
             invoked = self.history.now()
@@ -182,7 +185,7 @@ class Workload:
 
     async def _fast_producer(self, topic: str, name: str) -> None:
         producer = await self._retry(lambda: FastProducer.connect(
-            self.target, topic, name, batch_records=FAST_BATCH, linger_ms=1.0))
+            self.target, topic, name, batch_records=FAST_BATCH, linger_ms=1.0), self.producing)
         if producer is None:
             return
         inflight = asyncio.Semaphore(FAST_INFLIGHT)
@@ -215,7 +218,7 @@ class Workload:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(producer.close(), 5)
         reopened: FastProducer | None = await self._retry(lambda: FastProducer.connect(
-            self.target, topic, name, batch_records=FAST_BATCH, linger_ms=1.0))
+            self.target, topic, name, batch_records=FAST_BATCH, linger_ms=1.0), self.producing)
         return reopened
 
     async def _await_batch(self, name: str, topic: str, batch: list[int], invoked: float,
@@ -339,13 +342,15 @@ class Workload:
 
     # -- retrying ---------------------------------------------------------------------------------------
 
-    async def _retry(self, open_: Callable[[], Awaitable[Any]]) -> Any:
-        """open_() until it succeeds; None once the workload closes first."""
+    async def _retry(self, open_: Callable[[], Awaitable[Any]], running: asyncio.Event | None = None) -> Any:
+        """open_() until it succeeds; None once the workload closes first (or `running` is cleared)."""
         delay = 0.1
-        while not self.closing.is_set():
+        while not self.closing.is_set() and (running is None or running.is_set()):
             try:
                 return await asyncio.wait_for(open_(), SEND_TIMEOUT)
-            except Exception:
+            except Exception as e:
+                self.open_failures += 1
+                self.last_open_error = f"{self.history.now():.1f} s: {_describe(e)}"
                 await asyncio.sleep(delay + self.random.uniform(0, delay))
                 delay = min(delay * 2, 2.0)
         return None
