@@ -44,6 +44,7 @@ FAST_INFLIGHT = 4  # batches in flight
 PACE = 0.02  # seconds between two sends (batches) of one producer
 RECEIVE_POLL = 1.0
 WATCHDOG_SECONDS = 10.0
+ACKS_IN_FLIGHT = 64  # per official consumer
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ class Workload:
             queue = await consumer.receive()
             reason = "the client gave up"
             started = self.history.now()
+            acks: set[asyncio.Task[None]] = set()
             while not self.closing.is_set():
                 try:
                     message = await asyncio.wait_for(queue.get(), RECEIVE_POLL)
@@ -275,8 +277,14 @@ class Workload:
                     continue
                 self._received(message.msg_id.topic_name, sub, kind, name, message.msg_id.topic_offset,
                                message.payload)
-                with contextlib.suppress(Exception):  # an ack lost to a fault: the message comes again
-                    await asyncio.wait_for(consumer.ack(message), 5)
+                # Acks go out without waiting for each other (one round trip each would hold the reader
+                # to ~150 messages/s, below the producers' rate), ACKS_IN_FLIGHT at most.
+                ack = asyncio.create_task(_ack(consumer, message))
+                acks.add(ack)
+                ack.add_done_callback(acks.discard)
+                if len(acks) >= ACKS_IN_FLIGHT:
+                    await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.gather(*acks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.close(), 5)
 
@@ -354,6 +362,11 @@ class Workload:
                 await asyncio.sleep(delay + self.random.uniform(0, delay))
                 delay = min(delay * 2, 2.0)
         return None
+
+
+async def _ack(consumer: Any, message: Any) -> None:
+    with contextlib.suppress(Exception):  # an ack lost to a fault: the message comes again
+        await asyncio.wait_for(consumer.ack(message), 5)
 
 
 def _describe(e: BaseException | None) -> str:
