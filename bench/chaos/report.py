@@ -31,14 +31,14 @@ def rows(outcomes: list[Outcome]) -> list[tuple[str, ...]]:
                       f"{v.recovered:,}", f"{v.reads:,}",
                       *(f"{getattr(v, c):,}" for c in CLASSES), f"{v.redelivered:,}",
                       ", ".join(f"{p} {n}" for p, n in sorted(v.stored_twice.items())) or "0",
-                      f"{v.rewinds:,}", str(o.watchdog_restarts), f"{recovery:.1f}", str(len(o.errors)),
-                      "yes" if o.valid else "NO"))
+                      f"{v.rewinds:,}", str(o.watchdog_restarts), f"{o.drain_seconds:.0f}", f"{recovery:.1f}",
+                      str(len(o.errors)), "yes" if o.valid else "NO"))
     return table
 
 
 COLUMNS = ("seed", "seconds", "faults", "acked", "unknown", "recovered", "reads", "lost", "unseen",
            "inconsistent", "unexpected", "poll-skips", "unexpected dup.", "redelivered", "stored twice",
-           "rewinds", "watchdog", "recovery s", "errors", "valid")
+           "rewinds", "watchdog", "final read s", "recovery s", "errors", "valid")
 
 
 def text(outcomes: list[Outcome]) -> str:
