@@ -95,6 +95,9 @@ async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[O
     finally:
         await nemesis.heal_all()
     progress(f"seed {seed}: {nemesis.started} faults, all healed; {load.sent:,} sends so far")
+    for node in cluster.nodes:  # a heal that left a broker down would fail the final read, not the broker
+        if not node.broker.running:
+            nemesis.errors.append(f"{node.name} is not running after every fault healed")
     recovery = await _recovery(cluster, history)
     await asyncio.sleep(AFTER_HEAL_SECONDS)
     await load.stop_producers()

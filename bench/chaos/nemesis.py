@@ -68,17 +68,18 @@ class Nemesis:
         """Start faults for `seconds`, then return (faults under way keep going until heal_all())."""
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
-        while loop.time() < end and not self._healing.is_set():
+        while not self._healing.is_set():
             await asyncio.sleep(self.random.uniform(*GAP))
+            if loop.time() >= end:
+                return
             if len(self._active) < MAX_ACTIVE:
                 await self._start_one()
 
     async def heal_all(self) -> None:
+        """End every fault now: each one's wait ends and its heal runs (not a cancel: a task cancelled before
+        it ran once would skip its heal, and a killed broker would stay down)."""
         self._healing.set()
-        tasks = list(self._active.values())
-        for t in tasks:
-            t.cancel()  # the fault's wait ends at once; its heal runs
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._active.values(), return_exceptions=True)
 
     @property
     def started(self) -> int:
@@ -116,8 +117,8 @@ class Nemesis:
 
     async def _hold(self, target: str, index: int, duration: float, heal: Heal | None) -> None:
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(duration)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._healing.wait(), duration)
             if heal is not None:
                 await heal()
         except Exception as e:
