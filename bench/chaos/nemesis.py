@@ -35,6 +35,7 @@ GAP = (0.5, 3.0)  # seconds between the starts of two faults
 DURATION = (1.5, 6.0)  # seconds a fault lasts
 MAX_ACTIVE = 2
 ADMIN_TIMEOUT = 30.0
+RESTART_TRIES = 5
 
 Heal = Callable[[], Awaitable[None]]
 
@@ -61,6 +62,7 @@ class Nemesis:
         self.topics = topics  # topics (partitions) that unload-topic picks from
         self.random = random.Random(seed)
         self.errors: list[str] = []  # what went wrong healing a fault (a broker that did not restart)
+        self.restart_retries = 0  # broker starts that failed and were tried again
         self._active: dict[str, asyncio.Task[None]] = {}  # target -> the task that heals it
         self._healing = asyncio.Event()
 
@@ -174,12 +176,20 @@ class Nemesis:
         return next(n for n in self.cluster.nodes if n.name == name)
 
     async def _restart(self, node: Node) -> None:
-        node.broker.launch()  # from the loop's thread: the kernel kills it when this thread ends, not sooner
-        try:
-            await asyncio.to_thread(node.broker.wait_ready, READY_TIMEOUT)
-        except ServerFailed as e:
-            self.errors.append(f"{node.name} did not restart: {str(e)[-3000:]}")
-            raise
+        """Start the broker again, as a supervisor would: a start that fails because another fault is under
+        way (a broker exits when etcd is unreachable at start) is tried again, up to RESTART_TRIES times."""
+        for attempt in range(1, RESTART_TRIES + 1):
+            node.broker.launch()  # from the loop's thread: the kernel kills it when this thread ends
+            try:
+                await asyncio.to_thread(node.broker.wait_ready, READY_TIMEOUT)
+                return
+            except ServerFailed as e:
+                if attempt == RESTART_TRIES:
+                    self.errors.append(f"{node.name} did not restart in {RESTART_TRIES} tries: "
+                                       f"{str(e)[:300]} ... {str(e)[-2000:]}")
+                    raise
+                self.restart_retries += 1
+                await asyncio.sleep(1.0)
 
     async def _activate(self, node: Node) -> None:
         await self._admin("BrokerAdmin", "ActivateBroker", admin_pb.ActivateBrokerRequest(
