@@ -55,8 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def grpc_poller_teardown(context: dict[str, Any]) -> bool:
     """grpc.aio's completion-queue poller is process-wide: a loop may get one last poller callback while it
     shuts down, which fails with 'Event loop is closed' inside grpc. It says nothing about the code under
-    test (tests/compat/compat_support.py ignores it too; a fresh-clone CI run met it once in
-    tests/contract/test_backup.py), so it alone does not fail a test."""
+    test (a fresh-clone CI run met it in tests/contract/test_backup.py), so it alone does not fail a test;
+    tests/compat/compat_support.py uses this too."""
     exc = context.get("exception")
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed" and \
         "PollerCompletionQueue" in str(context.get("message", ""))

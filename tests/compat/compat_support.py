@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube_fast.testing.plugin import grpc_poller_teardown
 
 T = TypeVar("T")
 
@@ -37,16 +38,6 @@ RPC_TIMEOUT = 5.0
 # --- running coroutines -------------------------------------------------------------------------------------
 
 
-def _grpc_poller_teardown(context: dict[str, Any]) -> bool:
-    """grpc.aio's completion-queue poller is process-wide: a test's loop may get one last poller callback
-    while the loop shuts down, which fails with 'Event loop is closed' inside grpc. It happens as often at the
-    commit before cluster mode (3 runs in 6 of tests/compat/test_fast_consume.py) and says nothing about the
-    broker, so it alone does not fail a test; every other unhandled loop error still does."""
-    exc = context.get("exception")
-    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed" and \
-        "PollerCompletionQueue" in str(context.get("message", ""))
-
-
 def run_async(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
     """Run `coro` on a fresh uvloop loop (one loop, not the `run` fixture's two: every test here talks to a
     broker subprocess, which is what dominates). An error the loop only logs fails a test that otherwise
@@ -54,7 +45,7 @@ def run_async(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
     loop = uvloop.new_event_loop()
     errors: list[dict[str, Any]] = []
     def handle(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if not _grpc_poller_teardown(context):
+        if not grpc_poller_teardown(context):
             errors.append(context)
 
     loop.set_exception_handler(handle)
