@@ -125,6 +125,22 @@ def _read_at(fd: int, n: int, pos: int) -> bytes:
     return data
 
 
+def _read_direct_at(rfd: int, n: int, pos: int) -> bytes:
+    """`_read_at` through an O_DIRECT descriptor: the whole blocks around [pos, pos + n) into a page-aligned
+    buffer, then the bytes asked for (fewer only at end of file)."""
+    start = pos - pos % BLOCK
+    end = (pos + n + BLOCK - 1) // BLOCK * BLOCK
+    with mmap.mmap(-1, end - start) as buf:
+        got = 0
+        while start + got < end:
+            with memoryview(buf) as view:
+                r = os.preadv(rfd, [view[got:]], start + got)
+            if r == 0:
+                break
+            got += r
+        return buf[pos - start:min(pos - start + n, got)]
+
+
 def _plausible(magic: int, version: int, length: int, count: int) -> bool:
     """A header walked without its CRC (sealed data, already verified once) must at least look like one; a
     zero length would otherwise walk in place forever."""
@@ -137,6 +153,8 @@ class Segment:
     fd = -1
     _dfd = -1  # O_DIRECT descriptor for appends (see _wal.pyx, Segment.direct)
     _want_direct = False
+    _rfd = -1  # O_DIRECT descriptor for reads (see _wal.pyx, Segment.direct_reads)
+    _want_direct_reads = False
     _tail = b""  # the file's last partial block as written, ending at _tail_end (-1: read it back)
     _tail_end = -1
     _file_end = 0  # the file's length, with the zero padding after `size`
@@ -178,6 +196,9 @@ class Segment:
     def close(self) -> None:
         self._unmap()
         self._close_direct()
+        if self._rfd >= 0:
+            os.close(self._rfd)
+            self._rfd = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -202,6 +223,28 @@ class Segment:
         self._map(self.idx_capacity if active else self.idx_count, writable=active)
         if active and self._want_direct:
             self.direct(True)
+        if self._want_direct_reads:
+            self.direct_reads(True)
+
+    def direct_reads(self, on: bool) -> bool:
+        """See `_wal.pyx`. Here only the data read goes direct (the header walk stays buffered); the
+        result is the same."""
+        self._want_direct_reads = on
+        if not on:
+            if self._rfd >= 0:
+                os.close(self._rfd)
+                self._rfd = -1
+            return False
+        if self._rfd >= 0:
+            return True
+        try:
+            self._rfd = os.open(self.log_path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # no O_DIRECT on this file system
+                self._want_direct_reads = False
+                return False
+            raise _os_error("cannot open segment for direct reads", self.log_path, e) from e
+        return True
 
     def direct(self, on: bool) -> bool:
         self._want_direct = on
@@ -481,10 +524,14 @@ class Segment:
             if base + count > offset:
                 break
             pos += length
-        data = _read_at(self.fd, min(max(max_bytes, length), size - pos), pos)
-        step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
-        if (pos < step or pos % AHEAD == 0) and step < size:
-            os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
+        n = min(max(max_bytes, length), size - pos)
+        if self._rfd >= 0:
+            data = _read_direct_at(self._rfd, n, pos)
+        else:
+            data = _read_at(self.fd, n, pos)
+            step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
+            if (pos < step or pos % AHEAD == 0) and step < size:
+                os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
         # Keep whole batches below the limit.
         cut = 0
         while cut + HEADER_BYTES <= len(data):

@@ -96,7 +96,8 @@ class SegmentedLog:
         self._segment_ms = segment_ms
         self._index_interval_bytes = index_interval_bytes
         self._index_max_bytes = index_max_bytes
-        self._direct = direct_io  # O_DIRECT appends to the active segment (Segment.direct)
+        self._direct = direct_io  # O_DIRECT appends to the active segment (Segment.direct), O_DIRECT reads
+        # of every segment (Segment.direct_reads)
         self._writer = threading.Lock()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when the last busy call leaves
@@ -186,6 +187,7 @@ class SegmentedLog:
             seg.create(self._index_max_bytes)
             if self._direct:
                 seg.direct(True)
+                seg.direct_reads(True)
             self._fsync_dir()
             sync_ledger.record(seg.log_path, 0)
         except BaseException:
@@ -210,6 +212,8 @@ class SegmentedLog:
             self._segments.append(seg)  # first, so that a failure below closes it
             self._bases.append(base)
             seg.open()
+            if self._direct:  # sealed segments too: they were written directly, so they are not cached
+                seg.direct_reads(True)
             if i + 1 < len(bases):
                 self._open_sealed(seg, report)
                 if seg.next_offset != bases[i + 1]:

@@ -121,3 +121,56 @@ def test_a_failed_cursor_save_keeps_delivering_and_is_tried_again_later(tmp_path
         await wal.close()
 
     run(main())
+
+
+def test_a_consumer_behind_the_tail_gets_its_next_read_started_ahead(tmp_path: Path, run: Run) -> None:
+    """Catching up from disk (a cache too small to help), each delivery starts the read of the next one
+    (dispatch/read_ahead.py): every record comes once and in order, nearly every read was started ahead, its
+    bytes count in the broker's budget only while it waits, and a nack or a lost stream drops a read ahead
+    that no longer fits (what comes next is the nacked offset, then the floor)."""
+    from danube_fast.broker.dispatch.budget import ByteBudget
+
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(sync=SyncPolicy.parse("none"), cache_bytes=1))
+        for b in range(40):
+            await wal.append(frames.encode_payloads([b"%d-%d:" % (b, i) + bytes(6000) for i in range(4)]))
+        sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
+        cfg = DispatchConfig()
+        budget = ByteBudget(cfg.broker_bytes)
+        d = BatchDispatcher(sub, wal, cfg, Cursor(0, _no_save, cfg), budget)
+        sub.dispatcher = d
+        window = 64 * 1024  # reads of 64 KiB: about 2-3 batches each
+        seen: list[int] = []
+        while len(seen) < 100:
+            data, first, last = await asyncio.wait_for(d.next_records(window), 2)  # type: ignore[misc]
+            assert first == (seen[-1] + 1 if seen else 0)
+            seen.extend(r.offset for r in frames.decode_records(data, verify=False))
+            d.acknowledge(last, [])
+        assert seen == list(range(len(seen)))
+        # Every read but the first was started ahead; the one for what comes next is waiting.
+        assert d.read_ahead.used == d.read_ahead.started - 1 >= 10
+        assert budget.held == d.held_bytes + window  # that read ahead holds its share of the budget
+        nxt = len(seen)
+        assert d.nack(nxt - 1, None) is False  # acknowledged: nothing to redeliver
+        # Unacknowledged deliveries, then a nack: the read ahead (past them) is dropped, delivery goes back.
+        _, first, last = await asyncio.wait_for(d.next_records(window), 2)  # type: ignore[misc]
+        assert first == nxt
+        _, first2, _ = await asyncio.wait_for(d.next_records(window), 2)  # type: ignore[misc]
+        assert first2 == last + 1
+        assert d.nack(first, None)
+        assert budget.held == d.held_bytes  # the read ahead gave its share back
+        _, again, _ = await asyncio.wait_for(d.next_records(window), 2)  # type: ignore[misc]
+        assert again == nxt
+        d.consumer_lost()
+        assert budget.held == 0
+        _, floor, _ = await asyncio.wait_for(d.next_records(window), 2)  # type: ignore[misc]
+        assert floor == nxt
+        await d.close(save=False)
+        assert budget.held == 0
+        await wal.close()
+
+    run(main())
+
+
+async def _no_save(offset: int) -> None:
+    pass

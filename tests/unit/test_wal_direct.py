@@ -183,3 +183,54 @@ def test_large_groups_are_stamped_for_the_direct_write_and_files_match_across_im
         if name == "native-direct":
             assert aligned >= 30
     assert results["native-direct"] == results["pure-direct"] == results["native-buffered"]
+
+
+def direct_readers(directory: Path) -> set[str]:
+    """The segment files of `directory` this process has open read-only with O_DIRECT."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            flags = int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        except (OSError, IndexError):
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(str(directory)) and flags & os.O_DIRECT and flags & os.O_ACCMODE == os.O_RDONLY:
+            found.add(os.path.basename(target))
+    return found
+
+
+def test_direct_reads_return_exactly_what_a_read_should(wal_impl: ModuleType, frames: ModuleType,
+                                                        tmp_path: Path) -> None:
+    """Segment.direct_reads (on with direct appends, for the active and the sealed segments): reads go
+    through an O_DIRECT descriptor and return exactly the batches the model expects, at every batch, at
+    offsets inside batches, for tiny and large max_bytes and limits in the middle. A sparse index (32 KiB
+    apart) makes the header walk pass the first blocks read, and batches of up to 90 KB are bigger than
+    they; appends go on between the reads (the active segment's last block is rewritten)."""
+    directory = tmp_path / "wal"
+    log = make_log(wal_impl, str(directory), direct_io=True, segment_bytes=256 * 1024,
+                   index_interval_bytes=32 * 1024)
+    gen, model = Batches(frames, 9), Model(frames)
+    rng = random.Random(9)
+    for round_ in range(3):
+        for _ in range(40):
+            big = rng.random() < 0.3
+            data = log.append([gen.batch(records=3, payload_max=30_000) if big else gen.buffer()]).data
+            model.add(bytes(memoryview(data)))
+        log.sync()
+        assert {f"{base:020d}.log" for base in log.segment_bases} <= direct_readers(directory)
+        assert len(log.segment_bases) >= round_ + 1
+        limits = (model.end, model.batches[len(model.batches) // 2].base + 1)
+        for b in model.batches[::3]:
+            for offset in {b.base, b.base + b.count - 1}:
+                for max_bytes in (1, 700, BLOCK + 1, 70_000, 1 << 20):
+                    for limit in limits:
+                        assert_read(log, model, offset, max_bytes, limit)
+    log.release()  # closed while idle: the next read reopens the descriptors, the direct one too
+    check_all(log, model)
+    assert {f"{base:020d}.log" for base in log.segment_bases} <= direct_readers(directory)
+    log.close()
+    assert not direct_readers(directory)
+    buffered = make_log(wal_impl, str(directory))  # without direct_io: no direct descriptor, same reads
+    check_all(buffered, model)
+    assert not direct_readers(directory)
+    buffered.close()

@@ -27,6 +27,7 @@ from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
+from danube_fast.broker.dispatch.read_ahead import ReadAhead
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.storage.objects.format import Buffer, joined
 from danube_fast.storage.tiered import ReadableLog
@@ -43,6 +44,7 @@ class BatchDispatcher:
         self._sub = subscription
         self._budget = budget if budget is not None else ByteBudget(config.broker_bytes)
         self._wal = wal
+        self.read_ahead = ReadAhead(wal, self._budget)  # the next read, started while a delivery is sent
         self._config = config
         self._loop = asyncio.get_running_loop()
         self._cursor = cursor
@@ -73,6 +75,7 @@ class BatchDispatcher:
         cursor = self._cursor
         self.redelivered += max(0, self._next - cursor.low - cursor.forget_acks())
         self._epoch += 1
+        self.read_ahead.drop()
         self._next = cursor.low
         self._sent.clear()
         self._release(self._unacked_bytes)
@@ -104,6 +107,7 @@ class BatchDispatcher:
             return  # the stream went meanwhile (delivery restarted at the floor) or it was acknowledged
         self.redelivered += sum(1 for o in range(offset, self._next) if o not in acked)
         self._position += 1  # a read in progress for the old position is dropped
+        self.read_ahead.drop()
         while self._sent and self._sent[-1][0] >= offset:
             self._release(self._sent.pop()[1])
         self._next = offset if not self._sent else max(offset, self._sent[-1][0] + 1)
@@ -133,6 +137,7 @@ class BatchDispatcher:
 
     async def close(self, *, save: bool = True) -> None:
         self.stop_streams()
+        self.read_ahead.drop()
         self._budget.forget(self._wake.set)
         self._sent.clear()
         self._release(self._unacked_bytes)
@@ -177,8 +182,9 @@ class BatchDispatcher:
                 waiting = True
             if not waiting:
                 position = self._position
+                want = min(READ_BYTES, window)
                 try:
-                    got = await self._wal.read(self._next, min(READ_BYTES, window))
+                    got = await self.read_ahead.take((epoch, position, self._next, want))
                 except OffsetOutOfRange:  # retention deleted what was not consumed
                     self._cursor.skip_to(self._wal.start_offset)
                     self._next = self._cursor.low
@@ -206,6 +212,8 @@ class BatchDispatcher:
                     self._unacked_bytes += size
                     self._budget.take(size)
                     self._next = next_offset
+                    if next_offset < self._wal.committed_offset:  # behind the tail: read on while this goes
+                        self.read_ahead.start((epoch, position, next_offset, want))
                     return joined(chunks), first, next_offset - 1
             timeout = max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):

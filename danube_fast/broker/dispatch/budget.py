@@ -5,7 +5,8 @@ What counts, in bytes of records (their share of their batch in the WAL) or, Non
   consumer's key filter accepts it), or the dispatcher closes. That covers read-ahead, messages queued for a
   stream, delivered and unacknowledged, and waiting for redelivery: all of it is held in memory.
 - Reliable, fast API: what was sent and not acknowledged, released by acks, a nack (delivery goes back, the
-  bytes are read again) and the stream's end.
+  bytes are read again) and the stream's end; and the one read ahead of a subscription behind the tail
+  (read_ahead.py: the size it asked) until its delivery takes it or it is dropped.
 - NonReliable: messages queued for a consumer's stream until the stream takes them (or the stream goes).
 
 Beyond the budget, Reliable dispatch reads nothing more from the WAL (the data waits there) and NonReliable
