@@ -46,6 +46,10 @@ cdef enum:
     CODEC_ZSTD = 1
     CODEC_LZ4 = 2
     CODEC_LAST = CODEC_LZ4
+    # Bit 3: the batch is sequenced (docs/FORMAT.md#sequenced-batches): `session` and `sequence` (u64 each)
+    # follow the names.
+    FLAG_SEQUENCED = 8
+    SEQ_BYTES = 16
 
     BATCH_MAGIC = 0xDB
     BATCH_VERSION = 1
@@ -65,6 +69,9 @@ cdef struct BatchInfo:
     uint16_t addr_len
     uint8_t codec
     uint32_t raw_size
+    uint8_t seq_len                # SEQ_BYTES in a sequenced batch, else 0
+    uint64_t session
+    uint64_t sequence
 
 
 # Structure (and, with verify_crc, the CRC) of the batch at `pos`, its records decompressed first if it is

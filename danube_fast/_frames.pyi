@@ -48,6 +48,8 @@ class BatchHeader:
     broker_addr: str
     compression: str
     raw_size: int
+    session: int
+    sequence: int
     @property
     def last_offset(self) -> int: ...
     @property
@@ -63,6 +65,8 @@ def encode_batch(
     base_offset: int = 0,
     compression: str | None = "none",
     level: int | None = None,
+    session: int = 0,
+    sequence: int = 0,
 ) -> bytes: ...
 def encode_payloads(
     payloads: Sequence[bytes],
@@ -74,6 +78,8 @@ def encode_payloads(
     base_offset: int = 0,
     compression: str | None = "none",
     level: int | None = None,
+    session: int = 0,
+    sequence: int = 0,
 ) -> bytes: ...
 def span(buf: Buffer) -> tuple[int, int]: ...
 def stamp_base_offset(buf: Buffer, base_offset: int, position: int = 0) -> None: ...

@@ -77,7 +77,8 @@ LAYOUT = {
     "record.fixed": REC_FIXED, "flag.request_id": F_REQUEST_ID, "flag.schema_id": F_SCHEMA_ID,
     "flag.schema_version": F_SCHEMA_VERSION, "flag.routing_key": F_ROUTING_KEY,
     "flag.attributes": F_ATTRIBUTES, "flag.known": F_KNOWN, "codec.mask": CODEC_MASK,
-    "codec.zstd": CODEC_ZSTD, "codec.lz4": CODEC_LZ4,
+    "codec.zstd": CODEC_ZSTD, "codec.lz4": CODEC_LZ4, "flag.sequenced": FLAG_SEQUENCED,
+    "sequence_bytes": SEQ_BYTES,
 }
 
 # Codec names by number (docs/FORMAT.md#compression); `compression=` arguments take the names.
@@ -186,6 +187,8 @@ cdef class BatchHeader:
     cdef readonly str broker_addr
     cdef readonly str compression
     cdef readonly uint32_t raw_size
+    cdef readonly uint64_t session  # a sequenced batch's producer session and sequence; 0 and 0 otherwise
+    cdef readonly uint64_t sequence
 
     @property
     def last_offset(self):
@@ -222,6 +225,8 @@ cdef BatchHeader _make_header(const unsigned char* buf, BatchInfo* h):
     out.broker_addr = _utf8(names + h.name_len, h.addr_len, h.position, "broker address")
     out.compression = COMPRESSIONS[h.codec]
     out.raw_size = h.raw_size
+    out.session = h.session
+    out.sequence = h.sequence
     return out
 
 
@@ -238,6 +243,11 @@ cdef struct Totals:
     Py_ssize_t attr_value_bytes
 
 
+cdef inline Py_ssize_t _head(BatchInfo* h) noexcept nogil:
+    """Bytes of the header, names and sequence: where the (stored) records start."""
+    return HEADER_BYTES + h.name_len + h.addr_len + h.seq_len
+
+
 cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos, BatchInfo* h) except -1:
     cdef Py_ssize_t remaining = size - pos
     cdef const unsigned char* p = buf + pos
@@ -249,8 +259,8 @@ cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos
     if p[OFF_VERSION] != BATCH_VERSION:
         raise FrameCorrupt(f"unsupported version {p[OFF_VERSION]}, expected {BATCH_VERSION}", pos)
     flags = load_u16(p + OFF_FLAGS)
-    if flags & ~CODEC_MASK:
-        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's", pos)
+    if flags & ~(CODEC_MASK | FLAG_SEQUENCED):
+        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's and sequenced", pos)
     if (flags & CODEC_MASK) > CODEC_LAST:
         raise FrameCorrupt(f"unknown compression codec {flags & CODEC_MASK}", pos)
     h.position = pos
@@ -265,15 +275,17 @@ cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos
     h.addr_len = load_u16(p + OFF_ADDR_LEN)
     h.codec = <uint8_t>(flags & CODEC_MASK)
     h.raw_size = load_u32(p + OFF_RAW_SIZE)
+    h.seq_len = SEQ_BYTES if flags & FLAG_SEQUENCED else 0
+    h.session = h.sequence = 0
     if h.codec == CODEC_NONE and h.raw_size != 0:
         raise FrameCorrupt(f"raw_size is {h.raw_size} in an uncompressed batch, must be 0", pos)
     if h.codec != CODEC_NONE and h.raw_size == 0:
         raise FrameCorrupt("raw_size is 0 in a compressed batch", pos)
     if h.length > MAX_BATCH:
         raise FrameCorrupt(f"batch_length {h.length} exceeds the {MAX_BATCH}-byte limit", pos)
-    if <Py_ssize_t>h.length < HEADER_BYTES + h.name_len + h.addr_len:
-        raise FrameCorrupt(f"batch_length {h.length} is shorter than its header and names", pos)
-    if HEADER_BYTES + h.name_len + h.addr_len + <Py_ssize_t>h.raw_size > MAX_BATCH:
+    if <Py_ssize_t>h.length < _head(h):
+        raise FrameCorrupt(f"batch_length {h.length} is shorter than its header, names and sequence", pos)
+    if _head(h) + <Py_ssize_t>h.raw_size > MAX_BATCH:
         raise FrameCorrupt(f"raw_size {h.raw_size} would make the batch exceed the {MAX_BATCH}-byte limit", pos)
     if h.length > remaining:
         raise FrameCorrupt(f"batch is torn: needs {h.length} bytes, buffer has {remaining}", pos)
@@ -283,12 +295,12 @@ cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos
         raise FrameCorrupt("producer name is not valid UTF-8", pos)
     if not utf8_valid(p + HEADER_BYTES + h.name_len, h.addr_len):
         raise FrameCorrupt("broker address is not valid UTF-8", pos)
+    if h.seq_len:
+        h.session = load_u64(p + HEADER_BYTES + h.name_len + h.addr_len)
+        h.sequence = load_u64(p + HEADER_BYTES + h.name_len + h.addr_len + 8)
+        if h.session == 0 or h.sequence == 0:
+            raise FrameCorrupt("a sequenced batch has session or sequence 0", pos)
     return 0
-
-
-cdef inline Py_ssize_t _head(BatchInfo* h) noexcept nogil:
-    """Bytes of the header and names: where the (stored) records start."""
-    return HEADER_BYTES + h.name_len + h.addr_len
 
 
 cdef int _check_crc(const unsigned char* buf, BatchInfo* h) except -1:
@@ -470,7 +482,7 @@ cdef Py_ssize_t _inflate_into(const unsigned char* buf, BatchInfo* h, unsigned c
     memcpy(dst, p, head)
     _decompress(p + head, h.length - head, dst + head, h)
     _walk_records(dst + head, dst + total, h, NULL)
-    store_u16(dst + OFF_FLAGS, CODEC_NONE)
+    store_u16(dst + OFF_FLAGS, load_u16(p + OFF_FLAGS) & ~CODEC_MASK)
     store_u32(dst + OFF_RAW_SIZE, 0)
     store_u32(dst + OFF_LENGTH, <uint32_t>total)
     return total
@@ -529,7 +541,8 @@ cdef object _compress(object batch, int codec, int level):
     saves less than 1/MIN_SAVING of their bytes (not worth a decompression in every reader)."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(batch)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(batch)
-    cdef Py_ssize_t head = HEADER_BYTES + load_u16(p + OFF_NAME_LEN) + load_u16(p + OFF_ADDR_LEN)
+    cdef Py_ssize_t head = HEADER_BYTES + load_u16(p + OFF_NAME_LEN) + load_u16(p + OFF_ADDR_LEN) + \
+        (SEQ_BYTES if load_u16(p + OFF_FLAGS) & FLAG_SEQUENCED else 0)
     cdef Py_ssize_t raw = n - head, bound, got = 0
     cdef size_t zgot = 0
     cdef ZSTD_CCtx* ctx = NULL
@@ -566,7 +579,7 @@ cdef object _compress(object batch, int codec, int level):
         if got > raw - raw // MIN_SAVING:
             return batch
         memcpy(scratch, p, head)
-        store_u16(scratch + OFF_FLAGS, <uint16_t>codec)
+        store_u16(scratch + OFF_FLAGS, <uint16_t>(codec | (load_u16(p + OFF_FLAGS) & FLAG_SEQUENCED)))
         store_u32(scratch + OFF_RAW_SIZE, <uint32_t>raw)
         store_u32(scratch + OFF_LENGTH, <uint32_t>(head + got))
         out = PyBytes_FromStringAndSize(<const char*>scratch, head + got)
@@ -835,14 +848,21 @@ cdef unsigned char* _put_record(unsigned char* q, Record rec, uint32_t ts_delta)
 
 
 cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64_t max_ts, object producer_id,
-                       object producer_name, object broker_addr, object base_offset, unsigned char** cursor):
-    """Allocate a batch of `body` record bytes with its header filled except the CRC."""
+                       object producer_name, object broker_addr, object base_offset, object session,
+                       object sequence, unsigned char** cursor):
+    """Allocate a batch of `body` record bytes with its header filled except the CRC; sequenced when
+    `session` is not 0."""
     cdef Py_ssize_t name_len, addr_len
     cdef const char* name = _text(producer_name, &name_len, 0xFFFF, "producer_name")
     cdef const char* addr = _text(broker_addr, &addr_len, 0xFFFF, "broker_addr")
     cdef uint64_t pid = _u64(producer_id, "producer_id")
     cdef uint64_t boff = _u64(base_offset, "base_offset")
-    cdef Py_ssize_t total = HEADER_BYTES + name_len + addr_len + body
+    cdef uint64_t sess = _u64(session, "session")
+    cdef uint64_t seq = _u64(sequence, "sequence")
+    cdef Py_ssize_t seq_len = SEQ_BYTES if sess else 0
+    if (sess == 0) != (seq == 0):
+        raise ValueError("session and sequence go together: both 0 (not sequenced) or both set")
+    cdef Py_ssize_t total = HEADER_BYTES + name_len + addr_len + seq_len + body
     if total > MAX_BATCH:
         raise ValueError(f"batch would be {total} bytes, more than the {MAX_BATCH} allowed")
     if max_ts - base_ts > 0xFFFFFFFF:
@@ -853,7 +873,7 @@ cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64
     store_u32(p + OFF_LENGTH, <uint32_t>total)
     p[OFF_MAGIC] = BATCH_MAGIC
     p[OFF_VERSION] = BATCH_VERSION
-    store_u16(p + OFF_FLAGS, 0)
+    store_u16(p + OFF_FLAGS, FLAG_SEQUENCED if seq_len else 0)
     store_u32(p + OFF_COUNT, count)
     store_u64(p + OFF_BASE_TS, base_ts)
     store_u64(p + OFF_MAX_TS, max_ts)
@@ -863,7 +883,10 @@ cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64
     store_u32(p + OFF_RAW_SIZE, 0)
     memcpy(p + HEADER_BYTES, name, name_len)
     memcpy(p + HEADER_BYTES + name_len, addr, addr_len)
-    cursor[0] = p + HEADER_BYTES + name_len + addr_len
+    if seq_len:
+        store_u64(p + HEADER_BYTES + name_len + addr_len, sess)
+        store_u64(p + HEADER_BYTES + name_len + addr_len + 8, seq)
+    cursor[0] = p + HEADER_BYTES + name_len + addr_len + seq_len
     return out
 
 
@@ -875,9 +898,10 @@ cdef void _seal(object batch) noexcept:
 
 
 def encode_batch(records, *, producer_id=0, producer_name="", broker_addr="", base_offset=0,
-                 compression="none", level=None):
+                 compression="none", level=None, session=0, sequence=0):
     """Encode a sequence of Records into one batch (bytes), its records compressed with `compression`
-    ("none", "zstd" or "lz4"; `level` for zstd, its default 3) unless that saves less than 1/8 of them."""
+    ("none", "zstd" or "lz4"; `level` for zstd, its default 3) unless that saves less than 1/8 of them;
+    sequenced (docs/FORMAT.md#sequenced-batches) when `session` and `sequence` are given."""
     cdef list recs = records if type(records) is list else list(records)
     cdef Py_ssize_t n = len(recs), i, body = 0
     cdef uint64_t ts, base_ts = U64_MAX, max_ts = 0
@@ -905,7 +929,7 @@ def encode_batch(records, *, producer_id=0, producer_name="", broker_addr="", ba
                 max_ts = ts
             body += _record_size(rec)
         out = _new_batch(body, <uint32_t>n, base_ts, max_ts, producer_id, producer_name, broker_addr,
-                         base_offset, &q)
+                         base_offset, session, sequence, &q)
         for i in range(n):
             q = _put_record(q, <Record>recs[i], <uint32_t>(stamps[i] - base_ts))
     finally:
@@ -915,9 +939,9 @@ def encode_batch(records, *, producer_id=0, producer_name="", broker_addr="", ba
 
 
 def encode_payloads(payloads, *, publish_time=0, producer_id=0, producer_name="", broker_addr="",
-                    base_offset=0, compression="none", level=None):
+                    base_offset=0, compression="none", level=None, session=0, sequence=0):
     """One batch of payload-only records with one publish time: the fast path for bulk producers
-    (`compression` and `level` as in encode_batch)."""
+    (`compression`, `level`, `session` and `sequence` as in encode_batch)."""
     cdef list items = payloads if type(payloads) is list else list(payloads)
     cdef Py_ssize_t n = len(items), i, body = 0
     cdef uint64_t ts = _u64(publish_time, "publish_time")
@@ -927,7 +951,8 @@ def encode_payloads(payloads, *, publish_time=0, producer_id=0, producer_name=""
         raise ValueError("a batch needs at least one record")
     for i in range(n):
         body += REC_FIXED + _payload_size(items[i])
-    out = _new_batch(body, <uint32_t>n, ts, ts, producer_id, producer_name, broker_addr, base_offset, &q)
+    out = _new_batch(body, <uint32_t>n, ts, ts, producer_id, producer_name, broker_addr, base_offset, session,
+                     sequence, &q)
     for i in range(n):
         start = q
         q = _put_payload(q + REC_FIXED, items[i])
@@ -1176,7 +1201,7 @@ cdef void _fill(const unsigned char* buf, Py_ssize_t size, int64_t* offsets, int
                 bad[0] = pos
                 return
         name = p + HEADER_BYTES
-        q = name + name_len + addr_len
+        q = name + name_len + addr_len + (SEQ_BYTES if load_u16(p + OFF_FLAGS) & FLAG_SEQUENCED else 0)
         for i in range(count):
             rend = q + 4 + load_u32(q)
             flags = q[REC_FLAGS]

@@ -68,6 +68,9 @@ _KNOWN_FLAGS = 0x1F
 
 # Batch flags bits 0-2: the codec, an index into COMPRESSIONS (docs/FORMAT.md#compression).
 _CODEC_MASK = 0x07
+# Bit 3: sequenced (docs/FORMAT.md#sequenced-batches): session and sequence, u64 each, follow the names.
+_FLAG_SEQUENCED = 0x08
+_SEQUENCE = struct.Struct("<QQ")
 _CODEC_ZSTD = 1
 _CODEC_LZ4 = 2
 COMPRESSIONS = ("none", "zstd", "lz4")
@@ -89,7 +92,8 @@ LAYOUT = {
     "record.fixed": _RECORD_PREFIX.size, "flag.request_id": _F_REQUEST_ID, "flag.schema_id": _F_SCHEMA_ID,
     "flag.schema_version": _F_SCHEMA_VERSION, "flag.routing_key": _F_ROUTING_KEY,
     "flag.attributes": _F_ATTRIBUTES, "flag.known": _KNOWN_FLAGS, "codec.mask": _CODEC_MASK,
-    "codec.zstd": _CODEC_ZSTD, "codec.lz4": _CODEC_LZ4,
+    "codec.zstd": _CODEC_ZSTD, "codec.lz4": _CODEC_LZ4, "flag.sequenced": _FLAG_SEQUENCED,
+    "sequence_bytes": _SEQUENCE.size,
 }
 
 _U16 = struct.Struct("<H")
@@ -177,6 +181,8 @@ class BatchHeader:
         "producer_name",
         "raw_size",
         "record_count",
+        "sequence",
+        "session",
     )
 
     def __init__(
@@ -193,6 +199,8 @@ class BatchHeader:
         broker_addr: str,
         compression: str = "none",
         raw_size: int = 0,
+        session: int = 0,
+        sequence: int = 0,
     ) -> None:
         self.position = position
         self.base_offset = base_offset
@@ -206,6 +214,8 @@ class BatchHeader:
         self.broker_addr = broker_addr
         self.compression = compression
         self.raw_size = raw_size
+        self.session = session  # a sequenced batch's producer session and sequence; 0 and 0 otherwise
+        self.sequence = sequence
 
     @property
     def last_offset(self) -> int:
@@ -359,21 +369,30 @@ def _start_batch(
     broker_addr: str,
     base_offset: int,
     records_size: int,
+    session: int,
+    sequence: int,
 ) -> bytearray:
-    """The header and names of a batch, with batch_length set and the CRC left 0 for `_finish_batch`."""
+    """The header, names and (with a session) sequence of a batch, with batch_length set and the CRC left 0
+    for `_finish_batch`."""
     base_offset = _check_uint(base_offset, 64, "base_offset")
     producer_id = _check_uint(producer_id, 64, "producer_id")
+    session = _check_uint(session, 64, "session")
+    sequence = _check_uint(sequence, 64, "sequence")
+    if (session == 0) != (sequence == 0):
+        raise ValueError("session and sequence go together: both 0 (not sequenced) or both set")
     name = _utf8_field(producer_name, "producer_name", _U16_MAX)
     addr = _utf8_field(broker_addr, "broker_addr", _U16_MAX)
-    length = HEADER_SIZE + len(name) + len(addr) + records_size
+    seq = _SEQUENCE.pack(session, sequence) if session else b""
+    length = HEADER_SIZE + len(name) + len(addr) + len(seq) + records_size
     if length > MAX_BATCH_BYTES:
         raise ValueError(f"the batch would be {length} bytes, more than MAX_BATCH_BYTES ({MAX_BATCH_BYTES})")
     out = bytearray(_HEADER.pack(
-        base_offset, 0, length, MAGIC, VERSION, 0, record_count, base_timestamp, max_timestamp, producer_id,
-        len(name), len(addr), 0,
+        base_offset, 0, length, MAGIC, VERSION, _FLAG_SEQUENCED if seq else 0, record_count, base_timestamp,
+        max_timestamp, producer_id, len(name), len(addr), 0,
     ))
     out += name
     out += addr
+    out += seq
     return out
 
 
@@ -393,10 +412,13 @@ def encode_batch(
     base_offset: int = 0,
     compression: str | None = "none",
     level: int | None = None,
+    session: int = 0,
+    sequence: int = 0,
 ) -> bytes:
     """Encode `records` as one batch. Their `offset` is ignored: the batch carries `base_offset`. The records
     are compressed with `compression` ("none", "zstd" or "lz4"; `level` for zstd) unless that saves less than
-    1/8 of their bytes."""
+    1/8 of their bytes. Sequenced (docs/FORMAT.md#sequenced-batches) when `session` and `sequence` are
+    given."""
     codec = _codec_of(compression)
     prepared = [_prepare_record(record, index) for index, record in enumerate(records)]
     if not prepared:
@@ -410,7 +432,7 @@ def encode_batch(
     records_size = sum(_RECORD_PREFIX.size + len(p.optional) + len(p.payload) for p in prepared)
     out = _start_batch(
         len(prepared), base_timestamp, max_timestamp, producer_id, producer_name, broker_addr, base_offset,
-        records_size,
+        records_size, session, sequence,
     )
     for p in prepared:
         length = _MIN_RECORD_LENGTH + len(p.optional) + len(p.payload)
@@ -430,6 +452,8 @@ def encode_payloads(
     base_offset: int = 0,
     compression: str | None = "none",
     level: int | None = None,
+    session: int = 0,
+    sequence: int = 0,
 ) -> bytes:
     """The bytes of `encode_batch([Record(p, publish_time) for p in payloads], ...)`, without the Records."""
     codec = _codec_of(compression)
@@ -440,7 +464,7 @@ def encode_payloads(
     records_size = sum(_RECORD_PREFIX.size + len(payload) for payload in checked)
     out = _start_batch(
         len(checked), publish_time, publish_time, producer_id, producer_name, broker_addr, base_offset,
-        records_size,
+        records_size, session, sequence,
     )
     for payload in checked:
         out += _RECORD_PREFIX.pack(_MIN_RECORD_LENGTH + len(payload), 0, 0)
@@ -477,13 +501,14 @@ def _maybe_compress(batch: bytes, codec: int, level: int | None) -> bytes:
     else:
         compressor = pa.Codec(_ARROW_CODECS[codec])
     name_len, addr_len = struct.unpack_from("<HH", batch, _NAME_LEN_POS)
-    head = HEADER_SIZE + name_len + addr_len
+    sequenced = _U16.unpack_from(batch, _FLAGS_POS)[0] & _FLAG_SEQUENCED
+    head = HEADER_SIZE + name_len + addr_len + (_SEQUENCE.size if sequenced else 0)
     raw = len(batch) - head
     packed = compressor.compress(memoryview(batch)[head:], asbytes=True)
     if len(packed) > raw - raw // _MIN_SAVING:
         return batch
     out = bytearray(batch[:head])
-    _U16.pack_into(out, _FLAGS_POS, codec)
+    _U16.pack_into(out, _FLAGS_POS, codec | sequenced)
     _U32.pack_into(out, _RAW_SIZE_POS, raw)
     _U32.pack_into(out, _LENGTH_POS, head + len(packed))
     out += packed
@@ -580,8 +605,9 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
     _check_magic_version(view, position)
     (base_offset, crc, length, _magic, _version, flags, record_count, base_timestamp, max_timestamp,
      producer_id, name_len, addr_len, raw_size) = _HEADER.unpack_from(view, position)
-    if flags & ~_CODEC_MASK:
-        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's", position)
+    if flags & ~(_CODEC_MASK | _FLAG_SEQUENCED):
+        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's and sequenced",
+                           position)
     codec = flags & _CODEC_MASK
     if codec >= len(COMPRESSIONS):
         raise FrameCorrupt(f"unknown compression codec {codec}", position)
@@ -591,10 +617,11 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
         raise FrameCorrupt("raw_size is 0 in a compressed batch", position)
     if record_count == 0:
         raise FrameCorrupt("record_count is 0, a batch has at least one record", position)
-    records_start = HEADER_SIZE + name_len + addr_len
+    records_start = HEADER_SIZE + name_len + addr_len + (_SEQUENCE.size if flags & _FLAG_SEQUENCED else 0)
     if length < records_start:
         raise FrameCorrupt(
-            f"batch_length {length} is shorter than the header and names ({records_start} bytes)", position
+            f"batch_length {length} is shorter than its header, names and sequence ({records_start} bytes)",
+            position,
         )
     # Above the limit before torn: such a length is corrupt whatever the buffer holds.
     if length > MAX_BATCH_BYTES:
@@ -609,9 +636,14 @@ def _read_header(view: memoryview, position: int) -> tuple[BatchHeader, int]:
     name_start = position + HEADER_SIZE
     producer_name = _decode_utf8(view, name_start, name_len, "producer_name", position)
     broker_addr = _decode_utf8(view, name_start + name_len, addr_len, "broker_addr", position)
+    session = sequence = 0
+    if flags & _FLAG_SEQUENCED:
+        session, sequence = _SEQUENCE.unpack_from(view, name_start + name_len + addr_len)
+        if not (session and sequence):
+            raise FrameCorrupt("a sequenced batch has session or sequence 0", position)
     header = BatchHeader(
         position, base_offset, length, crc, record_count, base_timestamp, max_timestamp, producer_id,
-        producer_name, broker_addr, COMPRESSIONS[codec], raw_size,
+        producer_name, broker_addr, COMPRESSIONS[codec], raw_size, session, sequence,
     )
     return header, position + records_start
 

@@ -67,6 +67,8 @@ class BatchSpec:
     base_offset: int = 0
     payload_type: type = bytes
     extra: dict[str, Any] = field(default_factory=dict)
+    session: int = 0  # with sequence: a sequenced batch (both 0: not sequenced)
+    sequence: int = 0
 
     def publish_times(self) -> list[int]:
         return [self.base_time + r["publish_delta"] for r in self.records]
@@ -83,7 +85,8 @@ class BatchSpec:
     def encode(self, frames: ModuleType) -> bytes:
         data: bytes = frames.encode_batch(
             self.build(frames), producer_id=self.producer_id, producer_name=self.producer_name,
-            broker_addr=self.broker_addr, base_offset=self.base_offset,
+            broker_addr=self.broker_addr, base_offset=self.base_offset, session=self.session,
+            sequence=self.sequence,
         )
         return data
 
@@ -108,6 +111,8 @@ def batch_specs(draw: st.DrawFn, max_records: int = 8) -> BatchSpec:
         broker_addr=draw(texts),
         base_offset=draw(st.one_of(st.integers(0, 2**40), st.just(U64_MAX - max_records))),
         payload_type=draw(st.sampled_from([bytes, bytearray, memoryview])),
+        **draw(st.one_of(st.just({}), st.fixed_dictionaries(
+            {"session": st.integers(1, U64_MAX), "sequence": st.integers(1, U64_MAX)}))),
     )
 
 
@@ -126,9 +131,11 @@ def random_batch(frames: ModuleType, rng: random.Random) -> bytes:
         )
         for _ in range(rng.randint(1, 4))
     ]
+    session = rng.choice([0, rng.getrandbits(64) | 1])  # half of them sequenced
     data: bytes = frames.encode_batch(
         records, producer_id=rng.getrandbits(64), producer_name=rng.choice(["", "producer-1", "прод"]),
         broker_addr=rng.choice(["", "10.0.0.1:6650"]), base_offset=rng.getrandbits(40),
+        session=session, sequence=rng.getrandbits(64) | 1 if session else 0,
     )
     return data
 
@@ -186,7 +193,7 @@ def header_tuple(header: Any) -> tuple[Any, ...]:
     return (
         header.position, header.base_offset, header.length, header.crc, header.record_count,
         header.base_timestamp, header.max_timestamp, header.producer_id, header.producer_name,
-        header.broker_addr, header.last_offset, header.end,
+        header.broker_addr, header.last_offset, header.end, header.session, header.sequence,
     )
 
 
@@ -248,7 +255,7 @@ def test_encode_batch_round_trip(frames_impl: ModuleType, spec: BatchSpec) -> No
     assert header_tuple(header) == (
         0, spec.base_offset, len(data), struct.unpack_from("<I", data, 8)[0], len(spec.records),
         min(times), max(times), spec.producer_id, spec.producer_name, spec.broker_addr,
-        spec.base_offset + len(spec.records) - 1, len(data),
+        spec.base_offset + len(spec.records) - 1, len(data), spec.session, spec.sequence,
     )
     assert header_tuple(frames_impl.verify_batch(data)) == header_tuple(header)
     assert header_tuple(frames_impl.parse_header(data)) == header_tuple(header)
@@ -398,6 +405,10 @@ FIXED_BATCHES: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
     # the last offsets wrap around u64, as u64 arithmetic does
     ([{"payload": bytes(range(256)), "publish_time": U64_MAX}] * 3,
      {"producer_id": U64_MAX, "base_offset": U64_MAX}),
+    # sequenced (docs/FORMAT.md#sequenced-batches)
+    ([{"payload": b"once", "routing_key": "k"}, {"payload": b"twice"}],
+     {"producer_name": "p", "session": U64_MAX, "sequence": 1}),
+    ([{"payload": b"x" * 4000}] * 4, {"session": 7, "sequence": U64_MAX, "compression": "zstd"}),
 ]
 
 
@@ -483,6 +494,10 @@ ENCODE_ERRORS = [
     pytest.param(with_record(attributes=[("k", "v")]), TypeError, None, id="attributes-list"),
     pytest.param(with_record(payload=bytes(MAX_BATCH)), ValueError, None, id="too-big"),
     pytest.param(with_payloads([bytes(MAX_BATCH // 2)] * 2), ValueError, None, id="too-big-payloads"),
+    pytest.param(with_options(session=5), ValueError, "go together", id="session-without-sequence"),
+    pytest.param(with_payloads([b""], sequence=5), ValueError, "go together", id="sequence-without-session"),
+    pytest.param(with_options(session=-1, sequence=1), ValueError, "session", id="session-negative"),
+    pytest.param(with_payloads([b""], session=1, sequence=2**64), ValueError, "sequence", id="sequence-big"),
 ]
 
 
@@ -732,3 +747,35 @@ def test_corrupt_inputs_get_the_same_verdict_across_impls() -> None:
                     )
     first = "\n".join(disagreements[:3])
     assert not disagreements, f"{len(disagreements)} disagreements, the first:\n{first}"
+
+
+def test_sequenced_batches_carry_session_and_sequence_and_decode_as_plain_ones(frames_impl: ModuleType
+                                                                              ) -> None:
+    """A sequenced batch (flags bit 3) holds its producer session and sequence after the names, covered by
+    the CRC; its records decode exactly as those of the same batch unsequenced, also compressed (the
+    compressed batch keeps the bit), and a sequenced batch with session or sequence 0 is corrupt."""
+    f = frames_impl
+    payloads = [b"a" * 3000, b"b" * 3000, b""]
+    for compression in ("none", "zstd", "lz4"):
+        plain = f.encode_payloads(payloads, producer_name="p", compression=compression)
+        seq = f.encode_payloads(payloads, producer_name="p", compression=compression, session=3, sequence=8)
+        (h,) = f.scan_batches(seq)
+        assert (h.session, h.sequence, h.compression) == (3, 8, compression)
+        assert len(seq) == len(plain) + 16
+        (p,) = f.scan_batches(plain)
+        assert (p.session, p.sequence) == (0, 0)
+        assert [record_tuple(r) for r in f.decode_records(seq)] == \
+            [record_tuple(r) for r in f.decode_records(plain)]
+        assert f.decode_arrow(seq).equals(f.decode_arrow(plain))
+    seq = bytearray(f.encode_payloads([b"x"], session=3, sequence=8))
+    zero = seq.copy()
+    zero[56:64] = bytes(8)  # the session (no names here)
+    refresh_crc(f, zero, 0)
+    assert_corrupt_at(f, zero, 0)
+    flipped = seq.copy()
+    flipped[60] ^= 1  # the CRC covers the session
+    assert_corrupt_at(f, flipped, 0)
+    unknown = seq.copy()
+    unknown[18] |= 0x10  # flags bit 4: still unknown
+    refresh_crc(f, unknown, 0)
+    assert_corrupt_at(f, unknown, 0)
