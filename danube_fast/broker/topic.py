@@ -20,6 +20,7 @@ from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Fence
 from danube_fast.broker.ratelimit import RateLimiter
+from danube_fast.broker.sequences import ProducerSequences
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -106,6 +107,7 @@ class ReliableTopic(Topic):
         self.wal = wal
         self.log: ReadableLog = log if log is not None else wal
         self.uploader: Uploader | None = None  # with an object tier, while the topic is served
+        self.sequences = ProducerSequences()  # what idempotent producers stored (sequences.py)
         fence.next = wal.committed_offset
 
     def attach_uploader(self, uploader: Uploader) -> None:

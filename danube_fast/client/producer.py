@@ -12,8 +12,11 @@ If the stream fails with a retriable status (client/status.py: UNAVAILABLE, or t
 write the dying connection could not finish), or the broker rejects a batch with UNAVAILABLE (the broker
 restarted, or the topic is moving to another broker), the producer looks the topic up (Discovery, as the
 official client does), opens a new stream on the broker that serves it and sends every unacknowledged batch
-again, in order: delivery is at least once (a batch whose ack the crash took is stored twice; none is
-written twice on one stream, see `_written`). Opening the producer retries the same way, so a topic that a
+again, in order (none is written twice on one stream, see `_written`). Batches are sequenced
+(docs/FORMAT.md#sequenced-batches: a session picked here, a number per batch), so a Reliable topic that
+already stored a batch whose ack was lost answers the retry with the first copy's offsets instead of storing
+it again (broker/sequences.py says what that covers); with `idempotent=False`, or on a NonReliable topic,
+delivery is at least once. Opening the producer retries the same way, so a topic that a
 cluster places on another broker is followed there. A refusal of the new stream's Open that is not retriable
 fails the producer at once. Retries are bounded: `reconnect_tries` attempts, counted from the last answer
 the broker gave, so a broker gone for good (or one that drops every stream before answering) fails the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,7 +76,8 @@ class FastProducer:
     def __init__(self, target: str, topic: str, name: str, *, reliable: bool = True,
                  batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
                  max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50, compression: str = "none",
-                 compression_level: int | None = None, credentials: Credentials | None = None) -> None:
+                 compression_level: int | None = None, credentials: Credentials | None = None,
+                 idempotent: bool = True) -> None:
         if compression not in frames.COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}, expected one of "
                              f"{', '.join(frames.COMPRESSIONS)}")
@@ -101,6 +106,9 @@ class FastProducer:
         self._open = _Open()
         self._linger_handle: asyncio.TimerHandle | None = None
         self._seq = itertools.count(1)
+        # Sequenced batches: this instance's session (any u64 but 0) and the next batch's number in it.
+        self._session = secrets.randbelow((1 << 64) - 1) + 1 if idempotent else 0
+        self._sequence = itertools.count(1)
         self._written = 0  # the highest seq written to a stream (on the current one, or resent on it)
         self._unacked: dict[int, _Shipped] = {}  # insertion order = seq order
         self._inflight = 0
@@ -156,8 +164,10 @@ class FastProducer:
         self._check()
         await self._ship_open()
         future: asyncio.Future[Offsets] = self._loop.create_future()
+        session, sequence = self._next_sequence()
         data = frames.encode_batch(list(records), producer_id=self.producer_id, producer_name=self.name,
-                                   compression=self._compression, level=self._level)
+                                   compression=self._compression, level=self._level, session=session,
+                                   sequence=sequence)
         await self._ship_data(data, future)
         return future
 
@@ -211,10 +221,16 @@ class FastProducer:
         await self._ship(batch.payloads, batch.future)
 
     async def _ship(self, payloads: list[bytes], future: asyncio.Future[Offsets]) -> None:
+        session, sequence = self._next_sequence()
         data = frames.encode_payloads(payloads, publish_time=int(time.time() * 1000),
                                       producer_id=self.producer_id, producer_name=self.name,
-                                      compression=self._compression, level=self._level)
+                                      compression=self._compression, level=self._level, session=session,
+                                      sequence=sequence)
         await self._ship_data(data, future)
+
+    def _next_sequence(self) -> tuple[int, int]:
+        """The session and the number of the batch being encoded ((0, 0) without idempotence)."""
+        return (self._session, next(self._sequence)) if self._session else (0, 0)
 
     async def _ship_data(self, data: bytes, future: asyncio.Future[Offsets]) -> None:
         """Send one encoded batch (resent as it is, restamped with the producer id, after a reconnect)."""
@@ -395,7 +411,8 @@ def _with_producer_id(data: bytes, producer_id: int) -> bytes:
     for h in headers:
         records = frames.decode_records(memoryview(data)[h.position:h.end], verify=False)
         out.append(frames.encode_batch(records, producer_id=producer_id, producer_name=h.producer_name,
-                                       broker_addr=h.broker_addr, compression=h.compression))
+                                       broker_addr=h.broker_addr, compression=h.compression,
+                                       session=h.session, sequence=h.sequence))
     return b"".join(out)
 
 

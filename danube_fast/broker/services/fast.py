@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -27,7 +28,7 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.errors import ApiError, invalid
 from danube_fast.broker.names import check_name, parse_topic
 from danube_fast.broker.services.status import Context
-from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, FrameCorrupt
 from danube_fast.fast_wire import (
@@ -60,19 +61,21 @@ class FastProducerService(fast_grpc.FastProducerServicer):
         if first is None:
             return
         try:
-            topic, producer_id = await self._open(first)
+            topic, producer_id, name = await self._open(first)
         except DanubeError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
             return
         yield fast.ProduceResponse(opened=fast.Opened(producer_id=producer_id, reliable=topic.reliable))
         pending: asyncio.Queue[tuple[int, asyncio.Future[tuple[int, int, int]]] | None] = \
             asyncio.Queue(MAX_INFLIGHT)
-        reader = asyncio.create_task(self._read(requests, topic, producer_id, pending))
+        reader = asyncio.create_task(self._read(requests, topic, producer_id, name, pending))
         try:
             while (item := await pending.get()) is not None:
                 seq, fut = item
                 try:
-                    first_offset, last_offset, records = await fut
+                    # Shielded: a stream that dies while a batch is appended must not cut the append short
+                    # (the batches after it would be stored, not it); the client's retry then finds it stored.
+                    first_offset, last_offset, records = await asyncio.shield(fut)
                 except DanubeError as e:
                     yield fast.ProduceResponse(rejected=fast.Rejected(
                         seq=seq, code=e.grpc_code, message=str(e), retriable=e.retriable))
@@ -88,7 +91,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
             with contextlib.suppress(asyncio.CancelledError, DanubeError):
                 await reader
 
-    async def _open(self, request: ProduceRequest) -> tuple[Topic, int]:
+    async def _open(self, request: ProduceRequest) -> tuple[Topic, int, str]:
         if isinstance(request, BatchRequest) or request.WhichOneof("kind") != "open":
             raise invalid("the first request of a Produce stream must be Open (topic, producer name)")
         req = request.open
@@ -98,9 +101,12 @@ class FastProducerService(fast_grpc.FastProducerServicer):
         if topic.schema_gate is not None:
             raise ApiError("FAILED_PRECONDITION", f"topic {topic.full} validates payloads against a schema: "
                                                   "publish to it through the Danube API")
-        return topic, await self._topics.add_producer(topic, req.producer_name, 0)
+        producer_id = await self._topics.add_producer(topic, req.producer_name, 0)
+        if isinstance(topic, ReliableTopic):
+            await topic.sequences.ready(topic.wal)  # what the WAL holds is known before any batch is taken
+        return topic, producer_id, req.producer_name
 
-    async def _read(self, requests: AsyncIterator[ProduceRequest], topic: Topic, producer_id: int,
+    async def _read(self, requests: AsyncIterator[ProduceRequest], topic: Topic, producer_id: int, name: str,
                     pending: asyncio.Queue[tuple[int, asyncio.Future[tuple[int, int, int]]] | None]) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -113,12 +119,17 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     raise invalid("after Open, every request of a Produce stream must be a Batch")
                 fut: asyncio.Future[tuple[int, int, int]]
                 try:
-                    records = _check(data, topic, producer_id)
+                    records, sequenced = _check(data, topic, producer_id, name)
                 except DanubeError as e:
                     fut = loop.create_future()
                     fut.set_exception(e)
                 else:
-                    fut = asyncio.ensure_future(_publish(topic, data, records))
+                    append = functools.partial(_publish, topic, data, records)
+                    if sequenced is not None and isinstance(topic, ReliableTopic):
+                        # A batch it already holds is answered with the first copy's offsets (sequences.py).
+                        fut = topic.sequences.publish(name, *sequenced, append)
+                    else:
+                        fut = asyncio.ensure_future(append())
                     # Should the client go first, nobody answers this one: its outcome is not an error here.
                     fut.add_done_callback(_retrieved)
                 await pending.put((seq, fut))
@@ -138,9 +149,11 @@ async def _publish(topic: Topic, data: bytes | memoryview, records: int) -> tupl
     return first, last, records
 
 
-def _check(data: bytes | memoryview, topic: Topic, producer_id: int) -> int:
-    """The batch's record count, or raise: structure (CRC too when no WAL checks it), the producer id in
-    every header, max_message_size per record."""
+def _check(data: bytes | memoryview, topic: Topic, producer_id: int, name: str
+           ) -> tuple[int, tuple[int, int] | None]:
+    """The batch's record count and, for a sequenced batch, its (session, sequence); or raise: structure
+    (CRC too when no WAL checks it), the producer id in every header, a sequenced batch alone in its request
+    and named for this stream's producer, max_message_size per record."""
     if not data:
         raise invalid("Batch.data is empty")
     try:
@@ -149,17 +162,26 @@ def _check(data: bytes | memoryview, topic: Topic, producer_id: int) -> int:
         raise invalid(f"malformed record batch: {e}") from e
     limit = topic.policy.max_message_size
     records = 0
+    sequenced = None
     for h in headers:
         if h.producer_id != producer_id:
             raise invalid(f"batch at byte {h.position} names producer {h.producer_id}, but this stream "
                           f"is producer {producer_id}")
+        if h.session:
+            if len(headers) != 1:
+                raise invalid(f"batch at byte {h.position} is sequenced: a sequenced batch must be the only "
+                              "one in its Batch request")
+            if h.producer_name != name:
+                raise invalid(f"the sequenced batch names producer {h.producer_name!r}, but this stream is "
+                              f"producer {name!r}")
+            sequenced = (h.session, h.sequence)
         records += h.record_count
         if limit and max(h.length, h.raw_size) > limit:  # a compressed batch: its records' size
             for r in frames.iter_records(memoryview(data)[h.position:h.end], verify=False):
                 if len(r.payload) > limit:
                     raise invalid(f"a record of {len(r.payload)} bytes exceeds the max_message_size policy "
                                   f"of {topic.full} ({limit} bytes)")
-    return records
+    return records, sequenced
 
 
 DEFAULT_WINDOW = 8 * 1024 * 1024  # unacknowledged bytes per consumer stream when Subscribe names none

@@ -1,0 +1,136 @@
+"""ProducerSequences (broker/sequences.py): a sequenced batch the topic stored, or is storing, is answered
+with the first copy's offsets and not appended again; failures, new sessions, the window and the rebuild
+from a real WAL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from danube_fast import frames
+from danube_fast.broker import sequences
+from danube_fast.broker.errors import ApiError
+from danube_fast.broker.sequences import Outcome, ProducerSequences
+from danube_fast.storage import SyncPolicy, Wal, WalConfig
+
+Run = Callable[..., Any]
+
+
+class Appender:
+    """Stands for the WAL append: counts calls, answers consecutive offsets, can be held or fail."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.next = 0
+        self.gate: asyncio.Event | None = None
+        self.fail = False
+
+    def __call__(self, records: int = 10) -> Callable[[], Any]:
+        async def append() -> Outcome:
+            self.calls += 1
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail:
+                raise ApiError("UNAVAILABLE", "the WAL is away")
+            first = self.next
+            self.next += records
+            return first, self.next - 1, records
+
+        return append
+
+
+def test_a_retry_gets_the_first_copys_offsets_and_is_not_appended(run: Run) -> None:
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        first = await table.publish("p", 7, 1, append())
+        second = await table.publish("p", 7, 2, append())
+        assert (first, second) == ((0, 9, 10), (10, 19, 10))
+        assert await table.publish("p", 7, 1, append()) == first  # stored: answered from memory
+        assert await table.publish("p", 7, 2, append()) == second
+        assert append.calls == 2 and table.duplicates == 2
+        # Another producer name, or a new session of the same name, has sequences of its own.
+        assert await table.publish("q", 7, 1, append()) == (20, 29, 10)
+        assert await table.publish("p", 8, 1, append()) == (30, 39, 10)
+        assert await table.publish("p", 7, 1, append()) == (40, 49, 10)  # session 7 was replaced by 8
+        assert append.calls == 5
+
+    run(main())
+
+
+def test_a_retry_while_the_first_copy_is_appended_waits_for_it(run: Run) -> None:
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        append.gate = asyncio.Event()
+        first = table.publish("p", 7, 1, append())
+        retry = table.publish("p", 7, 1, append())
+        await asyncio.sleep(0.01)
+        assert not retry.done() and append.calls == 1
+        retry.cancel()  # the retry's stream went: the first copy goes on
+        append.gate.set()
+        assert await first == (0, 9, 10)
+        assert await table.publish("p", 7, 1, append()) == (0, 9, 10)
+
+    run(main())
+
+
+def test_a_failed_append_is_forgotten_so_its_retry_is_stored(run: Run) -> None:
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        append.fail = True
+        with pytest.raises(ApiError):
+            await table.publish("p", 7, 1, append())
+        append.fail = False
+        assert await table.publish("p", 7, 1, append()) == (0, 9, 10)
+        assert append.calls == 2 and table.duplicates == 0
+
+    run(main())
+
+
+def test_out_of_order_sequences_within_the_window_and_too_old_ones(run: Run) -> None:
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        await table.publish("p", 7, 5, append(1))
+        await table.publish("p", 7, 3, append(1))  # shipped after 5: new, not a retry
+        assert append.calls == 2
+        await table.publish("p", 7, 5 + sequences.WINDOW, append(1))
+        assert await table.publish("p", 7, 5, append(1)) == (0, 0, 1)  # still remembered: a retry
+        with pytest.raises(ApiError, match="too old") as info:
+            await table.publish("p", 7, 2, append(1))  # never seen, below the window: cannot tell, refused
+        assert info.value.grpc_code == "FAILED_PRECONDITION"
+        assert append.calls == 3
+
+    run(main())
+
+
+def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
+    """What a restarted broker knows: the sequenced batches of the WAL's last two segments, with their
+    offsets; unsequenced batches and older segments are passed over."""
+
+    async def main() -> None:
+        config = WalConfig(sync=SyncPolicy.parse("none"), segment_bytes=4096, cache_bytes=1)
+        wal = await Wal.open(tmp_path, config)
+        offsets = {}
+        for seq in range(1, 41):
+            data = frames.encode_payloads([b"x" * 300] * 2, producer_name="p", session=9, sequence=seq)
+            offsets[seq] = await wal.append(data)
+            await wal.append(frames.encode_payloads([b"plain"], producer_name="other"))
+        await wal.close()
+        wal = await Wal.open(tmp_path, config)
+        assert len(wal.segment_bases) > 4
+        table, append = ProducerSequences(), Appender()
+        await table.ready(wal)
+        await table.ready(wal)  # once only
+        last = wal.committed_offset
+        assert await table.publish("p", 9, 40, append()) == (*offsets[40], 2)
+        assert await table.publish("p", 9, 39, append()) == (*offsets[39], 2)
+        assert append.calls == 0
+        older = next(s for s in range(1, 41) if offsets[s][1] < wal.segment_bases[-2])
+        await table.publish("p", 9, older, append())  # in an older segment: not known any more
+        assert append.calls == 1 and last == wal.committed_offset
+        await wal.close()
+
+    run(main())
