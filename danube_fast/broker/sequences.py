@@ -10,9 +10,11 @@ them).
 
 The table is rebuilt once per topic, before its first producer of the fast API is answered (`ready`), from the
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
-there. Topics that only the Danube API publishes to never read them. Not covered yet: a topic
-moved to another broker in cluster mode starts with an empty table (its new owner has no local WAL), so a
-retry across a move may be stored twice (docs/ARCHITECTURE.md, "Idempotent produce").
+there. Topics that only the Danube API publishes to never read them. A topic moved in cluster mode takes its
+table along: the old owner puts `snapshot()` (the last CARRY outcomes of the MAX_CARRIED producers used last)
+into the sealed state and the new owner `restore`s it before anything is published. Not covered: a move after
+the owner crashed (no sealed state; what it acknowledged last is in its WAL until it returns), so a retry then
+may be stored twice (docs/ARCHITECTURE.md, "Idempotent produce").
 
 Owner: the ReliableTopic, on the event loop; only the fast API's Produce handler calls `publish`.
 """
@@ -23,14 +25,18 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError
+from danube_fast.meta.resources import JSON
 from danube_fast.storage.wal import Wal
 
 Outcome = tuple[int, int, int]  # first offset, last offset, records
 WINDOW = 1024  # sequences remembered per producer: far above what one producer has in flight (64 batches)
 SCAN_READ_BYTES = 8 * 1024 * 1024
+CARRY = 64  # outcomes per producer a move carries: what one producer stream may have in flight
+MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
 
 
 @dataclass
@@ -63,9 +69,10 @@ class ProducerSequences:
                 append: Callable[[], Awaitable[Outcome]]) -> asyncio.Future[Outcome]:
         """The outcome of sequenced batch (session, sequence) of producer `name`: the first copy's when it
         was seen, else that of `append()` (started here, at once, so that appends keep the order of calls)."""
-        producer = self._producers.get(name)
+        producer = self._producers.pop(name, None)  # re-inserted: the dict's order is the order of use
         if producer is None or producer.session != session:
-            producer = self._producers[name] = _Producer(session)
+            producer = _Producer(session)
+        self._producers[name] = producer
         known = producer.outcomes.get(sequence)
         loop = asyncio.get_running_loop()
         if known is not None:
@@ -104,6 +111,35 @@ class ProducerSequences:
             producer = self._producers[header.producer_name] = _Producer(header.session)
         producer.remember(header.sequence, (header.base_offset, header.last_offset, header.record_count))
 
+    def snapshot(self) -> JSON:
+        """What a move carries: `{name: [session, [[sequence, first, last, records], ...]]}`, stored outcomes
+        only (a move drains every append first)."""
+        out: dict[str, JSON] = {}
+        for name in list(self._producers)[-MAX_CARRIED:]:
+            producer = self._producers[name]
+            done: list[JSON] = [[seq, *o] for seq, o in producer.outcomes.items() if isinstance(o, tuple)]
+            if done:
+                out[name] = [producer.session, done[-CARRY:]]
+        return out
+
+    def restore(self, carried: JSON) -> None:
+        """Take a `snapshot()` from the sealed state; anything malformed in it is left out (the metadata is
+        checked, not trusted: a bad entry costs only idempotence, never a refusal)."""
+        if not isinstance(carried, dict):
+            return
+        for name, value in carried.items():
+            if not (isinstance(value, list) and len(value) == 2):
+                continue
+            session, entries = value
+            if not (_u64(session) and isinstance(entries, list)):
+                continue
+            producer = self._producers[name] = _Producer(session)
+            for entry in entries:
+                if isinstance(entry, list) and len(entry) == 4:
+                    seq, first, last, records = entry
+                    if _u64(seq) and _offset(first) and _offset(last) and _u64(records):
+                        producer.remember(seq, (first, last, records))
+
     async def _rebuild(self, wal: Wal) -> int:
         """Learn the sequenced batches of the WAL's last two segments; the batches read."""
         bases = wal.segment_bases
@@ -119,6 +155,15 @@ class ProducerSequences:
                 if header.session:
                     self.learn(header)
         return seen
+
+
+def _u64(value: object) -> TypeGuard[int]:
+    """A positive u64 (sessions, sequences and record counts are never 0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 64
+
+
+def _offset(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
 
 
 async def _same(first: asyncio.Future[Outcome]) -> Outcome:

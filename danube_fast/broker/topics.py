@@ -45,6 +45,7 @@ from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_to
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.resources import (
+    JSON,
     NULL,
     DeliveryMode,
     Policy,
@@ -214,9 +215,10 @@ class Topics:
                                "broker serves its other topics: see its log")
 
     async def load_topic(self, name: TopicName, fence: Fence | None = None, initial_offset: int = 0,
-                         gaps: Sequence[Gap] = ()) -> Topic | None:
+                         gaps: Sequence[Gap] = (), sequences: JSON = None) -> Topic | None:
         """Serve `name` from its metadata: the WAL (recovered, or new at `initial_offset`), its producers,
-        subscriptions and cursors. None when the topic has no delivery key (a half-made topic)."""
+        subscriptions and cursors, and the idempotent producers' table a move carried (`sequences`). None
+        when the topic has no delivery key (a half-made topic)."""
         ns, short = name.namespace, name.topic
         delivery_kv = await self._store.get(keys.topic_delivery(ns, short))
         if delivery_kv is None:
@@ -225,7 +227,7 @@ class Topics:
         delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
         producers = await self._store.get_prefix(keys.topic_producers_prefix(ns, short))
         subscriptions = await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short))
-        topic = await self._open_topic(name, delivery, fence, initial_offset, gaps)
+        topic = await self._open_topic(name, delivery, fence, initial_offset, gaps, sequences)
         for kv in producers:
             p = Producer.from_json(kv.value, key=kv.key)
             entry = ProducerEntry(p.producer_id, p.producer_name, topic)
@@ -253,7 +255,7 @@ class Topics:
         return os.path.join(self._config.wal_root, name.namespace, name.topic)
 
     async def _open_topic(self, name: TopicName, delivery: DeliveryMode, fence: Fence | None = None,
-                          initial_offset: int = 0, gaps: Sequence[Gap] = ()) -> Topic:
+                          initial_offset: int = 0, gaps: Sequence[Gap] = (), sequences: JSON = None) -> Topic:
         """`fence` None: standalone's (Unfenced)."""
         wal = None
         readable = None
@@ -264,6 +266,8 @@ class Topics:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
             readable = await self.tier.log_for(name, wal, gaps)
         topic = new_topic(name, delivery, self._policy(name), fence or Unfenced(self._store), wal, readable)
+        if sequences is not None and isinstance(topic, ReliableTopic):
+            topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
         self._topics[name.full] = topic
         return topic
 

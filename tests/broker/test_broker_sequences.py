@@ -5,6 +5,7 @@ from a real WAL."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,5 +133,46 @@ def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
         await table.publish("p", 9, older, append())  # in an older segment: not known any more
         assert append.calls == 1 and last == wal.committed_offset
         await wal.close()
+
+    run(main())
+
+
+def test_a_snapshot_carries_the_last_outcomes_of_the_last_producers_and_restores(run: Run) -> None:
+    """What a move puts in the sealed state: stored outcomes only, the last CARRY per producer, the
+    MAX_CARRIED producers used last; restore takes it back and leaves out whatever is malformed."""
+
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        for seq in range(1, sequences.CARRY + 11):
+            await table.publish("p", 7, seq, append(1))
+        for i in range(sequences.MAX_CARRIED + 5):
+            await table.publish(f"q{i}", 9, 1, append(1))
+        await table.publish("p", 7, 1000, append(1))  # p used last: carried
+        append.gate = asyncio.Event()
+        pending = table.publish("p", 7, 1001, append(1))  # being appended: not carried
+        snap = table.snapshot()
+        assert isinstance(snap, dict) and len(snap) == sequences.MAX_CARRIED
+        assert "q0" not in snap and "p" in snap
+        session, entries = snap["p"]  # type: ignore[misc]
+        assert session == 7 and len(entries) == sequences.CARRY and entries[-1][0] == 1000
+        append.gate.set()
+        await pending
+        moved = ProducerSequences()
+        moved.restore(json.loads(json.dumps(snap)))  # through JSON, as the metadata store keeps it
+        calls = append.calls
+        assert await moved.publish("p", 7, 1000, append(1)) == tuple(entries[-1][1:])
+        assert await moved.publish("q9", 9, 1, append(1)) == tuple(snap["q9"][1][0][1:])  # type: ignore[index]
+        assert append.calls == calls
+        broken = ProducerSequences()
+        broken.restore({"a": [0, [[1, 0, 0, 1]]], "b": "x", "c": [5, [[1, -1, 0, 1], [2, 0, 0, True], "z",
+                                                                  [3, 10, 19, 10]]], "d": [5, 7]})
+        assert await broken.publish("c", 5, 3, append()) == (10, 19, 10)  # the one good entry
+        assert append.calls == calls
+        await broken.publish("c", 5, 1, append())  # the malformed ones were left out: stored anew
+        await broken.publish("c", 5, 2, append())
+        await broken.publish("a", 1, 1, append())  # session 0 left out
+        assert append.calls == calls + 3
+        broken.restore(None)
+        broken.restore([1, 2])
 
     run(main())

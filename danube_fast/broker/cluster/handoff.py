@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from danube_fast.meta import keys
-from danube_fast.meta.resources import JSONObject, ObjectDescriptor, SealedState
+from danube_fast.meta.resources import JSON, JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
 from danube_fast.storage.gaps import Gap, open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
@@ -70,6 +70,7 @@ class LoadPoint:
     keep_local: bool
     uploaded: int
     gaps: tuple[Gap, ...]
+    sequences: JSON = None  # the idempotent producers' table the old owner sealed (broker/sequences.py)
 
 
 async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id: int) -> LoadPoint:
@@ -86,15 +87,19 @@ async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id
         first = max(top, -1) + 1
         if first <= state.last_committed_offset:
             gaps = open_gaps([*gaps, (first, state.last_committed_offset, state.broker_id)], found)
-    return LoadPoint(max(top, state.last_committed_offset) + 1, False, uploaded, tuple(gaps))
+    sequences = state.extra.get("sequences") if state.sealed else None
+    return LoadPoint(max(top, state.last_committed_offset) + 1, False, uploaded, tuple(gaps), sequences)
 
 
 def state_ops(namespace: str, topic: str, broker_id: int, *, sealed: bool, last: int,
-              gaps: Sequence[Gap]) -> list[Op]:
+              gaps: Sequence[Gap], sequences: JSON = None) -> list[Op]:
+    """The state key's write; `sequences`, sealed only: the idempotent producers' table (next owner)."""
     key = keys.sealed_state(namespace, topic)
     if last < 0:  # nothing was ever committed: a new owner starts at 0 without being told
         return [Delete(key)] if sealed else []
     extra: JSONObject = {"gaps": [[first, last, broker] for first, last, broker in gaps]} if gaps else {}
+    if sealed and sequences:
+        extra["sequences"] = sequences
     value = SealedState(sealed, last, broker_id, int(time.time()), extra=extra)
     return [Put(key, value.to_json())]
 

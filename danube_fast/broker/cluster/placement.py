@@ -162,7 +162,8 @@ class Reconciler:
         guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused)
         block = self._config.cluster.reserve_offsets
         guard.reservation = handoff.Reservation(ns, t, self.me, guard.write, block, point.gaps)
-        topic = await self._topics.load_topic(name, guard, initial_offset=point.start, gaps=point.gaps)
+        topic = await self._topics.load_topic(name, guard, initial_offset=point.start, gaps=point.gaps,
+                                              sequences=point.sequences)
         if topic is None:
             return
         if self.on_loaded is not None:
@@ -192,7 +193,8 @@ class Reconciler:
                 await self.drain(topic)
             gaps = guard.reservation.gaps if guard.reservation is not None else []
             await guard.write(handoff.state_ops(ns, t, self.me, sealed=True,
-                                                last=topic.wal.committed_offset - 1, gaps=gaps))
+                                                last=topic.wal.committed_offset - 1, gaps=gaps,
+                                                sequences=topic.sequences.snapshot()))
             crashpoints.reach(crashpoints.AFTER_SEAL)
 
         await self._topics.unload_topic(topic, seal)

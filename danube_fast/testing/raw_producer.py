@@ -1,0 +1,69 @@
+"""A Produce stream of the fast API driven by hand, for tests that must decide exactly which batch is sent
+(again) and when: no batching, no retry, no reconnect of its own (FastProducer does all three).
+
+`RawProducer.open(target, topic, name)` follows the topic to the broker that serves it (as the clients do) and
+opens the stream; `send(seq, data)` writes one Batch request and returns the broker's answer (an Ack or a
+Rejected). `batch(payloads, sequence)` encodes a batch stamped with this stream's producer id, sequenced in
+`session` when a sequence is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from danube_fast import frames
+from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
+from danube_fast.client.producer import produce_method
+from danube_fast.fast_wire import encode_batch_request
+from danube_fast.proto import FastApi_pb2 as fast
+
+
+class RawProducer:
+    def __init__(self, channel: grpc.aio.Channel, call: Any, name: str, producer_id: int, session: int
+                 ) -> None:
+        self.channel = channel
+        self.name = name
+        self.producer_id = producer_id
+        self.session = session
+        self._call = call
+
+    @classmethod
+    async def open(cls, target: str, topic: str, name: str, *, session: int = 0x5EED) -> RawProducer:
+        channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        try:
+            channel, target = await follow(channel, target, topic, None)
+            call = produce_method(channel)()
+            request = fast.ProduceRequest(open=fast.Open(topic=topic, producer_name=name, reliable=True))
+            await call.write(request)
+            opened = await call.read()
+        except BaseException:
+            await channel.close()
+            raise
+        if opened is grpc.aio.EOF or opened.WhichOneof("kind") != "opened":
+            await channel.close()
+            raise AssertionError(f"the broker did not open the stream: {opened}")
+        return cls(channel, call, name, opened.opened.producer_id, session)
+
+    def batch(self, payloads: Sequence[bytes], sequence: int = 0) -> bytes:
+        data: bytes = frames.encode_payloads(list(payloads), producer_id=self.producer_id,
+                                             producer_name=self.name, session=self.session if sequence else 0,
+                                             sequence=sequence)
+        return data
+
+    async def send(self, seq: int, data: bytes) -> fast.ProduceResponse:
+        await self._call.write(encode_batch_request(seq, data))
+        response: fast.ProduceResponse = await self._call.read()
+        return response
+
+    async def offsets(self, seq: int, data: bytes) -> tuple[int, int]:
+        """send(), which must be acknowledged: the batch's (first, last) offsets."""
+        response = await self.send(seq, data)
+        if response.WhichOneof("kind") != "ack":
+            raise AssertionError(f"batch {seq} was not acknowledged: {response}")
+        return response.ack.first_offset, response.ack.last_offset
+
+    async def close(self) -> None:
+        await self.channel.close()
