@@ -91,7 +91,7 @@ def section(outcomes: list[Outcome], info: dict[str, object], command: str, date
         for p, n in o.verdict.stored_twice.items():
             twice[p] = twice.get(p, 0) + n
     fast = sum(n for p, n in twice.items() if p.startswith("f"))
-    lines.append(f"| messages stored twice by our producer | {fast:,} | 0 (needs the idempotent producer) | "
+    lines.append(f"| messages stored twice by our (idempotent) producer | {fast:,} | 0 | "
                  f"{'yes' if fast == 0 else 'NO'} |")
     lines += ["", text(outcomes).split("\n\n", 1)[-1].strip()]
     return "\n".join(lines) + "\n"
