@@ -2,11 +2,13 @@
 already stored, or is storing, is not stored again; its sender gets the offsets of the first copy.
 
 Per producer name the topic keeps the session it last used and the outcomes of that session's last WINDOW
-sequences: a future while the append runs, then (first offset, last offset, records). A batch whose
-(session, sequence) is among them is a retry; one far below them (WINDOW sequences or more under the highest)
-is refused, since the topic can no longer tell whether it was stored; a new session starts afresh. Sequences
-may arrive out of order within the window (a client may ship batches in a different order than it numbered
-them).
+sequences: a future while the append runs, then (first offset, last offset, records), kept in arrays indexed
+by sequence modulo WINDOW (8 KB per producer, so that 10,000 topics with a producer each hold 80 MB, not the
+gigabytes a dict of tuples would). A batch whose (session, sequence) is among them is a retry; one far below
+them (WINDOW sequences or more under the highest) is refused, since the topic can no longer tell whether it
+was stored (our producer never has that many unacknowledged: client/producer.py); a new session starts
+afresh. Sequences may arrive out of order within the window (a client may ship batches in a different order
+than it numbered them). A topic keeps the MAX_PRODUCERS producers used last.
 
 The table is rebuilt once per topic, before its first producer of the fast API is answered (`ready`), from the
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
@@ -22,9 +24,8 @@ Owner: the ReliableTopic, on the event loop; only the fast API's Produce handler
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from array import array
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from danube_fast import frames
@@ -33,23 +34,44 @@ from danube_fast.meta.resources import JSON
 from danube_fast.storage.wal import Wal
 
 Outcome = tuple[int, int, int]  # first offset, last offset, records
-WINDOW = 1024  # sequences remembered per producer: far above what one producer has in flight (64 batches)
+WINDOW = 256  # sequences remembered per producer: twice what our producer may have unacknowledged
+MAX_PRODUCERS = 1024  # producers remembered per topic (the ones used last)
 SCAN_READ_BYTES = 8 * 1024 * 1024
 CARRY = 64  # outcomes per producer a move carries: what one producer stream may have in flight
 MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
 
 
-@dataclass
 class _Producer:
-    session: int
-    highest: int = 0
-    outcomes: OrderedDict[int, asyncio.Future[Outcome] | Outcome] = field(default_factory=OrderedDict)
+    """One producer session's last WINDOW outcomes: stored ones in the arrays (slot = sequence % WINDOW,
+    `sequences[slot]` says which one it holds, 0 none), appends in progress in `pending`."""
 
-    def remember(self, sequence: int, outcome: asyncio.Future[Outcome] | Outcome) -> None:
-        self.outcomes[sequence] = outcome
+    def __init__(self, session: int) -> None:
+        self.session = session
+        self.highest = 0
+        self.sequences = array("Q", bytes(8 * WINDOW))
+        self.outcomes = array("Q", bytes(24 * WINDOW))  # first, last, records per slot
+        self.pending: dict[int, asyncio.Future[Outcome]] = {}
+
+    def known(self, sequence: int) -> asyncio.Future[Outcome] | Outcome | None:
+        if sequence in self.pending:
+            return self.pending[sequence]
+        slot = sequence % WINDOW
+        if self.sequences[slot] != sequence:
+            return None
+        return self.outcomes[3 * slot], self.outcomes[3 * slot + 1], self.outcomes[3 * slot + 2]
+
+    def remember(self, sequence: int, outcome: Outcome) -> None:
+        slot = sequence % WINDOW
+        if self.sequences[slot] > sequence:
+            return  # the slot holds a later sequence: this one is below the window already
+        self.sequences[slot] = sequence
+        self.outcomes[3 * slot:3 * slot + 3] = array("Q", outcome)
         self.highest = max(self.highest, sequence)
-        while len(self.outcomes) > WINDOW:
-            self.outcomes.popitem(last=False)
+
+    def stored(self) -> list[JSON]:
+        """[[sequence, first, last, records], ...] of the stored outcomes, oldest first."""
+        slots = sorted((seq, slot) for slot, seq in enumerate(self.sequences) if seq)
+        return [[seq, *self.outcomes[3 * slot:3 * slot + 3]] for seq, slot in slots]
 
 
 class ProducerSequences:
@@ -73,7 +95,9 @@ class ProducerSequences:
         if producer is None or producer.session != session:
             producer = _Producer(session)
         self._producers[name] = producer
-        known = producer.outcomes.get(sequence)
+        if len(self._producers) > MAX_PRODUCERS:
+            del self._producers[next(iter(self._producers))]
+        known = producer.known(sequence)
         loop = asyncio.get_running_loop()
         if known is not None:
             self.duplicates += 1
@@ -90,19 +114,17 @@ class ProducerSequences:
                 f"was stored: the topic remembers sequences above {producer.highest - WINDOW}"))
             return failed
         future = asyncio.ensure_future(append())
-        producer.remember(sequence, future)
+        producer.pending[sequence] = future
+        producer.highest = max(producer.highest, sequence)
         future.add_done_callback(lambda f: self._settled(producer, sequence, f))
         return future
 
     @staticmethod
     def _settled(producer: _Producer, sequence: int, future: asyncio.Future[Outcome]) -> None:
         """Keep the offsets of a stored batch; forget a failed one (its retry is stored as new)."""
-        if producer.outcomes.get(sequence) is not future:
-            return  # forgotten meanwhile (the window moved on, or a new session replaced the producer)
-        if future.cancelled() or future.exception() is not None:
-            del producer.outcomes[sequence]
-        else:
-            producer.outcomes[sequence] = future.result()
+        del producer.pending[sequence]
+        if not future.cancelled() and future.exception() is None:
+            producer.remember(sequence, future.result())
 
     def learn(self, header: frames.BatchHeader) -> None:
         """A sequenced batch found in the WAL (in offset order) while rebuilding."""
@@ -117,7 +139,7 @@ class ProducerSequences:
         out: dict[str, JSON] = {}
         for name in list(self._producers)[-MAX_CARRIED:]:
             producer = self._producers[name]
-            done: list[JSON] = [[seq, *o] for seq, o in producer.outcomes.items() if isinstance(o, tuple)]
+            done = producer.stored()
             if done:
                 out[name] = [producer.session, done[-CARRY:]]
         return out

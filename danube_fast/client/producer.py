@@ -48,6 +48,9 @@ from danube_fast.fast_wire import RecordsResponse, encode_batch_request, seriali
 from danube_fast.proto import FastApi_pb2 as fast
 
 Offsets = tuple[int, int]
+# Batches unacknowledged at most, whatever their bytes: a retry must stay within the sequences a topic
+# remembers (broker/sequences.py WINDOW, twice this).
+MAX_UNACKED_BATCHES = 128
 
 
 class ProduceRejected(DanubeError):
@@ -234,7 +237,8 @@ class FastProducer:
 
     async def _ship_data(self, data: bytes, future: asyncio.Future[Offsets]) -> None:
         """Send one encoded batch (resent as it is, restamped with the producer id, after a reconnect)."""
-        while self._inflight and self._inflight + len(data) > self._max_inflight:
+        while self._inflight and (self._inflight + len(data) > self._max_inflight or
+                                  len(self._unacked) >= MAX_UNACKED_BATCHES):
             self._room.clear()
             await self._room.wait()
             if self._failed is not None:

@@ -97,12 +97,15 @@ def test_out_of_order_sequences_within_the_window_and_too_old_ones(run: Run) -> 
         await table.publish("p", 7, 5, append(1))
         await table.publish("p", 7, 3, append(1))  # shipped after 5: new, not a retry
         assert append.calls == 2
-        await table.publish("p", 7, 5 + sequences.WINDOW, append(1))
-        assert await table.publish("p", 7, 5, append(1)) == (0, 0, 1)  # still remembered: a retry
-        with pytest.raises(ApiError, match="too old") as info:
-            await table.publish("p", 7, 2, append(1))  # never seen, below the window: cannot tell, refused
-        assert info.value.grpc_code == "FAILED_PRECONDITION"
-        assert append.calls == 3
+        await table.publish("p", 7, 4 + sequences.WINDOW, append(1))
+        assert await table.publish("p", 7, 5, append(1)) == (0, 0, 1)  # within the window: a retry
+        assert await table.publish("p", 7, 3, append(1)) == (1, 1, 1)
+        await table.publish("p", 7, 5 + sequences.WINDOW, append(1))  # 5 leaves the window
+        for old in (5, 2):  # remembered no more, or never seen: below the window, cannot tell, refused
+            with pytest.raises(ApiError, match="too old") as info:
+                await table.publish("p", 7, old, append(1))
+            assert info.value.grpc_code == "FAILED_PRECONDITION"
+        assert append.calls == 4
 
     run(main())
 

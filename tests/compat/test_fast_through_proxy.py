@@ -53,3 +53,32 @@ def test_the_producer_resends_across_connection_resets(broker_factory: BrokerFac
             assert stored == sent
 
         run_async(scenario(), timeout=90)
+
+
+def test_the_producer_holds_at_most_128_unacknowledged_batches(broker_factory: BrokerFactory) -> None:
+    """Whatever their bytes: a retry must stay within the sequences a topic remembers
+    (broker/sequences.py). Acks are held back by the proxy; the 129th tiny batch waits until they come."""
+    broker = broker_factory.add()
+    topic = "/default/fast_unacked_bound"
+    with Proxy(broker.target) as proxy:
+        broker.flags += ["--advertised-addr", proxy.target]
+        broker.start()
+
+        async def scenario() -> None:
+            from danube_fast.client.producer import MAX_UNACKED_BATCHES
+
+            producer = await FastProducer.connect(proxy.target, topic, "bound", reliable=True)
+            try:
+                proxy.one_way("to_client")  # batches reach the broker, its acks are held
+                futures = [await asyncio.wait_for(producer.send_batch([b"x"]), 5)
+                           for _ in range(MAX_UNACKED_BATCHES)]
+                blocked = asyncio.ensure_future(producer.send_batch([b"y"]))
+                await asyncio.sleep(0.5)
+                assert not blocked.done(), "a batch went out past the bound"
+                proxy.pass_through()
+                last = await asyncio.wait_for(await asyncio.wait_for(blocked, 10), 10)
+                assert [await f for f in futures][-1][1] + 1 == last[0]
+            finally:
+                await producer.close()
+
+        run_async(scenario(), timeout=60)
