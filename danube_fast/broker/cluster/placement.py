@@ -39,6 +39,7 @@ from danube_fast.meta.store import MetadataError, MetadataStore
 log = logging.getLogger("danube_fast.cluster")
 
 RETRY_DELAY = 1.0  # seconds before a failed load or unload is tried again
+ORPHAN_RETRY_MAX = 30.0  # seconds between tries to recover an orphan WAL, at most
 # A load refused as retriable (the topic's guard: it moved on meanwhile) is placed again this many times,
 # this long apart, before the topic counts as broken here.
 MOVED_ON_RETRIES = 3
@@ -128,6 +129,11 @@ class Reconciler:
         topic = self._topics.find(name.full)
         if kv is None:
             self._topics.forget_broken(name)  # no longer this broker's to load
+            if topic is None and os.path.isdir(self._topics.wal_dir(name)):
+                # A WAL left here (a crash) whose assignment the cache still showed when the broker started,
+                # so the start's orphan pass passed it over: recover it now, or readers wait at its gap and
+                # finally read past acknowledged records (the chaos campaign caught it).
+                self._orphan(name)
         if kv is not None:
             guard = topic.fence if topic is not None else None
             if isinstance(guard, TopicGuard) and guard.ownership.revision == kv.create_revision \
@@ -217,9 +223,29 @@ class Reconciler:
             return
         for ns in sorted(os.listdir(root)):
             for t in sorted(os.listdir(os.path.join(root, ns))):
-                if self._cache.get(keys.broker_topic(self.me, ns, t)) is None:
-                    name = TopicName(ns, t)
-                    try:
-                        await self._recover(name, self._topics.wal_dir(name))
-                    except Exception as e:
-                        log.error("recovering the orphan WAL of %s: %s", name, e)
+                self._orphan(TopicName(ns, t))
+
+    def _orphan(self, name: TopicName) -> None:
+        task = asyncio.create_task(self._recover_orphan(name), name=f"orphan {name.full}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recover_orphan(self, name: TopicName) -> None:
+        """Recover the WAL directory of `name` if it is an orphan (not assigned here, not served), under the
+        topic's lock (a reconcile of the topic may be at it too), trying again with backoff while it fails
+        (the object store or etcd away): until then its records sit in a gap that readers wait at."""
+        delay = RETRY_DELAY
+        while True:
+            async with self._locks.setdefault((name.namespace, name.topic), asyncio.Lock()):
+                directory = self._topics.wal_dir(name)
+                if self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic)) is not None or \
+                        self._topics.find(name.full) is not None or not os.path.isdir(directory):
+                    return  # assigned here again (its load recovers it), or recovered already
+                try:
+                    await self._recover(name, directory)
+                    return
+                except Exception as e:
+                    log.warning("recovering the orphan WAL of %s failed (retry in %.0f s): %s", name, delay,
+                                e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ORPHAN_RETRY_MAX)

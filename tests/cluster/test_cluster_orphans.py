@@ -1,0 +1,83 @@
+"""Orphan WAL recovery in the Reconciler (cluster/placement.py), for the case the chaos campaign caught: a
+broker restarted while its cache still showed an assignment its lease had lost, so the start's orphan pass
+passed the topic's WAL over; the assignment then went, and nothing recovered the WAL: readers waited at its
+gap and would have read past acknowledged records. Now the reconcile that sees the assignment gone recovers
+it, and a failed recovery is tried again.
+
+The race (an assignment deleted between the cache's load and the first reconcile) cannot be produced on
+demand with real brokers, so the Reconciler runs here over stand-ins for the cache, the topics and the
+membership; the recovery itself (cluster/orphans.py) is covered with real parts by test_cluster_moves.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from danube_fast.broker.cluster import placement
+from danube_fast.broker.cluster.placement import Reconciler
+from danube_fast.broker.names import TopicName
+from danube_fast.meta import keys
+
+Run = Callable[..., Any]
+ME = 7
+
+
+class Cache:
+    def __init__(self) -> None:
+        self.assigned: set[str] = set()
+
+    def get(self, key: str) -> object | None:
+        return object() if key in self.assigned else None
+
+
+def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int = 0) -> Reconciler:
+    wal_root = tmp_path / "wal"
+    topics = SimpleNamespace(find=lambda full: None, forget_broken=lambda name: None,
+                             wal_dir=lambda name: str(wal_root / name.namespace / name.topic))
+    r = Reconciler(SimpleNamespace(wal_root=str(wal_root)), None, cache, topics,  # type: ignore[arg-type]
+                   SimpleNamespace(broker_id=ME), SimpleNamespace(changed=lambda: None))  # type: ignore[arg-type]
+    left = [failures]
+
+    async def recover(name: TopicName, directory: str) -> None:
+        if left[0]:
+            left[0] -= 1
+            raise OSError("the object store is away")
+        recovered.append(name.full)
+        Path(directory).rmdir()
+
+    r.recover = recover
+    return r
+
+
+def test_an_assignment_gone_after_the_start_recovers_the_wal_left_behind(
+        tmp_path: Path, run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement, "RETRY_DELAY", 0.01)
+
+    async def main() -> None:
+        cache, recovered = Cache(), []
+        name = TopicName("default", "t")
+        (tmp_path / "wal" / "default" / "t").mkdir(parents=True)
+        cache.assigned.add(keys.broker_topic(ME, "default", "t"))  # what the cache showed at the start
+        r = reconciler(tmp_path, cache, recovered, failures=2)
+        await r._recover_orphans()
+        await asyncio.sleep(0.05)
+        assert recovered == []  # assigned here, as far as the cache knows: not an orphan
+        cache.assigned.clear()  # the assignment goes (the leader moved the topic away)
+        await r._reconcile("default", "t")
+        for _ in range(100):
+            if recovered:
+                break
+            await asyncio.sleep(0.01)
+        assert recovered == [name.full]  # after two failed tries
+        assert not (tmp_path / "wal" / "default" / "t").exists()
+        await r._reconcile("default", "t")  # nothing left to recover
+        await asyncio.sleep(0.05)
+        assert recovered == [name.full]
+        await r.close()
+
+    run(main())
