@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
@@ -174,3 +176,45 @@ def test_a_consumer_behind_the_tail_gets_its_next_read_started_ahead(tmp_path: P
 
 async def _no_save(offset: int) -> None:
     pass
+
+
+def test_a_read_that_fails_in_a_retriable_way_is_tried_again_not_raised(tmp_path: Path, run: Run,
+                                                                         monkeypatch: Any) -> None:
+    """A dead owner's offsets not recovered yet (storage/gaps.py RecoveryPending) or the object store away:
+    the fast consumer's stream waits and reads again, as the per-message dispatcher does; it used to fail,
+    and the client subscribed again and took every unacknowledged batch again. Other errors still raise."""
+    from danube_fast.broker.dispatch import batches
+    from danube_fast.errors import WalCorrupt
+    from danube_fast.storage.gaps import RecoveryPending
+
+    monkeypatch.setattr(batches, "RETRY_READ_S", 0.01)
+
+    class Flaky:
+        def __init__(self, wal: Wal, failures: list[Exception]) -> None:
+            self.wal, self.failures = wal, failures
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.wal, name)
+
+        async def read(self, offset: int, max_bytes: int) -> Any:
+            if self.failures:
+                raise self.failures.pop(0)
+            return await self.wal.read(offset, max_bytes)
+
+    async def main() -> None:
+        wal, _, _ = await setup(tmp_path, 3)
+        cfg = DispatchConfig()
+        for failures, raises in (([RecoveryPending("wait"), RecoveryPending("wait")], None),
+                                 ([WalCorrupt("damaged")], WalCorrupt)):
+            sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
+            d = BatchDispatcher(sub, Flaky(wal, failures), cfg, Cursor(0, _no_save, cfg))  # type: ignore[arg-type]
+            if raises is None:
+                _, first, _ = await asyncio.wait_for(d.next_records(1 << 20), 2)  # type: ignore[misc]
+                assert first == 0
+            else:
+                with pytest.raises(raises):
+                    await asyncio.wait_for(d.next_records(1 << 20), 2)
+            await d.close(save=False)
+        await wal.close()
+
+    run(main())

@@ -35,6 +35,7 @@ from danube_fast.storage.tiered import ReadableLog
 log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 1024 * 1024
+RETRY_READ_S = 0.5  # a read that failed in a way worth retrying is tried again this much later
 
 
 class BatchDispatcher:
@@ -188,6 +189,15 @@ class BatchDispatcher:
                 except OffsetOutOfRange:  # retention deleted what was not consumed
                     self._cursor.skip_to(self._wal.start_offset)
                     self._next = self._cursor.low
+                    continue
+                except DanubeError as e:
+                    if not e.retriable:
+                        raise
+                    # A dead owner's offsets not recovered yet (storage/gaps.py), the object store away: the
+                    # stream waits and reads again, as the per-message dispatcher does, instead of failing
+                    # (which made the client subscribe again and take every unacknowledged batch again).
+                    log.warning("subscription %s on %s: %s", self._sub.name, self._sub.topic_name, e)
+                    await asyncio.sleep(RETRY_READ_S)  # not a wake: every publish sets it
                     continue
                 if self._epoch != epoch:
                     return None  # the stream this read was for is gone (a cancel can arrive too late)
