@@ -178,8 +178,9 @@ def test_rabbitmq_streams_run(tmp_path: Path) -> None:
     workload = Workload(records=3_000, warmup=300, batch=100, window=400, durability=rabbitmq_peer.DURABILITY)
     large = replace(workload, size=65_536, records=100, warmup=20, phases=("produce", "consume"))
     assert rabbitmq_peer.batch_records(large) == 15  # 1 MiB frames
+    others = _descendants(os.getpid())  # what the suite runs already (session fixtures: etcd, moto, ...)
     with servers.rabbitmq_server(tmp_path / "rabbitmq") as server:
-        node = _descendants(os.getpid())
+        node = _descendants(os.getpid()) - others
         assert server.pid in node and len(node) >= 3, node  # the VM, epmd, erl_child_setup
         phases = rabbitmq_peer.run(server, workload)
         large_phases = rabbitmq_peer.run(server, large)
