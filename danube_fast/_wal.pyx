@@ -383,9 +383,10 @@ cdef class Segment:
         Why: with direct appends (`direct`) the data is not in the page cache, so a buffered read has the
         kernel read it into fresh cache pages and copy it out; a direct read lands in the caller's buffer
         with no copy and no page bookkeeping. Measured here reading 1 GiB in 1 MiB preads: the same
-        1.2-1.5 GB/s, at 0.06 s of CPU instead of 0.3-0.4 s (docs/ARCHITECTURE.md, "Direct reads"). Only
-        for a log whose appends are direct: a direct read of dirty cached pages makes the kernel write them
-        back first."""
+        1.2-1.5 GB/s, at 0.06 s of CPU instead of 0.3-0.4 s. The cost: readers of the same data no longer
+        share the page cache's copy, so the broker turns it on only when asked (`[wal] direct_reads`;
+        docs/ARCHITECTURE.md, "Direct reads"). Only for a log whose appends are direct: a direct read of
+        dirty cached pages makes the kernel write them back first."""
         cdef int fd
         self.want_direct_reads = on
         if not on:

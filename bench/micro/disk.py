@@ -144,3 +144,36 @@ def read_all(log: SegmentedLog, max_bytes: int) -> int:
         total += memoryview(data).nbytes
         offset = frames.span(data)[1]
     return total
+
+
+def build_direct_log(directory: str, total_bytes: int) -> None:
+    """A log of about `total_bytes` in 1 MiB batches of 64 KiB records, written with direct appends (so its
+    data is not in the page cache), closed."""
+    batch = encode_batch_of(64 * 1024, 16)
+    log = SegmentedLog(directory, direct_io=True)
+    try:
+        for _ in range(max(1, total_bytes // len(batch))):
+            log.append([batch])
+        log.sync()
+    finally:
+        log.close()
+
+
+def cold_read(directory: str, direct: bool, max_bytes: int) -> tuple[int, float, float]:
+    """Read the log front to back with its files out of the page cache, through direct reads (a log opened
+    with direct_reads) or buffered ones: (bytes, seconds, CPU seconds of this process)."""
+    log = SegmentedLog(directory, direct_io=True, direct_reads=direct)
+    try:
+        for name in os.listdir(directory):
+            if name.endswith(".log"):
+                fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        with no_gc():
+            t0, c0 = time.perf_counter(), time.process_time()
+            total = read_all(log, max_bytes)
+            return total, time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        log.close()

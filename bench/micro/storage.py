@@ -97,9 +97,10 @@ def run_storage(options: Options) -> list[Result]:
         cpu = codec_figures(options.runs, sizes.cpu_budget_s)
         index = index_figures(scratch, options.runs, sizes.cpu_budget_s)
         wal = wal_figures(scratch, options.runs, sizes.write_bytes)
+        cold = cold_read_figures(scratch, options.runs, sizes.write_bytes * 4)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return wal + cpu + index
+    return wal + cpu + index + cold
 
 
 # -- disk: baseline and WAL, in pairs -------------------------------------------------------------------
@@ -249,6 +250,31 @@ def index_figures(scratch: str, runs: int, budget_s: float) -> list[Result]:
     return [
         Result("index_lookup", "µs", median(lookups), runs, target=Target("<= 1 µs", "<=", 1.0)),
         Result("wal_read_1mib", "MB/s", median(reads), runs),
+    ]
+
+
+def cold_read_figures(scratch: str, runs: int, total_bytes: int) -> list[Result]:
+    """A log written with direct appends, read front to back in 1 MiB reads with its files out of the page
+    cache: direct reads (Segment.direct_reads) against buffered ones of the same files, in pairs; MB/s, and
+    CPU milliseconds per MiB read (docs/ARCHITECTURE.md, "Direct reads")."""
+    directory = os.path.join(scratch, "cold")
+    progress(f"writing a {total_bytes // MIB} MiB log with direct appends")
+    disk.build_direct_log(directory, total_bytes)
+    speed: dict[str, list[float]] = {"direct": [], "buffered": []}
+    cpu: dict[str, list[float]] = {"direct": [], "buffered": []}
+    for run in range(runs):
+        progress(f"run {run + 1}/{runs} wal_cold_read (direct, buffered)")
+        for mode in ("direct", "buffered"):
+            total, seconds, cpu_s = disk.cold_read(directory, mode == "direct", READ_BYTES)
+            speed[mode].append(total / seconds / MB)
+            cpu[mode].append(cpu_s * 1e3 / (total / MIB))
+    return [
+        Result("wal_cold_read_direct", "MB/s", median(speed["direct"]), runs,
+               baseline=median(speed["buffered"]),
+               ratio=median([d / b for d, b in zip(speed["direct"], speed["buffered"], strict=True)])),
+        Result("wal_cold_read_direct_cpu", "ms/MiB", median(cpu["direct"]), runs,
+               baseline=median(cpu["buffered"]),
+               ratio=median([d / b for d, b in zip(cpu["direct"], cpu["buffered"], strict=True)])),
     ]
 
 

@@ -22,6 +22,8 @@ idle_release_ms = 300000          # a topic's log unused this long gives back it
                                   # index mappings until the next append or read; 0 = never
 direct_io = true                  # with sync = always, append with O_DIRECT (half the kernel time per
                                   # fsync'd group; docs/ARCHITECTURE.md "Direct appends")
+direct_reads = false              # with direct appends, read with O_DIRECT too: less CPU per byte, but
+                                  # readers no longer share cached reads (docs/ARCHITECTURE.md "Direct reads")
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer

@@ -69,3 +69,8 @@ class WalConfig:
     # fsync'd append then skips the page cache's copy and writeback, about half the kernel time per group
     # (docs/ARCHITECTURE.md, "Direct appends"). Ignored where the file system has no O_DIRECT (tmpfs).
     direct_io: bool = True
+    # With direct appends, read with O_DIRECT too (Segment.direct_reads): a fifth of the CPU per byte read,
+    # but readers of the same data no longer share the page cache's copy, so a consumer and the uploader (or
+    # two subscriptions) catching up each read the disk: off by default (docs/ARCHITECTURE.md, "Direct
+    # reads").
+    direct_reads: bool = False

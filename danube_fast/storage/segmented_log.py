@@ -71,8 +71,8 @@ class SegmentedLog:
 
     def __init__(self, directory: str, *, segment_bytes: int = 128 * 1024 * 1024, segment_ms: int = 0,
                  index_interval_bytes: int = 4096, index_max_bytes: int = 1024 * 1024,
-                 initial_offset: int = 0, direct_io: bool = False, segments: ModuleType | None = None
-                 ) -> None:
+                 initial_offset: int = 0, direct_io: bool = False, direct_reads: bool = False,
+                 segments: ModuleType | None = None) -> None:
         if not isinstance(directory, str):
             raise TypeError(f"directory must be a str, not {type(directory).__name__}")
         impl = segments or wal_engine.segments
@@ -96,8 +96,8 @@ class SegmentedLog:
         self._segment_ms = segment_ms
         self._index_interval_bytes = index_interval_bytes
         self._index_max_bytes = index_max_bytes
-        self._direct = direct_io  # O_DIRECT appends to the active segment (Segment.direct), O_DIRECT reads
-        # of every segment (Segment.direct_reads)
+        self._direct = direct_io  # O_DIRECT appends to the active segment (Segment.direct)
+        self._direct_reads = direct_io and direct_reads  # and O_DIRECT reads of every segment (direct_reads)
         self._writer = threading.Lock()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when the last busy call leaves
@@ -187,6 +187,7 @@ class SegmentedLog:
             seg.create(self._index_max_bytes)
             if self._direct:
                 seg.direct(True)
+            if self._direct_reads:
                 seg.direct_reads(True)
             self._fsync_dir()
             sync_ledger.record(seg.log_path, 0)
@@ -212,7 +213,7 @@ class SegmentedLog:
             self._segments.append(seg)  # first, so that a failure below closes it
             self._bases.append(base)
             seg.open()
-            if self._direct:  # sealed segments too: they were written directly, so they are not cached
+            if self._direct_reads:  # sealed segments too: they were written directly, so they are not cached
                 seg.direct_reads(True)
             if i + 1 < len(bases):
                 self._open_sealed(seg, report)

@@ -111,6 +111,7 @@ class Wal:
             index_max_bytes=config.index_max_bytes,
             initial_offset=initial_offset,
             direct_io=config.direct_io and config.sync.mode == "always",
+            direct_reads=config.direct_reads,
         ))
         return cls(engine, config, loop, pool)
 

@@ -201,13 +201,18 @@ def direct_readers(directory: Path) -> set[str]:
 
 def test_direct_reads_return_exactly_what_a_read_should(wal_impl: ModuleType, frames: ModuleType,
                                                         tmp_path: Path) -> None:
-    """Segment.direct_reads (on with direct appends, for the active and the sealed segments): reads go
-    through an O_DIRECT descriptor and return exactly the batches the model expects, at every batch, at
-    offsets inside batches, for tiny and large max_bytes and limits in the middle. A sparse index (32 KiB
-    apart) makes the header walk pass the first blocks read, and batches of up to 90 KB are bigger than
-    they; appends go on between the reads (the active segment's last block is rewritten)."""
+    """Segment.direct_reads (SegmentedLog(direct_reads=True) with direct appends, for the active and the
+    sealed segments): reads go through an O_DIRECT descriptor and return exactly the batches the model
+    expects, at every batch, at offsets inside batches, for tiny and large max_bytes and limits in the
+    middle. A sparse index (32 KiB apart) makes the header walk pass the first blocks read, and batches of
+    up to 90 KB are bigger than they; appends go on between the reads (the active segment's last block is
+    rewritten). Direct appends alone (the default) read through the page cache."""
     directory = tmp_path / "wal"
-    log = make_log(wal_impl, str(directory), direct_io=True, segment_bytes=256 * 1024,
+    appends_only = make_log(wal_impl, str(tmp_path / "appends-only"), direct_io=True)
+    appends_only.append([Batches(frames, 8).buffer()])
+    assert not direct_readers(tmp_path / "appends-only")
+    appends_only.close()
+    log = make_log(wal_impl, str(directory), direct_io=True, direct_reads=True, segment_bytes=256 * 1024,
                    index_interval_bytes=32 * 1024)
     gen, model = Batches(frames, 9), Model(frames)
     rng = random.Random(9)
