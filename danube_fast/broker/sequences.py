@@ -34,6 +34,7 @@ from danube_fast.meta.resources import JSON
 from danube_fast.storage.wal import Wal
 
 Outcome = tuple[int, int, int]  # first offset, last offset, records
+Append = Callable[[Callable[[int, int], None]], Awaitable[Outcome]]  # append(stored): see publish
 WINDOW = 256  # sequences remembered per producer: twice what our producer may have unacknowledged
 MAX_PRODUCERS = 1024  # producers remembered per topic (the ones used last)
 SCAN_READ_BYTES = 8 * 1024 * 1024
@@ -55,6 +56,10 @@ class _Producer:
     def known(self, sequence: int) -> asyncio.Future[Outcome] | Outcome | None:
         if sequence in self.pending:
             return self.pending[sequence]
+        return self.outcome(sequence)
+
+    def outcome(self, sequence: int) -> Outcome | None:
+        """The stored outcome of `sequence`, if the window still holds it."""
         slot = sequence % WINDOW
         if self.sequences[slot] != sequence:
             return None
@@ -87,10 +92,13 @@ class ProducerSequences:
             self._rebuilt = asyncio.ensure_future(self._rebuild(wal))
         await asyncio.shield(self._rebuilt)
 
-    def publish(self, name: str, session: int, sequence: int,
-                append: Callable[[], Awaitable[Outcome]]) -> asyncio.Future[Outcome]:
+    def publish(self, name: str, session: int, sequence: int, append: Append,
+                confirm: Callable[[], Awaitable[None]]) -> asyncio.Future[Outcome]:
         """The outcome of sequenced batch (session, sequence) of producer `name`: the first copy's when it
-        was seen, else that of `append()` (started here, at once, so that appends keep the order of calls)."""
+        was seen (once `confirm()` says this broker may still acknowledge), else that of `append(stored)`
+        (started here, at once, so that appends keep the order of calls). `append` calls `stored(first, last)`
+        as soon as the batch is in the log: a batch stored whose acknowledgement then failed (the fence could
+        not confirm the ownership in time) is a first copy all the same, and its retry must find it."""
         producer = self._producers.pop(name, None)  # re-inserted: the dict's order is the order of use
         if producer is None or producer.session != session:
             producer = _Producer(session)
@@ -102,10 +110,8 @@ class ProducerSequences:
         if known is not None:
             self.duplicates += 1
             if isinstance(known, tuple):
-                done: asyncio.Future[Outcome] = loop.create_future()
-                done.set_result(known)
-                return done
-            return asyncio.ensure_future(_same(known))
+                return asyncio.ensure_future(_confirmed(known, confirm))
+            return asyncio.ensure_future(_same(known, lambda: producer.outcome(sequence), confirm))
         if sequence + WINDOW <= producer.highest:
             failed: asyncio.Future[Outcome] = loop.create_future()
             failed.set_exception(ApiError(
@@ -113,7 +119,8 @@ class ProducerSequences:
                 f"batch {sequence} of producer {name!r} (session {session}) is too old to tell whether it "
                 f"was stored: the topic remembers sequences above {producer.highest - WINDOW}"))
             return failed
-        future = asyncio.ensure_future(append())
+        future = asyncio.ensure_future(append(lambda first, last: producer.remember(
+            sequence, (first, last, last - first + 1))))
         producer.pending[sequence] = future
         producer.highest = max(producer.highest, sequence)
         future.add_done_callback(lambda f: self._settled(producer, sequence, f))
@@ -121,10 +128,9 @@ class ProducerSequences:
 
     @staticmethod
     def _settled(producer: _Producer, sequence: int, future: asyncio.Future[Outcome]) -> None:
-        """Keep the offsets of a stored batch; forget a failed one (its retry is stored as new)."""
+        """The append is over: what it stored was remembered by `stored`; one that failed before storing
+        anything is forgotten (its retry is stored as new)."""
         del producer.pending[sequence]
-        if not future.cancelled() and future.exception() is None:
-            producer.remember(sequence, future.result())
 
     def learn(self, header: frames.BatchHeader) -> None:
         """A sequenced batch found in the WAL (in offset order) while rebuilding."""
@@ -188,6 +194,20 @@ def _offset(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
 
 
-async def _same(first: asyncio.Future[Outcome]) -> Outcome:
-    """The first copy's outcome, for a retry that came while it was being stored (not cancelled with it)."""
-    return await asyncio.shield(first)
+async def _confirmed(outcome: Outcome, confirm: Callable[[], Awaitable[None]]) -> Outcome:
+    """A stored first copy's outcome, acknowledged only as the first copy would be (the fence confirms)."""
+    await confirm()
+    return outcome
+
+
+async def _same(first: asyncio.Future[Outcome], stored: Callable[[], Outcome | None],
+                confirm: Callable[[], Awaitable[None]]) -> Outcome:
+    """The outcome of a first copy being appended, for its retry (not cancelled with it): the first copy's
+    acknowledgement, or, when that failed after the batch was stored, the stored offsets once confirmed."""
+    try:
+        return await asyncio.shield(first)
+    except Exception:
+        known = stored()
+        if known is None:
+            raise
+        return await _confirmed(known, confirm)

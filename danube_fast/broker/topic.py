@@ -12,6 +12,7 @@ schema layer sets the topic's schema configuration, each through a method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -87,8 +88,10 @@ class Topic:
     async def publish(self, msg: pb.StreamMessage) -> None:
         raise NotImplementedError
 
-    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
-        """The fast API's publish: whole record batches, already checked by the caller."""
+    async def publish_batch(self, data: bytes | memoryview, records: int,
+                            stored: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """The fast API's publish: whole record batches, already checked by the caller. `stored(first, last)`
+        is called once they are in the log, before the acknowledgement's checks (which may still fail)."""
         raise NotImplementedError
 
     def _count(self, records: int, size: int) -> None:
@@ -131,9 +134,10 @@ class ReliableTopic(Topic):
         for sub in self.subscriptions.values():
             sub.dispatcher.notify()
 
-    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
+    async def publish_batch(self, data: bytes | memoryview, records: int,
+                            stored: Callable[[int, int], None] | None = None) -> tuple[int, int]:
         """Appended to the WAL as they are (offsets stamped there), answered with their offsets once
-        durable."""
+        durable and the fence confirms this broker still owns the topic."""
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)
         fence = self.fence
@@ -142,6 +146,8 @@ class ReliableTopic(Topic):
             first, last = await self.wal.submit(data)
         finally:
             fence.done()
+        if stored is not None:
+            stored(first, last)
         await fence.confirm()
         self._count(records, len(data))
         for sub in self.subscriptions.values():
@@ -162,8 +168,9 @@ class NonReliableTopic(Topic):
             assert isinstance(live, LiveDispatcher)  # a NonReliable topic has only live dispatchers
             live.publish(msg)
 
-    async def publish_batch(self, data: bytes | memoryview, records: int) -> tuple[int, int]:
-        """Decoded and handed to the live dispatchers (offsets 0 .. records - 1)."""
+    async def publish_batch(self, data: bytes | memoryview, records: int,
+                            stored: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """Decoded and handed to the live dispatchers (offsets 0 .. records - 1); nothing is stored."""
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)
         self._count(records, len(data))

@@ -22,16 +22,18 @@ Run = Callable[..., Any]
 
 
 class Appender:
-    """Stands for the WAL append: counts calls, answers consecutive offsets, can be held or fail."""
+    """Stands for the topic's publish: counts calls, answers consecutive offsets, can be held, fail before
+    storing (the WAL away) or after (the fence cannot confirm the ownership)."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.next = 0
         self.gate: asyncio.Event | None = None
         self.fail = False
+        self.fail_after_store = False
 
-    def __call__(self, records: int = 10) -> Callable[[], Any]:
-        async def append() -> Outcome:
+    def __call__(self, records: int = 10) -> Callable[[Callable[[int, int], None]], Any]:
+        async def append(stored: Callable[[int, int], None]) -> Outcome:
             self.calls += 1
             if self.gate is not None:
                 await self.gate.wait()
@@ -39,24 +41,44 @@ class Appender:
                 raise ApiError("UNAVAILABLE", "the WAL is away")
             first = self.next
             self.next += records
+            stored(first, self.next - 1)
+            if self.fail_after_store:
+                raise ApiError("UNAVAILABLE", "the ownership could not be confirmed")
             return first, self.next - 1, records
 
         return append
 
 
+class Fence:
+    """Stands for the topic's fence: confirm() passes unless `lost`."""
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.confirms = 0
+
+    async def confirm(self) -> None:
+        self.confirms += 1
+        if self.lost:
+            raise ApiError("UNAVAILABLE", "the topic moved")
+
+
+async def ok() -> None:
+    """A fence that always confirms."""
+
+
 def test_a_retry_gets_the_first_copys_offsets_and_is_not_appended(run: Run) -> None:
     async def main() -> None:
         table, append = ProducerSequences(), Appender()
-        first = await table.publish("p", 7, 1, append())
-        second = await table.publish("p", 7, 2, append())
+        first = await table.publish("p", 7, 1, append(), ok)
+        second = await table.publish("p", 7, 2, append(), ok)
         assert (first, second) == ((0, 9, 10), (10, 19, 10))
-        assert await table.publish("p", 7, 1, append()) == first  # stored: answered from memory
-        assert await table.publish("p", 7, 2, append()) == second
+        assert await table.publish("p", 7, 1, append(), ok) == first  # stored: answered from memory
+        assert await table.publish("p", 7, 2, append(), ok) == second
         assert append.calls == 2 and table.duplicates == 2
         # Another producer name, or a new session of the same name, has sequences of its own.
-        assert await table.publish("q", 7, 1, append()) == (20, 29, 10)
-        assert await table.publish("p", 8, 1, append()) == (30, 39, 10)
-        assert await table.publish("p", 7, 1, append()) == (40, 49, 10)  # session 7 was replaced by 8
+        assert await table.publish("q", 7, 1, append(), ok) == (20, 29, 10)
+        assert await table.publish("p", 8, 1, append(), ok) == (30, 39, 10)
+        assert await table.publish("p", 7, 1, append(), ok) == (40, 49, 10)  # session 7 was replaced by 8
         assert append.calls == 5
 
     run(main())
@@ -66,14 +88,14 @@ def test_a_retry_while_the_first_copy_is_appended_waits_for_it(run: Run) -> None
     async def main() -> None:
         table, append = ProducerSequences(), Appender()
         append.gate = asyncio.Event()
-        first = table.publish("p", 7, 1, append())
-        retry = table.publish("p", 7, 1, append())
+        first = table.publish("p", 7, 1, append(), ok)
+        retry = table.publish("p", 7, 1, append(), ok)
         await asyncio.sleep(0.01)
         assert not retry.done() and append.calls == 1
         retry.cancel()  # the retry's stream went: the first copy goes on
         append.gate.set()
         assert await first == (0, 9, 10)
-        assert await table.publish("p", 7, 1, append()) == (0, 9, 10)
+        assert await table.publish("p", 7, 1, append(), ok) == (0, 9, 10)
 
     run(main())
 
@@ -83,9 +105,9 @@ def test_a_failed_append_is_forgotten_so_its_retry_is_stored(run: Run) -> None:
         table, append = ProducerSequences(), Appender()
         append.fail = True
         with pytest.raises(ApiError):
-            await table.publish("p", 7, 1, append())
+            await table.publish("p", 7, 1, append(), ok)
         append.fail = False
-        assert await table.publish("p", 7, 1, append()) == (0, 9, 10)
+        assert await table.publish("p", 7, 1, append(), ok) == (0, 9, 10)
         assert append.calls == 2 and table.duplicates == 0
 
     run(main())
@@ -94,16 +116,16 @@ def test_a_failed_append_is_forgotten_so_its_retry_is_stored(run: Run) -> None:
 def test_out_of_order_sequences_within_the_window_and_too_old_ones(run: Run) -> None:
     async def main() -> None:
         table, append = ProducerSequences(), Appender()
-        await table.publish("p", 7, 5, append(1))
-        await table.publish("p", 7, 3, append(1))  # shipped after 5: new, not a retry
+        await table.publish("p", 7, 5, append(1), ok)
+        await table.publish("p", 7, 3, append(1), ok)  # shipped after 5: new, not a retry
         assert append.calls == 2
-        await table.publish("p", 7, 4 + sequences.WINDOW, append(1))
-        assert await table.publish("p", 7, 5, append(1)) == (0, 0, 1)  # within the window: a retry
-        assert await table.publish("p", 7, 3, append(1)) == (1, 1, 1)
-        await table.publish("p", 7, 5 + sequences.WINDOW, append(1))  # 5 leaves the window
+        await table.publish("p", 7, 4 + sequences.WINDOW, append(1), ok)
+        assert await table.publish("p", 7, 5, append(1), ok) == (0, 0, 1)  # within the window: a retry
+        assert await table.publish("p", 7, 3, append(1), ok) == (1, 1, 1)
+        await table.publish("p", 7, 5 + sequences.WINDOW, append(1), ok)  # 5 leaves the window
         for old in (5, 2):  # remembered no more, or never seen: below the window, cannot tell, refused
             with pytest.raises(ApiError, match="too old") as info:
-                await table.publish("p", 7, old, append(1))
+                await table.publish("p", 7, old, append(1), ok)
             assert info.value.grpc_code == "FAILED_PRECONDITION"
         assert append.calls == 4
 
@@ -129,11 +151,11 @@ def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
         await table.ready(wal)
         await table.ready(wal)  # once only
         last = wal.committed_offset
-        assert await table.publish("p", 9, 40, append()) == (*offsets[40], 2)
-        assert await table.publish("p", 9, 39, append()) == (*offsets[39], 2)
+        assert await table.publish("p", 9, 40, append(), ok) == (*offsets[40], 2)
+        assert await table.publish("p", 9, 39, append(), ok) == (*offsets[39], 2)
         assert append.calls == 0
         older = next(s for s in range(1, 41) if offsets[s][1] < wal.segment_bases[-2])
-        await table.publish("p", 9, older, append())  # in an older segment: not known any more
+        await table.publish("p", 9, older, append(), ok)  # in an older segment: not known any more
         assert append.calls == 1 and last == wal.committed_offset
         await wal.close()
 
@@ -147,12 +169,12 @@ def test_a_snapshot_carries_the_last_outcomes_of_the_last_producers_and_restores
     async def main() -> None:
         table, append = ProducerSequences(), Appender()
         for seq in range(1, sequences.CARRY + 11):
-            await table.publish("p", 7, seq, append(1))
+            await table.publish("p", 7, seq, append(1), ok)
         for i in range(sequences.MAX_CARRIED + 5):
-            await table.publish(f"q{i}", 9, 1, append(1))
-        await table.publish("p", 7, 1000, append(1))  # p used last: carried
+            await table.publish(f"q{i}", 9, 1, append(1), ok)
+        await table.publish("p", 7, 1000, append(1), ok)  # p used last: carried
         append.gate = asyncio.Event()
-        pending = table.publish("p", 7, 1001, append(1))  # being appended: not carried
+        pending = table.publish("p", 7, 1001, append(1), ok)  # being appended: not carried
         snap = table.snapshot()
         assert isinstance(snap, dict) and len(snap) == sequences.MAX_CARRIED
         assert "q0" not in snap and "p" in snap
@@ -163,19 +185,50 @@ def test_a_snapshot_carries_the_last_outcomes_of_the_last_producers_and_restores
         moved = ProducerSequences()
         moved.restore(json.loads(json.dumps(snap)))  # through JSON, as the metadata store keeps it
         calls = append.calls
-        assert await moved.publish("p", 7, 1000, append(1)) == tuple(entries[-1][1:])
-        assert await moved.publish("q9", 9, 1, append(1)) == tuple(snap["q9"][1][0][1:])  # type: ignore[index]
+        assert await moved.publish("p", 7, 1000, append(1), ok) == tuple(entries[-1][1:])
+        assert await moved.publish("q9", 9, 1, append(1), ok) == tuple(snap["q9"][1][0][1:])  # type: ignore[index]
         assert append.calls == calls
         broken = ProducerSequences()
         broken.restore({"a": [0, [[1, 0, 0, 1]]], "b": "x", "c": [5, [[1, -1, 0, 1], [2, 0, 0, True], "z",
                                                                   [3, 10, 19, 10]]], "d": [5, 7]})
-        assert await broken.publish("c", 5, 3, append()) == (10, 19, 10)  # the one good entry
+        assert await broken.publish("c", 5, 3, append(), ok) == (10, 19, 10)  # the one good entry
         assert append.calls == calls
-        await broken.publish("c", 5, 1, append())  # the malformed ones were left out: stored anew
-        await broken.publish("c", 5, 2, append())
-        await broken.publish("a", 1, 1, append())  # session 0 left out
+        await broken.publish("c", 5, 1, append(), ok)  # the malformed ones were left out: stored anew
+        await broken.publish("c", 5, 2, append(), ok)
+        await broken.publish("a", 1, 1, append(), ok)  # session 0 left out
         assert append.calls == calls + 3
         broken.restore(None)
         broken.restore([1, 2])
+
+    run(main())
+
+
+def test_a_batch_stored_whose_ack_failed_is_a_first_copy_all_the_same(run: Run) -> None:
+    """The chaos campaign's case: the batch reached the WAL, then the fence could not confirm the ownership in
+    time and the ack failed; the retry (on the same broker, the ownership confirmed again) must get the stored
+    offsets, not be stored a second time. A retry that comes while the ownership is lost is refused."""
+
+    async def main() -> None:
+        table, append, fence = ProducerSequences(), Appender(), Fence()
+        append.fail_after_store = True
+        with pytest.raises(ApiError, match="could not be confirmed"):
+            await table.publish("p", 7, 1, append(), fence.confirm)
+        append.fail_after_store = False
+        fence.lost = True
+        with pytest.raises(ApiError, match="moved"):
+            await table.publish("p", 7, 1, append(), fence.confirm)
+        fence.lost = False
+        assert await table.publish("p", 7, 1, append(), fence.confirm) == (0, 9, 10)
+        assert append.calls == 1
+        # A retry while the first copy is still being appended, which then fails after storing: the retry
+        # waits for it and answers with the stored offsets.
+        append.gate, append.fail_after_store = asyncio.Event(), True
+        first = table.publish("p", 7, 2, append(), fence.confirm)
+        retry = table.publish("p", 7, 2, append(), fence.confirm)
+        append.gate.set()
+        with pytest.raises(ApiError):
+            await first
+        assert await retry == (10, 19, 10)
+        assert append.calls == 2
 
     run(main())

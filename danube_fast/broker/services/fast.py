@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -127,7 +127,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     append = functools.partial(_publish, topic, data, records)
                     if sequenced is not None and isinstance(topic, ReliableTopic):
                         # A batch it already holds is answered with the first copy's offsets (sequences.py).
-                        fut = topic.sequences.publish(name, *sequenced, append)
+                        fut = topic.sequences.publish(name, *sequenced, append, topic.fence.confirm)
                     else:
                         fut = asyncio.ensure_future(append())
                     # Should the client go first, nobody answers this one: its outcome is not an error here.
@@ -142,9 +142,10 @@ def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
         fut.exception()
 
 
-async def _publish(topic: Topic, data: bytes | memoryview, records: int) -> tuple[int, int, int]:
+async def _publish(topic: Topic, data: bytes | memoryview, records: int,
+                   stored: Callable[[int, int], None] | None = None) -> tuple[int, int, int]:
     started = time.perf_counter()
-    first, last = await topic.publish_batch(data, records)
+    first, last = await topic.publish_batch(data, records, stored)
     latency.PUBLISH_FAST.observe(time.perf_counter() - started)
     return first, last, records
 
