@@ -6,7 +6,8 @@ For every subscription, against every send the broker acknowledged on the subscr
 - unseen: acknowledged, never read, and nothing after it was read either (stuck at the end);
 - duplicates: one message read twice. At the same offset it is a redelivery, explained when the
   subscription (re)subscribed or a fault was under way between the two reads, unexpected otherwise. At two
-  offsets it was stored twice: a producer retried a send whose ack it never got (at least once);
+  offsets (read or acknowledged there) it was stored twice: a producer retried a send whose ack it never
+  got; counted once per message, whatever the subscriptions that read it;
 - inconsistent offsets: one offset of one topic read or acknowledged with two different messages;
 - unexpected: a read message that no producer sent;
 - poll-skips (Exclusive, Failover and the fast consumer, whose order is promised): a consumer jumped over
@@ -84,6 +85,7 @@ def check(history: History, subscriptions: dict[str, str]) -> Verdict:
     read_ids = {(r.producer, r.n) for r in history.receives}
     v.recovered = sum(s.outcome == "info" and (s.producer, s.n) in read_ids for s in history.sends)
     exists = _inconsistent(v, history, acked)
+    _stored_twice(v, history, acked)
     for r in history.receives:
         if (r.producer, r.n) not in sent:
             v.unexpected += 1
@@ -113,6 +115,20 @@ def _inconsistent(v: Verdict, history: History, acked: list[Send]) -> set[tuple[
     return set(at)
 
 
+def _stored_twice(v: Verdict, history: History, acked: list[Send]) -> None:
+    """Messages held at two offsets (read there, or acknowledged there), once per message and producer
+    whatever the subscriptions that read them."""
+    where: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
+    for s in acked:
+        if s.offset is not None:
+            where[(s.producer, s.n)].add((s.topic, s.offset))
+    for r in history.receives:
+        where[(r.producer, r.n)].add((r.topic, r.offset))
+    for (producer, _), offsets in where.items():
+        if len(offsets) > 1:
+            v.stored_twice[producer] = v.stored_twice.get(producer, 0) + 1
+
+
 def _missing(v: Verdict, name: str, acked: list[Send], reads: list[Receive]) -> None:
     read = {(r.producer, r.n) for r in reads}
     top_offset: dict[str, int] = {}
@@ -135,11 +151,9 @@ def _missing(v: Verdict, name: str, acked: list[Send], reads: list[Receive]) -> 
 
 def _duplicates(v: Verdict, history: History, name: str, reads: list[Receive]) -> None:
     first_read: dict[tuple[str, int], Receive] = {}
-    offsets: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
     sessions = sorted(s.at for s in history.sessions if s.subscription == name)
     for r in reads:
         key = (r.producer, r.n)
-        offsets[key].add((r.topic, r.offset))
         earlier = first_read.get(key)
         if earlier is None:
             first_read[key] = r
@@ -150,9 +164,6 @@ def _duplicates(v: Verdict, history: History, name: str, reads: list[Receive]) -
                 v.unexpected_duplicates += 1
                 v.example("unexpected duplicates", f"{name}: {r.producer}:{r.n} at {r.topic}@{r.offset} read "
                                                    f"at {earlier.at:.2f} s and {r.at:.2f} s")
-    for (producer, _), where in offsets.items():
-        if len(where) > 1:
-            v.stored_twice[producer] = v.stored_twice.get(producer, 0) + 1
 
 
 def _explained(history: History, sessions: list[float], first: float, second: float) -> bool:

@@ -96,3 +96,13 @@ def test_a_jump_over_offsets_no_message_holds_is_not_a_skip() -> None:
     """A new owner after a crash starts past the dead one's reserved range (docs/TOPIC_MOVE.md)."""
     sends = [sent(0, 0), sent(1, 10_000_001)]
     assert check(history(sends, [read(10, 0, 0), read(11, 10_000_001, 1)]), SUBS).valid
+
+
+def test_a_message_stored_twice_counts_once_whatever_the_subscriptions_that_read_it() -> None:
+    """Two subscriptions read f:1 at offsets 1 and 2, and it was acknowledged at 1: one message stored twice
+    (the 5-minute campaigns once reported it per subscription, about 3.4 times too many)."""
+    subs = {"x": TOPIC, "y": TOPIC}
+    reads = [read(10, 1, 1), read(11, 2, 1), Receive(10.0, TOPIC, "y", "shared", "c2", 1, "f", 1),
+             Receive(11.0, TOPIC, "y", "shared", "c2", 2, "f", 1)]
+    v = check(history([sent(1, 1)], reads), subs)
+    assert v.stored_twice == {"f": 1}
