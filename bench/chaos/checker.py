@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bench.chaos.history import History, Receive, Send
@@ -103,11 +104,8 @@ def check(history: History, subscriptions: dict[str, str]) -> Verdict:
 def _inconsistent(v: Verdict, history: History, acked: list[Send]) -> set[tuple[str, int]]:
     """Counts offsets holding two messages; returns every (topic, offset) known to hold one."""
     at: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
-    for s in acked:
-        if s.offset is not None:
-            at[(s.topic, s.offset)].add((s.producer, s.n))
-    for r in history.receives:
-        at[(r.topic, r.offset)].add((r.producer, r.n))
+    for topic, offset, message in _held(history, acked):
+        at[(topic, offset)].add(message)
     for (topic, offset), messages in sorted(at.items()):
         if len(messages) > 1:
             v.inconsistent += 1
@@ -115,15 +113,21 @@ def _inconsistent(v: Verdict, history: History, acked: list[Send]) -> set[tuple[
     return set(at)
 
 
+def _held(history: History, acked: list[Send]) -> Iterator[tuple[str, int, tuple[str, int]]]:
+    """(topic, offset, (producer, n)): where each message was acknowledged or read."""
+    for s in acked:
+        if s.offset is not None:
+            yield s.topic, s.offset, (s.producer, s.n)
+    for r in history.receives:
+        yield r.topic, r.offset, (r.producer, r.n)
+
+
 def _stored_twice(v: Verdict, history: History, acked: list[Send]) -> None:
     """Messages held at two offsets (read there, or acknowledged there), once per message and producer
     whatever the subscriptions that read them."""
     where: dict[tuple[str, int], set[tuple[str, int]]] = defaultdict(set)
-    for s in acked:
-        if s.offset is not None:
-            where[(s.producer, s.n)].add((s.topic, s.offset))
-    for r in history.receives:
-        where[(r.producer, r.n)].add((r.topic, r.offset))
+    for topic, offset, message in _held(history, acked):
+        where[message].add((topic, offset))
     for (producer, _), offsets in where.items():
         if len(offsets) > 1:
             v.stored_twice[producer] = v.stored_twice.get(producer, 0) + 1
