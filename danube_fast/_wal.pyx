@@ -362,12 +362,10 @@ cdef class Segment:
             return False
         if self.dfd >= 0:
             return True
-        fd = c_open(os.fsencode(self.log_path), O_WRONLY | O_DIRECT | O_CLOEXEC)
+        fd = self._open_direct(O_WRONLY, "writes")
         if fd < 0:
-            if errno == EINVAL:  # tmpfs and some others have no O_DIRECT
-                self.want_direct = False
-                return False
-            raise _os_error("cannot open segment for direct writes", self.log_path)
+            self.want_direct = False
+            return False
         self.tail = <unsigned char*>malloc(BLOCK)
         if self.tail == NULL:
             c_close(fd)
@@ -396,14 +394,22 @@ cdef class Segment:
             return False
         if self.rfd >= 0:
             return True
-        fd = c_open(os.fsencode(self.log_path), O_RDONLY | O_DIRECT | O_CLOEXEC)
+        fd = self._open_direct(O_RDONLY, "reads")
         if fd < 0:
-            if errno == EINVAL:  # no O_DIRECT on this file system
-                self.want_direct_reads = False
-                return False
-            raise _os_error("cannot open segment for direct reads", self.log_path)
+            self.want_direct_reads = False
+            return False
         self.rfd = fd
         return True
+
+    cdef int _open_direct(self, int mode, str what) except -2:
+        """A second descriptor of the .log with O_DIRECT, or -1 where the file system has no O_DIRECT (tmpfs
+        and some others answer EINVAL); other failures raise."""
+        cdef int fd = c_open(os.fsencode(self.log_path), mode | O_DIRECT | O_CLOEXEC)
+        if fd < 0:
+            if errno == EINVAL:
+                return -1
+            raise _os_error(f"cannot open segment for direct {what}", self.log_path)
+        return fd
 
     cdef _Aligned _aligned(self, Py_ssize_t n):
         """A buffer for `n` stamped bytes that will follow `size`: the last partial block first (from `tail`,

@@ -237,14 +237,20 @@ class Segment:
             return False
         if self._rfd >= 0:
             return True
-        try:
-            self._rfd = os.open(self.log_path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno == errno.EINVAL:  # no O_DIRECT on this file system
-                self._want_direct_reads = False
-                return False
-            raise _os_error("cannot open segment for direct reads", self.log_path, e) from e
+        self._rfd = self._open_direct(os.O_RDONLY, "reads")
+        if self._rfd < 0:
+            self._want_direct_reads = False
+            return False
         return True
+
+    def _open_direct(self, mode: int, what: str) -> int:
+        """See `_wal.pyx`: a second O_DIRECT descriptor, or -1 where the file system has no O_DIRECT."""
+        try:
+            return os.open(self.log_path, mode | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                return -1
+            raise _os_error(f"cannot open segment for direct {what}", self.log_path, e) from e
 
     def direct(self, on: bool) -> bool:
         self._want_direct = on
@@ -256,13 +262,10 @@ class Segment:
             return False
         if self._dfd >= 0:
             return True
-        try:
-            self._dfd = os.open(self.log_path, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno == errno.EINVAL:
-                self._want_direct = False
-                return False
-            raise _os_error("cannot open segment for direct writes", self.log_path, e) from e
+        self._dfd = self._open_direct(os.O_WRONLY, "writes")
+        if self._dfd < 0:
+            self._want_direct = False
+            return False
         self._tail, self._tail_end = b"", -1
         self._file_end = os.fstat(self.fd).st_size
         return True

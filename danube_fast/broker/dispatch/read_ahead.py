@@ -3,8 +3,8 @@ previous delivery is on its way to the consumer, so the disk (or the object stor
 the same time instead of in turns.
 
 Why: a fast consumer catching up gets one read per delivery, and the Consume stream sends a delivery only
-after the read it comes from. With 64 KiB records, a 1 MiB direct read took about 0.7 ms and sending it
-about as long, one after the other (docs/ARCHITECTURE.md, "Read ahead").
+after the read it comes from. With 64 KiB records, a 1 MiB read from the device took about 0.7 ms and
+sending it about as long, one after the other (docs/ARCHITECTURE.md, "Read ahead").
 
 Owner: the dispatcher that made it, on the event loop. The bytes of the read in progress or done and not yet
 taken count in the broker's ByteBudget (budget.py) from the start of the read until `take` or `drop`, and a
