@@ -58,6 +58,7 @@ upload_interval_ms = 30000        # committed records reach the object tier at l
 reserve_offsets = 10000000        # offsets an owner reserves per metadata write (see cluster/handoff.py)
 assign_wait_ms = 5000             # a producer creating a topic waits this long for its assignment
 gap_wait_ms = 600000              # readers wait this long for a dead owner's offsets to be recovered
+producer_gap_wait_ms = 30000      # idempotent producers wait this long for them (broker/sequences.py)
 
 [security]                        # TLS, mTLS, JWT and RBAC: see danube_fast/security/config.py and
 mode = "none"                     # docs/SECURITY.md (none | tls | tls_jwt)
@@ -123,6 +124,7 @@ class ClusterConfig:
     reserve_offsets: int = 10_000_000
     assign_wait_ms: int = 5000
     gap_wait_ms: int = 600_000
+    producer_gap_wait_ms: int = 30_000
 
 
 @dataclass(frozen=True)

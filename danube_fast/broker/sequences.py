@@ -14,9 +14,11 @@ The table is rebuilt once per topic, before its first producer of the fast API i
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
 there. Topics that only the Danube API publishes to never read them. A topic moved in cluster mode takes its
 table along: the old owner puts `snapshot()` (the last CARRY outcomes of the MAX_CARRIED producers used last)
-into the sealed state and the new owner `restore`s it before anything is published. Not covered: a move after
-the owner crashed (no sealed state; what it acknowledged last is in its WAL until it returns), so a retry then
-may be stored twice (docs/ARCHITECTURE.md, "Idempotent produce").
+into the sealed state and the new owner `restore`s it before anything is published. A topic moved after its
+owner crashed has no sealed state: what the dead owner stored last sits in a gap (storage/gaps.py) until that
+broker, restarted, recovers it into the object tier. The new owner's `ready` waits for that, up to
+`[cluster] producer_gap_wait_ms`, and learns the gap's batches too; a dead owner that stays away longer costs
+idempotence for the retries of what it stored, not availability (docs/ARCHITECTURE.md, "Idempotent produce").
 
 Owner: the ReliableTopic, on the event loop; only the fast API's Produce handler calls `publish`.
 """
@@ -24,6 +26,8 @@ Owner: the ReliableTopic, on the event loop; only the fast API's Produce handler
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from array import array
 from collections.abc import Awaitable, Callable
 from typing import TypeGuard
@@ -31,7 +35,10 @@ from typing import TypeGuard
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError
 from danube_fast.meta.resources import JSON
-from danube_fast.storage.wal import Wal
+from danube_fast.storage.gaps import GapAwareLog, RecoveryPending, open_gaps
+from danube_fast.storage.wal import Buffer, Wal
+
+log = logging.getLogger("danube_fast.broker")
 
 Outcome = tuple[int, int, int]  # first offset, last offset, records
 Append = Callable[[Callable[[int, int], None]], Awaitable[Outcome]]  # append(stored): see publish
@@ -40,6 +47,7 @@ MAX_PRODUCERS = 1024  # producers remembered per topic (the ones used last)
 SCAN_READ_BYTES = 8 * 1024 * 1024
 CARRY = 64  # outcomes per producer a move carries: what one producer stream may have in flight
 MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
+GAP_POLL_S = 0.5  # how often `ready` looks whether a dead owner recovered its gap
 
 
 class _Producer:
@@ -49,6 +57,7 @@ class _Producer:
     def __init__(self, session: int) -> None:
         self.session = session
         self.highest = 0
+        self.newest = -1  # the highest offset of a stored outcome: which of two sessions came last
         self.sequences = array("Q", bytes(8 * WINDOW))
         self.outcomes = array("Q", bytes(24 * WINDOW))  # first, last, records per slot
         self.pending: dict[int, asyncio.Future[Outcome]] = {}
@@ -72,6 +81,7 @@ class _Producer:
         self.sequences[slot] = sequence
         self.outcomes[3 * slot:3 * slot + 3] = array("Q", outcome)
         self.highest = max(self.highest, sequence)
+        self.newest = max(self.newest, outcome[1])
 
     def stored(self) -> list[JSON]:
         """[[sequence, first, last, records], ...] of the stored outcomes, oldest first."""
@@ -83,11 +93,17 @@ class ProducerSequences:
     def __init__(self) -> None:
         self._producers: dict[str, _Producer] = {}
         self._rebuilt: asyncio.Future[int] | None = None
+        self._gaps: tuple[GapAwareLog, float] | None = None
         self.duplicates = 0  # batches answered from a first copy instead of stored again
 
+    def after_crash(self, log: GapAwareLog, wait: float) -> None:
+        """The topic was moved after its owner crashed: `ready` waits up to `wait` seconds for `log`'s gaps
+        to be recovered and learns what they hold, before it learns the WAL."""
+        self._gaps = (log, wait)
+
     async def ready(self, wal: Wal) -> None:
-        """Return once the table holds what `wal` holds (the first call rebuilds it; the others wait for
-        that; a failed rebuild is tried again by the next call)."""
+        """Return once the table holds what `wal` holds, and what the gaps of `after_crash` hold (the first
+        call rebuilds it; the others wait for that; a failed rebuild is tried again by the next call)."""
         if self._rebuilt is None or (self._rebuilt.done() and self._rebuilt.exception() is not None):
             self._rebuilt = asyncio.ensure_future(self._rebuild(wal))
         await asyncio.shield(self._rebuilt)
@@ -133,9 +149,12 @@ class ProducerSequences:
         del producer.pending[sequence]
 
     def learn(self, header: frames.BatchHeader) -> None:
-        """A sequenced batch found in the WAL (in offset order) while rebuilding."""
+        """A sequenced batch found in the WAL or a recovered gap while rebuilding. A session replaces the
+        one the table holds only if it came later (by offset), whatever order the batches are learnt in."""
         producer = self._producers.get(header.producer_name)
         if producer is None or producer.session != header.session:
+            if producer is not None and producer.newest > header.base_offset:
+                return
             producer = self._producers[header.producer_name] = _Producer(header.session)
         producer.remember(header.sequence, (header.base_offset, header.last_offset, header.record_count))
 
@@ -169,20 +188,58 @@ class ProducerSequences:
                         producer.remember(seq, (first, last, records))
 
     async def _rebuild(self, wal: Wal) -> int:
-        """Learn the sequenced batches of the WAL's last two segments; the batches read."""
+        """Learn the sequenced batches of the recovered gaps, then of the WAL's last two segments; the
+        batches read."""
+        seen = await self._learn_gaps() if self._gaps is not None else 0
         bases = wal.segment_bases
         offset = max(bases[-2] if len(bases) > 1 else (bases[0] if bases else 0), wal.start_offset)
-        seen = 0
         while offset < wal.committed_offset:
             got = await wal.read(offset, SCAN_READ_BYTES)
             if got is None:
                 break
             data, offset = got
-            for header in frames.scan_batches(data, verify=False):
-                seen += 1
-                if header.session:
-                    self.learn(header)
+            seen += self._learn_all(data)
         return seen
+
+    async def _learn_gaps(self) -> int:
+        """Wait for the dead owner to recover the gaps (or for the wait to end), then learn the batches of
+        what was recovered."""
+        assert self._gaps is not None
+        gap_log, wait = self._gaps
+        gaps, cloud = list(gap_log.gaps), gap_log.cloud
+        if not gaps or cloud is None:
+            return 0
+        deadline = time.monotonic() + wait
+        while True:
+            await cloud.refresh()
+            still = open_gaps(gaps, cloud.descriptors)
+            if not still or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(GAP_POLL_S)
+        if still:
+            log.warning("%s/%s: broker %d did not recover offsets %d..%d in %.0f s; a retry of an idempotent "
+                        "producer's batch stored there may be stored again", cloud.namespace, cloud.topic,
+                        still[0][2], still[0][0], still[0][1], wait)
+        seen = 0
+        for first, last, _ in gaps:
+            offset = first
+            while offset <= last:
+                try:
+                    got = await gap_log.read(offset, SCAN_READ_BYTES)
+                except RecoveryPending:
+                    break  # the rest of this gap is not recovered (its wait is over): nothing to learn
+                if got is None:
+                    break
+                data, offset = got
+                seen += self._learn_all(data)
+        return seen
+
+    def _learn_all(self, data: Buffer) -> int:
+        headers = frames.scan_batches(data, verify=False)
+        for header in headers:
+            if header.session:
+                self.learn(header)
+        return len(headers)
 
 
 def _u64(value: object) -> TypeGuard[int]:

@@ -57,7 +57,7 @@ from danube_fast.meta.resources import (
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
-from danube_fast.storage.gaps import Gap
+from danube_fast.storage.gaps import Gap, GapAwareLog
 from danube_fast.storage.wal import Wal
 
 log = logging.getLogger("danube_fast.broker")
@@ -266,8 +266,11 @@ class Topics:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
             readable = await self.tier.log_for(name, wal, gaps)
         topic = new_topic(name, delivery, self._policy(name), fence or Unfenced(self._store), wal, readable)
-        if sequences is not None and isinstance(topic, ReliableTopic):
-            topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
+        if isinstance(topic, ReliableTopic):
+            if sequences is not None:
+                topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
+            if gaps and isinstance(readable, GapAwareLog):
+                topic.sequences.after_crash(readable, self._config.cluster.producer_gap_wait_ms / 1000)
         self._topics[name.full] = topic
         return topic
 

@@ -11,8 +11,10 @@ from test_cluster_moves import meta, unload
 
 from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.client.reader import TopicReader
 from danube_fast.testing.cluster import Cluster, owner, wait_for
 from danube_fast.testing.etcd import EtcdServer
+from danube_fast.testing.raw_producer import RawProducer
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
@@ -83,39 +85,82 @@ def test_a_retry_across_a_move_is_answered_from_the_first_copy(cluster: Cluster,
     """Sequenced batches (broker/sequences.py) acknowledged by one owner, the topic moved, the last one sent
     again to the new owner (its ack lost in the move): answered with the first copy's offsets, stored once.
     The old owner sealed its table of sequences into the sealed state; the new owner restored it."""
-    from danube_fast.client.reader import TopicReader
-    from danube_fast.testing.raw_producer import RawProducer
-
     brokers = cluster.start(2)
     topic = "/default/idempotent_move"
 
-    def payloads(sequence: int) -> list[bytes]:
-        return [b"s%d-%d" % (sequence, i) for i in range(3)]
-
     async def body() -> None:
         async with meta(etcd) as store:
-            creator = await FastProducer.connect(brokers[0].target, topic, "creator")  # places the topic
-            await creator.close()
-            p = await RawProducer.open(brokers[0].target, topic, "p")
-            acks = [await p.offsets(s, p.batch(payloads(s), s)) for s in (1, 2, 3)]
-            await p.close()
+            acks = await _three_sequenced(brokers[0].target, topic)
             source = await unload(store, topic)
             await wait_for(lambda: _moved(store, topic, source), "a new owner", 20.0)
             p = await RawProducer.open(brokers[0].target, topic, "p")
-            assert await p.offsets(1, p.batch(payloads(3), 3)) == acks[2]
-            fourth = await p.offsets(2, p.batch(payloads(4), 4))
-            assert fourth[0] > acks[2][1]
-            await p.close()
-            async with TopicReader(brokers[0].target) as reader:
-                stored = [r.payload async for data, _, _ in reader.read(topic, 0, 0)
-                          for r in frames.decode_records(data)]
-            assert stored == [x for s in (1, 2, 3, 4) for x in payloads(s)]
+            await _retry_third_then_fourth(p, brokers[0].target, topic, acks, acks[2][1] + 1)
 
     try:
         uvloop.run(asyncio.wait_for(body(), 120))
     except BaseException:
         print(cluster.logs())
         raise
+
+
+def test_a_retry_after_the_owner_crashed_waits_for_its_wal_and_gets_the_first_copy(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """The owner stored sequenced batches and was killed before they reached the object tier (uploads held
+    back). The new owner holds its idempotent producer back until the killed broker, restarted, recovers them
+    (broker/sequences.py, docs/TOPIC_MOVE.md); the retry of the last one then gets the first copy's offsets,
+    and nothing is stored twice."""
+    brokers = cluster.start(2, reserve_offsets=1000, upload_interval_ms=600_000, producer_gap_wait_ms=60_000)
+    topic = "/default/idempotent_crash"
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            acks = await _three_sequenced(brokers[0].target, topic)
+            dead = await owner(store, topic)
+            victim = cluster.by_id(dead)  # type: ignore[arg-type]
+            survivor = next(b for b in brokers if b is not victim)
+            victim.kill()
+            await wait_for(lambda: _moved(store, topic, dead), "a new owner", 20.0)  # type: ignore[arg-type]
+            opening = asyncio.ensure_future(RawProducer.open(survivor.target, topic, "p"))
+            await asyncio.sleep(2.0)
+            assert not opening.done(), "the new owner took the producer before the dead owner's WAL came back"
+            victim.start()  # recovers its orphan WAL into the object tier
+            p = await asyncio.wait_for(opening, 40)
+            # 1000: past the dead owner's reservation
+            await _retry_third_then_fourth(p, survivor.target, topic, acks, 1000)
+
+    try:
+        uvloop.run(asyncio.wait_for(body(), 150))
+    except BaseException:
+        print(cluster.logs())
+        raise
+
+
+def _payloads(sequence: int) -> list[bytes]:
+    return [b"s%d-%d" % (sequence, i) for i in range(3)]
+
+
+async def _three_sequenced(target: str, topic: str) -> list[tuple[int, int]]:
+    """Create the topic, then store sequenced batches 1..3 of producer "p": their acknowledged offsets."""
+    creator = await FastProducer.connect(target, topic, "creator")  # places the topic
+    await creator.close()
+    p = await RawProducer.open(target, topic, "p")
+    acks = [await p.offsets(s, p.batch(_payloads(s), s)) for s in (1, 2, 3)]
+    await p.close()
+    return acks
+
+
+async def _retry_third_then_fourth(p: RawProducer, target: str, topic: str, acks: list[tuple[int, int]],
+                                   fourth_at_least: int) -> None:
+    """Batch 3 sent again gets its first offsets; batch 4 is stored at `fourth_at_least` or later; the topic
+    holds batches 1..4, each once."""
+    assert await p.offsets(1, p.batch(_payloads(3), 3)) == acks[2]
+    fourth = await p.offsets(2, p.batch(_payloads(4), 4))
+    assert fourth[0] >= fourth_at_least
+    await p.close()
+    async with TopicReader(target) as reader:
+        stored = [r.payload async for data, _, _ in reader.read(topic, 0, 0)
+                  for r in frames.decode_records(data)]
+    assert stored == [x for s in (1, 2, 3, 4) for x in _payloads(s)]
 
 
 async def _moved(store: object, topic: str, source: int) -> bool:

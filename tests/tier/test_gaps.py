@@ -3,6 +3,8 @@ it, whether it reaches the gap's first offset or a hole before it (the chaos cam
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,82 @@ def test_a_reader_in_a_hole_before_an_open_gap_waits_at_the_gap(backend: Backend
             await log.read(24)  # 24..29 may still come
         log.set_gaps([])  # its recovery declared 24..29 empty (the state key's gaps, handoff.py)
         check_sequence(await read_all(log, 10), [20, 21, 22, 23, 30, 31, 32, 33])
+        await new.close()
+        await meta.close()
+        await store.close()
+
+    run(main())
+
+
+def sequenced(name: str, session: int, sequence: int) -> bytes:
+    return frames.encode_payloads([b"%s-%d" % (name.encode(), sequence)] * 2, producer_name=name,
+                                  session=session, sequence=sequence)
+
+
+async def stored_by(wal: Wal, batches: list[bytes]) -> dict[tuple[str, int], tuple[int, int]]:
+    """Append `batches`; their (producer, sequence) -> (first, last) offsets."""
+    out = {}
+    for data in batches:
+        header = frames.parse_header(data)
+        out[header.producer_name, header.sequence] = await wal.append(data)
+    return out
+
+
+def test_idempotent_producers_wait_for_the_dead_owners_gap_and_learn_it(backend: Backend, tmp_path: Path,
+                                                                        run: Run) -> None:
+    """A move after a crash (broker/sequences.py): the dead owner stored sequenced batches at 20..27 (its
+    reservation, the gap) and died
+    before they reached the object tier. The new owner's table waits for their recovery before it is ready,
+    then answers their retries with the first copies' offsets. A session found in the gap does not replace
+    a later one the new owner's WAL holds or a move carried. Without recovery, ready returns once its wait
+    is over."""
+    from danube_fast.broker.sequences import ProducerSequences
+
+    async def main() -> None:
+        store = await backend.open()
+        meta = await EmbeddedStore.open(tmp_path / "meta.db")
+        new = await Wal.open(tmp_path / "c", wal_config(), initial_offset=30)
+        later = await stored_by(new, [sequenced("p", 2, 1)])  # p's next session, at 30..31
+        log = GapAwareLog(new, CloudReader(store, meta, NS, TOPIC), wait=600)
+        assert log.cloud is not None
+        await log.cloud.refresh()
+        log.set_gaps([(20, 27, DEAD)])
+        table = ProducerSequences()
+        table.restore({"r": [4, [[1, 40, 41, 2]]]})  # a session of r later than the gap's, carried by a move
+        table.after_crash(log, wait=30)
+        ready = asyncio.ensure_future(table.ready(new))
+        await asyncio.sleep(1.0)
+        assert not ready.done(), "the table was ready before the gap was recovered"
+        dead = await Wal.open(tmp_path / "b", wal_config(), initial_offset=20)
+        first = await stored_by(dead, [sequenced("p", 1, 7), sequenced("q", 3, 1), sequenced("q", 3, 2),
+                                         sequenced("r", 3, 1)])
+        up = Uploader(dead, store, meta, NS, TOPIC, checkpoint=19, config=CONFIG)
+        await up.start()
+        await up.drain()
+        await up.close()
+        await dead.close()
+        await asyncio.wait_for(ready, 10)
+        appended: list[int] = []
+
+        async def append(stored: Callable[[int, int], None]) -> tuple[int, int, int]:
+            appended.append(1)
+            return 100, 101, 2
+
+        async def confirm() -> None:
+            return None
+
+        for name, session, seq in (("q", 3, 1), ("q", 3, 2)):
+            assert await table.publish(name, session, seq, append, confirm) == (*first[name, seq], 2)
+        assert await table.publish("p", 2, 1, append, confirm) == (*later["p", 1], 2)
+        assert await table.publish("r", 4, 1, append, confirm) == (40, 41, 2)
+        assert not appended
+        assert table.duplicates == 4
+        unrecovered = ProducerSequences()
+        log.set_gaps([(40, 49, DEAD)])  # never recovered: ready goes on after its wait
+        unrecovered.after_crash(log, wait=0.5)
+        started = time.monotonic()
+        await asyncio.wait_for(unrecovered.ready(new), 10)
+        assert 0.5 <= time.monotonic() - started < 5
         await new.close()
         await meta.close()
         await store.close()
