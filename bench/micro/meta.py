@@ -5,7 +5,8 @@ one scratch directory, so both fsync to the same file system. Every EtcdStore fi
 operation made by a bare `aetcd.Client` against the same etcd, back to back in the same run (the order
 alternates between runs); the ratio (ours / raw) is the median of the per-pair ratios, so it shows what
 EtcdStore adds (request checks, deadline, the "hasleader" metadata, response conversion) rather than how fast
-this disk is today. Everything runs on uvloop, the broker's loop.
+this disk is today. Everything runs on uvloop, the broker's loop. The retention pass over 10,000 objects is
+bench/micro/retention.py's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import aetcd
 import uvloop
 
 from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress, time_calls
+from bench.micro.retention import retention_figures
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
@@ -90,6 +92,8 @@ async def _measure_all(endpoint: str, scratch: Path, options: Options) -> list[R
         results = [await cache_figure(embedded, options.runs, seconds)]
         results += await embedded_figures(embedded, options.runs, seconds)
         results += await etcd_figures(etcd, raw, options.runs, seconds)
+        for name, store in (("embedded", embedded), ("etcd", etcd)):
+            results += await retention_figures(name, store, scratch, options.runs, options.quick)
     finally:
         await raw.close()
         await etcd.close()

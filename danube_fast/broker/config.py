@@ -11,6 +11,7 @@ advertised_addr = ""              # what lookups return; defaults to broker_addr
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 malloc_keep_bytes = 268435456     # freed memory glibc keeps for reuse before giving it back to the kernel
                                   # (danube_fast/allocator.py); 0 = glibc's defaults
+retention_check_ms = 60000        # how often the owner applies retention to its topics (docs/RETENTION.md)
 
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
@@ -69,6 +70,8 @@ max_producers_per_topic = 0
 max_consumers_per_topic = 0
 max_subscriptions_per_topic = 0
 max_consumers_per_subscription = 0
+retention_time_minutes = 0        # retentionTimeInMinutes: records older than this go; 0 = keep them
+retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
 ```
 """
 
@@ -137,6 +140,7 @@ class BrokerConfig:
     advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024
+    retention_check_ms: int = 60_000
     wal: WalConfig = field(default_factory=WalConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     policy: Policy = field(default_factory=Policy)
@@ -250,6 +254,8 @@ def check(config: BrokerConfig) -> None:
             raise ConfigError(f"[dispatch] {name} must be at least 1")
     if not 0 < config.max_message_size <= 1 << 30:
         raise ConfigError("max_message_size must be in 1..1 GiB")
+    if config.retention_check_ms < 100:
+        raise ConfigError(f"retention_check_ms must be at least 100, not {config.retention_check_ms}")
     if not 0 <= config.malloc_keep_bytes < 1 << 31:
         raise ConfigError(f"malloc_keep_bytes must be in 0..2 GiB - 1, not {config.malloc_keep_bytes}")
     # The WAL engines refuse these when a topic's log opens, which would fail every topic with INTERNAL.

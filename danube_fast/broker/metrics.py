@@ -5,9 +5,9 @@ checks (docs/SECURITY.md) apply; it answers OpenMetrics to a scraper that asks f
 0.0.4 otherwise.
 
 The broker's families, per topic: messages and bytes published (counters: rates come from `rate()`),
-producers, the committed offset; per subscription: messages delivered and redelivered, dead-lettered,
-dropped (NonReliable, no room), and the gauges backlog (Reliable: committed offset minus the ack floor;
-NonReliable: messages buffered), unacknowledged messages, consumers.
+producers, the committed offset, retention's figures (broker/retention.py); per subscription: messages
+delivered and redelivered, dead-lettered, dropped (NonReliable, no room), and the gauges backlog (Reliable:
+committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages, consumers.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from prometheus_client.registry import Collector
 
 from danube_fast import latency
 from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.retention import Retention
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
+from danube_fast.storage.tiered import TopicLog
 
 log = logging.getLogger("danube_fast.metrics")
 
@@ -40,6 +42,16 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                     _TOPIC),
     "danube_topic_committed_offset": ("gauge", "Reliable: offset after the last durable message.", _TOPIC),
     "danube_topic_producers": ("gauge", "Producers attached to the topic.", _TOPIC),
+    "danube_topic_retained_bytes": ("gauge", "Bytes in the object tier, as the last retention pass saw.",
+                                    _TOPIC),
+    "danube_topic_retained_records": ("gauge", "Records in the object tier, as the last retention pass saw.",
+                                      _TOPIC),
+    "danube_topic_oldest_retained_timestamp_seconds": ("gauge", "Publish time of the oldest record kept.",
+                                                       _TOPIC),
+    "danube_topic_retention_deleted_objects_total": ("counter", "Objects retention deleted (since loaded).",
+                                                     _TOPIC),
+    "danube_topic_behind_retention_total": ("counter", "Offsets readers skipped: retention had deleted them.",
+                                            _TOPIC),
     "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers.",
                                                _SUBSCRIPTION),
     "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss).",
@@ -66,9 +78,10 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 class BrokerCollector(Collector):
     """The broker's families, read from its topics at each scrape."""
 
-    def __init__(self, topics: Topics, started: float) -> None:
+    def __init__(self, topics: Topics, started: float, retention: Retention | None = None) -> None:
         self._topics = topics
         self._started = started
+        self._retention = retention
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
@@ -86,6 +99,15 @@ class BrokerCollector(Collector):
             add("danube_topic_producers", tl, len(t.producers))
             if isinstance(t, ReliableTopic):
                 add("danube_topic_committed_offset", tl, t.wal.committed_offset)
+                if isinstance(t.log, TopicLog):
+                    add("danube_topic_behind_retention_total", tl, t.log.behind_retention)
+                kept = self._retention.state.get(t.full) if self._retention is not None else None
+                if kept is not None:
+                    add("danube_topic_retained_bytes", tl, kept.retained_bytes)
+                    add("danube_topic_retained_records", tl, kept.retained_records)
+                    add("danube_topic_retention_deleted_objects_total", tl, kept.deleted_objects)
+                    if kept.oldest_ms is not None:
+                        add("danube_topic_oldest_retained_timestamp_seconds", tl, kept.oldest_ms / 1000)
             for s in t.subscriptions.values():
                 sl = (t.full, s.name)
                 d = s.dispatcher
@@ -106,10 +128,10 @@ class BrokerCollector(Collector):
         yield from families.values()
 
 
-def broker_registry(topics: Topics, started: float) -> CollectorRegistry:
+def broker_registry(topics: Topics, started: float, retention: Retention | None = None) -> CollectorRegistry:
     """Everything one broker's endpoint exports."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(topics, started))
+    registry.register(BrokerCollector(topics, started, retention))
     for histogram in latency.HISTOGRAMS:
         registry.register(histogram)
     ProcessCollector(registry=registry)
@@ -118,18 +140,18 @@ def broker_registry(topics: Topics, started: float) -> CollectorRegistry:
     return registry
 
 
-def render(topics: Topics, started: float) -> str:
+def render(topics: Topics, started: float, retention: Retention | None = None) -> str:
     """The broker's own families alone, in the text format 0.0.4."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(topics, started))
+    registry.register(BrokerCollector(topics, started, retention))
     return generate_latest(registry).decode()
 
 
 class MetricsServer:
     """A minimal HTTP/1.1 server: GET /metrics (and /) answers the exposition; anything else 404."""
 
-    def __init__(self, topics: Topics) -> None:
-        self._registry = broker_registry(topics, time.monotonic())
+    def __init__(self, topics: Topics, retention: Retention | None = None) -> None:
+        self._registry = broker_registry(topics, time.monotonic(), retention)
         self._server: asyncio.Server | None = None
         self._admit: Callable[[str | None], None] | None = None
 

@@ -28,11 +28,13 @@ from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.ownership import LocalPlacement
+from danube_fast.broker.retention import Retention
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
 from danube_fast.broker.services.fast_reader import FastReaderService
 from danube_fast.broker.services.forward import Forwarder
+from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.security_admin import SecurityAdminService
@@ -49,6 +51,7 @@ from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.proto import SecurityAdmin_pb2_grpc as security_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
@@ -116,7 +119,10 @@ class Broker:
         receive = max(MIN_GRPC_RECEIVE, 2 * config.max_message_size)
         self._client = grpc.aio.server(options=server_options(receive))
         self._admin = grpc.aio.server(options=server_options())
-        self._metrics = MetricsServer(topics) if config.prom_exporter else None
+        tier = topics.tier
+        self.retention = Retention(topics, tier.objects, store, config.retention_check_ms / 1000) \
+            if isinstance(tier, Tier) else None
+        self._metrics = MetricsServer(topics, self.retention) if config.prom_exporter else None
         self.gate: Gate | None = None
         self.listening: Listening | None = None
         self.cluster: ClusterNode | None = None
@@ -155,6 +161,8 @@ class Broker:
             await broker.cluster.start()
             assert broker.broker_admin is not None
             broker.broker_admin.rebalancer = broker.cluster.load_manager
+            if broker.retention is not None:
+                broker.retention.start()
         except BaseException:
             await broker.stop()
             raise
@@ -209,6 +217,8 @@ class Broker:
                  ClusterTopicAdmin(self.topics, self.schemas, view, self.store, self._forwarder), admin, gate)
         register(security_grpc.add_SecurityAdminServicer_to_server,
                  SecurityAdminService(self.store, self.cache), admin, gate)
+        register(policy_grpc.add_PolicyAdminServicer_to_server,
+                 PolicyAdminService(self.topics, self.store, self.cache), admin, gate)
         # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):
@@ -258,6 +268,8 @@ class Broker:
     async def stop(self) -> None:
         if self.cluster is not None:
             await self.cluster.drain()
+        if self.retention is not None:
+            await self.retention.close()
         self.topics.stop_streams()
         await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
         await self._forwarder.close()

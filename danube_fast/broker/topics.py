@@ -56,7 +56,7 @@ from danube_fast.meta.resources import (
     TopicRoot,
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
-from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
+from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
 from danube_fast.storage.gaps import Gap, GapAwareLog
 from danube_fast.storage.wal import Wal
 
@@ -265,7 +265,8 @@ class Topics:
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
             readable = await self.tier.log_for(name, wal, gaps)
-        topic = new_topic(name, delivery, self._policy(name), fence or Unfenced(self._store), wal, readable)
+        topic = new_topic(name, delivery, await self.policy_of(name), fence or Unfenced(self._store), wal,
+                          readable)
         if isinstance(topic, ReliableTopic):
             if sequences is not None:
                 topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
@@ -298,6 +299,22 @@ class Topics:
     def _policy(self, name: TopicName) -> Policy:
         kv = self._cache.get(keys.namespace_policy(name.namespace))
         return Policy.from_json(kv.value, key=kv.key) if kv is not None else self._config.policy
+
+    def policy_from(self, name: TopicName, own: KeyValue | None) -> Policy:
+        """The topic's policy given what its own policy key holds (`own`): that policy if it has a valid one,
+        else its namespace's (from the cache: a change there applies at once). A value that is not a policy
+        is logged and passed over rather than stop the topic."""
+        if own is not None:
+            try:
+                return Policy.from_json(own.value, key=own.key)
+            except BadValue as e:
+                log.warning("%s: its own policy is not valid, the namespace's applies: %s", name.full, e)
+        return self._policy(name)
+
+    async def policy_of(self, name: TopicName) -> Policy:
+        """The topic's policy as the metadata says now (docs/METADATA.md: a topic's own policy replaces its
+        namespace's)."""
+        return self.policy_from(name, await self._store.get(keys.topic_policy(name.namespace, name.topic)))
 
     # -- topics --------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ ones that do not own a topic or do not lead pass the call on.
 
     admin brokers list | leader | namespaces | unload ID [--dry-run ...] | activate ID [--reason TEXT]
     admin topics list NS | list --broker ID | describe /ns/t | unload /ns/t | create /ns/t | delete /ns/t
-    (describe adds the namespace policy and live figures from the owner's metrics: cli/topic_stats.py)
+    (describe adds the policy the topic follows and live figures from the owner's metrics: cli/topic_stats.py)
     admin cluster balance | rebalance [--dry-run] [--max-moves N]
 
 Output: aligned tables by default, `--output json` for machines (an object per command; listings hold their
@@ -29,6 +29,7 @@ from danube_fast.cli.topic_stats import TopicStats, topic_stats
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeAdmin_pb2 as pb
+from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 10.0
@@ -184,18 +185,19 @@ SUBSCRIPTION_COLUMNS = [("subscription", "SUBSCRIPTION"), ("consumers", "CONSUME
 
 
 async def _topics_describe(args: argparse.Namespace) -> Listing:
-    """The admin API's description, the namespace's policy, and the live figures of the topic and each
-    subscription from its broker's metrics (cli/topic_stats.py); without them, a line says why."""
+    """The admin API's description, the policy it follows (its own or its namespace's: cli/policies.py), and
+    the live figures of the topic and each subscription from its broker's metrics (cli/topic_stats.py);
+    without them, a line says why."""
     d = await _call(args, "TopicAdmin", "DescribeTopic", pb.DescribeTopicRequest(name=args.topic),
                     pb.DescribeTopicResponse)
     found: dict[str, object] = {"name": d.name, "broker_id": d.broker_id, "delivery": d.delivery}
     for optional in ("schema_subject", "schema_id", "schema_version", "schema_type", "compatibility_mode"):
         if d.HasField(optional):
             found[optional] = getattr(d, optional)
-    namespace = d.name.strip("/").split("/")[0]
-    policy = await _call(args, "NamespaceAdmin", "GetNamespacePolicies", pb.NamespaceRequest(name=namespace),
-                         pb.PolicyResponse)
-    found["namespace_policy"] = policy.policies
+    policy = await call(args, "/danube_fast.policy.v1.PolicyAdmin/GetTopicPolicy",
+                        policy_pb.TopicPolicyRequest(topic=d.name), policy_pb.PolicyView)
+    found["policy"] = policy.policy
+    found["policy_source"] = "own" if policy.own else "namespace"
     stats = TopicStats()
     brokers = await _call(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
     owner = next((b for b in brokers.brokers if b.broker_id == d.broker_id), None)
@@ -335,7 +337,7 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
         parser.add_argument("topic", metavar="/NS/TOPIC")
         return parser
 
-    on_topic("describe", _topics_describe, "show a topic's owner, delivery, schema, namespace policy and "
+    on_topic("describe", _topics_describe, "show a topic's owner, delivery, schema, policy and "
                                            "live figures: messages in, each subscription's consumers and lag")
     on_topic("unload", _topics_unload, "unload a topic from its broker so that another one takes it")
     c = on_topic("create", _topics_create, "create a topic")

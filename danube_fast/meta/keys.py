@@ -429,6 +429,7 @@ def parse_schema_by_id(key: str) -> int:
 
 _OBJECT: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "objects", _ANY)
 _SEALED: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "state")
+_RETENTION: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "retention")
 _CUR = "cur"
 
 
@@ -480,6 +481,17 @@ def sealed_state(namespace: str, topic: str) -> str:
 
 def parse_sealed_state(key: str) -> tuple[str, str]:
     namespace, topic = _match(key, _SEALED, "sealed state")
+    return namespace, topic
+
+
+def retention_state(namespace: str, topic: str) -> str:
+    """`/danube-data/storage/topics/{namespace}/{topic}/retention`: the offset below which retention deleted
+    everything, and the objects it is deleting (storage/retention.py)."""
+    return _key(*_storage(namespace, topic), "retention")
+
+
+def parse_retention_state(key: str) -> tuple[str, str]:
+    namespace, topic = _match(key, _RETENTION, "retention state")
     return namespace, topic
 
 

@@ -27,6 +27,7 @@ Which key holds what:
 | object_descriptor                            | ObjectDescriptor                      |
 | objects_cur                                  | CurrentObject                         |
 | sealed_state                                 | SealedState                           |
+| retention_state                              | RetentionState                        |
 
 The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (upstream shows
 none) and nothing here writes it, so it has no resource.
@@ -55,7 +56,7 @@ from danube_fast.meta.resources_schema import (
     SchemaMetadata,
     SchemaVersion,
 )
-from danube_fast.meta.resources_storage import CurrentObject, ObjectDescriptor, SealedState
+from danube_fast.meta.resources_storage import CurrentObject, ObjectDescriptor, RetentionState, SealedState
 from danube_fast.meta.resources_topics import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DeliveryMode,
@@ -96,6 +97,7 @@ __all__ = [
     "ProducerAccessMode",
     "Resource",
     "ResourceKind",
+    "RetentionState",
     "SchemaDefinition",
     "SchemaIndexEntry",
     "SchemaKind",

@@ -1,5 +1,5 @@
 """Values under /danube-data/storage/ (docs/METADATA.md#storage-keys): object descriptors, objects/cur, sealed
-state."""
+state, the retention state."""
 
 from __future__ import annotations
 
@@ -110,3 +110,24 @@ class SealedState(Resource):
     def to_obj(self) -> JSON:
         return with_extra({"sealed": self.sealed, "last_committed_offset": self.last_committed_offset,
                            "broker_id": self.broker_id, "timestamp": self.timestamp}, self.extra)
+
+
+@dataclass(frozen=True)
+class RetentionState(Resource):
+    """`.../retention`: `{"floor": offset, "deleting": [object ids]}`. `floor`: retention deleted every offset
+    below it (a dead owner's gap there is no longer waited for). `deleting`: objects whose descriptors are
+    gone and that are being deleted; a crash leaves them for the next pass (storage/retention.py)."""
+
+    RESOURCE = "retention state"
+
+    floor: int
+    deleting: tuple[str, ...] = ()
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(floor=f.uint("floor"), deleting=f.strings("deleting"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"deleting": list(self.deleting), "floor": self.floor}, self.extra)

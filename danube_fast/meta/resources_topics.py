@@ -12,6 +12,7 @@ from danube_fast.meta.resources_base import (
     JSONObject,
     Resource,
     as_int_enum,
+    as_object,
     as_str_enum,
     as_uint,
     with_extra,
@@ -24,7 +25,10 @@ DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024  # Danube's default policy (10 MiB)
 class Policy(Resource):
     """`/namespaces/{ns}/policy` and `/topics/{ns}/{topic}/policy`: limits, 0 meaning unlimited.
 
-    The defaults are Danube's: everything unlimited but the message size.
+    The defaults are Danube's: everything unlimited but the message size. Retention (docs/RETENTION.md) is
+    kept under the names of the seed layout and Pulsar, `retentionTimeInMinutes` and `retentionSizeInMB`
+    (MiB); a value written without them keeps everything. A topic's own policy, when it has one, is the
+    whole policy of that topic (the namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -36,22 +40,37 @@ class Policy(Resource):
     max_publish_rate: int = 0
     max_subscription_dispatch_rate: int = 0
     max_subscriptions_per_topic: int = 0
+    retention_time_minutes: int = 0
+    retention_size_mb: int = 0
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
         "max_consumers_per_subscription", "max_consumers_per_topic", "max_message_size",
         "max_producers_per_topic", "max_publish_rate", "max_subscription_dispatch_rate",
         "max_subscriptions_per_topic")
+    RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
+                                           "retentionSizeInMB": "retention_size_mb"}
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
         f = Fields(value, where)
         limits = {name: f.uint(name) for name in cls._FIELDS}
+        for key, name in cls.RETENTION.items():
+            limits[name] = f.optional_uint(key) or 0
         return cls(**limits, extra=f.extra())
 
     def to_obj(self) -> JSON:
         obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
+        for key, name in self.RETENTION.items():
+            if getattr(self, name):
+                obj[key] = getattr(self, name)
         return with_extra(obj, self.extra)
+
+    def merged(self, changes: JSON, where: str) -> Self:
+        """This policy with the fields `changes` (an object of some of its JSON keys) sets; BadValue naming
+        `where` when a value is not one a policy may hold."""
+        fields = as_object(changes, where, "the changes")
+        return type(self).from_obj({**as_object(self.to_obj(), where, "the policy"), **fields}, where)
 
 
 @dataclass(frozen=True)

@@ -127,4 +127,9 @@ RULES: dict[str, Rule] = {
     # The admin port: ours
     **{f"danube_fast.security.v1.SecurityAdmin/{m}": Rule(CLUSTER_ADMIN, _cluster)
        for m in ("PutRole", "GetRole", "ListRoles", "DeleteRole", "Bind", "Unbind", "ListBindings")},
+    "danube_fast.policy.v1.PolicyAdmin/SetNamespacePolicy": Rule(NS, _field("namespace",
+                                                                            kind=namespace_scope)),
+    "danube_fast.policy.v1.PolicyAdmin/GetTopicPolicy": Rule(L, _field("topic")),
+    "danube_fast.policy.v1.PolicyAdmin/SetTopicPolicy": Rule(TOPIC, _field("topic")),
+    "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
 }

@@ -110,6 +110,10 @@ class CloudReader:
         """Learn of a descriptor just published (the local uploader's `on_uploaded`), without a reload."""
         self._set([d for d in self._descriptors if d.start_offset != descriptor.start_offset] + [descriptor])
 
+    def forget(self, through: int) -> None:
+        """Drop the descriptors that end at or below `through` (retention deleted them)."""
+        self._set([d for d in self._descriptors if d.end_offset > through])
+
     def _set(self, descriptors: list[ObjectDescriptor]) -> None:
         self._descriptors = sorted(descriptors, key=lambda d: d.start_offset)
         self._starts = [d.start_offset for d in self._descriptors]
@@ -204,6 +208,8 @@ class TopicLog:
     def __init__(self, wal: Wal, cloud: CloudReader | None = None) -> None:
         self.wal = wal
         self.cloud = cloud
+        self.behind_retention = 0  # offsets readers skipped because retention had deleted them
+        self._told_floor = -1  # the first retained offset the last "behind retention" warning named
 
     @classmethod
     async def open(cls, wal: Wal, cloud: CloudReader | None = None) -> TopicLog:
@@ -250,7 +256,13 @@ class TopicLog:
             following = cloud.next_start(offset)
             target = wal_start if following is None else min(following, wal_start)
             covering = cloud._covering(offset)
-            if covering is None or not is_empty(covering):
+            if target == self.start_offset:  # below everything kept: retention deleted it
+                self.behind_retention += target - offset
+                if target != self._told_floor:  # once per floor, not once per reader and read
+                    self._told_floor = target
+                    log.warning("%s/%s: a reader at offset %d is behind retention: it goes on from the first "
+                                "offset kept, %d", cloud.namespace, cloud.topic, offset, target)
+            elif covering is None or not is_empty(covering):
                 log.warning("%s/%s: offsets %d..%d are in no tier (deleted or lost): reading on from %d",
                             cloud.namespace, cloud.topic, offset, target - 1, target)
             offset = target

@@ -30,8 +30,8 @@ from danube_fast.meta.reader import MetadataReader
 from danube_fast.meta.resources import BrokerRegistration, DeliveryMode, TopicDelivery
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer
-from danube_fast.storage.objects.store import ObjectStore, object_key
+from danube_fast.storage.objects.format import HEADER_SIZE, Footer
+from danube_fast.storage.objects.store import ObjectStore, object_key, read_footer
 from pyspark_danube.options import EARLIEST, LATEST, Options
 from pyspark_danube.pushdown import Bounds
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pyspark_danube")
 
-FOOTER_READ = 64 * 1024  # one ranged GET of an object's tail holds the footer of any usual object
 
 
 class PlanError(ValueError):
@@ -289,9 +288,8 @@ def _split(span: Span, d: ObjectDescriptor, low: int, high: int, options: Option
     return out
 
 
-async def _footer(store: ObjectStore, stored: Stored, d: ObjectDescriptor):  # type: ignore[no-untyped-def]
-    tail = await store.get(object_key(stored.namespace, stored.short, d.object_id), -FOOTER_READ)
-    return parse_footer(tail)
+async def _footer(store: ObjectStore, stored: Stored, d: ObjectDescriptor) -> Footer:
+    return await read_footer(store, object_key(stored.namespace, stored.short, d.object_id))
 
 
 def at_least(parts: list[Chunk], wanted: int | None) -> list[Chunk]:

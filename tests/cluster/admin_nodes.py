@@ -19,12 +19,14 @@ from danube_fast.broker.cluster.moves import Move
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
+from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.topics import Topics
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.storage import SyncPolicy, WalConfig
 from danube_fast.testing.ports import free_port
@@ -83,6 +85,7 @@ async def admin_node(store: MetadataStore, broker_id: int, data_dir: Path,
     admin_grpc.add_NamespaceAdminServicer_to_server(ClusterNamespaceAdmin(topics, view), server)
     admin_grpc.add_TopicAdminServicer_to_server(ClusterTopicAdmin(topics, schemas, view, store, forwarder),
                                                 server)
+    policy_grpc.add_PolicyAdminServicer_to_server(PolicyAdminService(topics, store, cache), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -138,7 +138,8 @@ def test_admin_cli_topics(run: Any, tmp_path: Path) -> None:
                 {"name": "/ns1/parts-part-1", "broker_id": str(Y), "delivery": "NonReliable"}]}
             assert table(await cli(x, "topics", "list", "nothing-here")) == [["(no", "topics)"]]
             described = await cli_json(y, "topics", "describe", "/ns1/cli-t")
-            assert json.loads(described.pop("namespace_policy"))["max_message_size"] > 0
+            assert json.loads(described.pop("policy"))["max_message_size"] > 0
+            assert described.pop("policy_source") == "namespace"
             assert described.pop("live").startswith("unavailable: ")  # these nodes serve no metrics
             assert described == {"name": "/ns1/cli-t", "broker_id": str(X), "delivery": "Reliable",
                                  "subscriptions": []}

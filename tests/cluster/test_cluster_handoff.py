@@ -13,7 +13,7 @@ from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.errors import ApiError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership, OwnershipLost
-from danube_fast.meta.resources import ObjectDescriptor, SealedState
+from danube_fast.meta.resources import ObjectDescriptor, RetentionState, SealedState
 from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.cluster]
@@ -77,6 +77,22 @@ def test_a_dead_owners_reservation_is_skipped_and_its_range_is_a_gap(store: Any)
             # the same broker back on its own reservation continues its local log
             mine = await handoff.load_point(s, "ns", "t", 1)
             assert mine.keep_local and mine.start == 1_000_010
+    run(body())
+
+
+def test_gaps_below_retentions_floor_are_not_waited_for(store: Any) -> None:
+    """A dead owner's gap recovered and then deleted by retention (docs/RETENTION.md) looks open again to the
+    descriptors; the retention state's floor says it is gone, not pending."""
+    async def body() -> None:
+        async with store() as s:
+            await put_state(s, True, 99, 1, gaps=[[10, 19, 7], [30, 49, 8]])
+            await put_objects(s, (50, 99))
+            await s.put(keys.retention_state("ns", "t"), RetentionState(40).to_json())
+            point = await handoff.load_point(s, "ns", "t", 2)
+            assert point.gaps == ((40, 49, 8),)  # the first gone, the second cut at the floor
+            await s.delete(keys.retention_state("ns", "t"))
+            point = await handoff.load_point(s, "ns", "t", 2)
+            assert point.gaps == ((10, 19, 7), (30, 49, 8))
     run(body())
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from danube_fast.meta import keys
 from danube_fast.meta.resources import JSON, JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
+from danube_fast.storage import retention
 from danube_fast.storage.gaps import Gap, open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
 
@@ -82,13 +83,24 @@ async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id
     if state is None:  # a topic never moved (or from standalone): the local WAL, if any, is the log
         return LoadPoint(top + 1, True, uploaded, tuple(gaps))
     if not state.sealed and state.broker_id == broker_id:  # our own reservation: we restarted
+        gaps = await _above_floor(store, namespace, topic, gaps)
         return LoadPoint(max(top, state.last_committed_offset) + 1, True, uploaded, tuple(gaps))
     if not state.sealed:  # the owner died holding a reservation: its WAL has what the objects lack
         first = max(top, -1) + 1
         if first <= state.last_committed_offset:
             gaps = open_gaps([*gaps, (first, state.last_committed_offset, state.broker_id)], found)
+    gaps = await _above_floor(store, namespace, topic, gaps)
     sequences = state.extra.get("sequences") if state.sealed else None
     return LoadPoint(max(top, state.last_committed_offset) + 1, False, uploaded, tuple(gaps), sequences)
+
+
+async def _above_floor(store: MetadataStore, namespace: str, topic: str, gaps: list[Gap]) -> list[Gap]:
+    """`gaps` cut at retention's floor: below it nothing is pending (recovered, then deleted by retention)."""
+    if not gaps:
+        return gaps
+    retained = await retention.read_state(store, namespace, topic)
+    floor = retained.floor if retained is not None else 0
+    return [(max(first, floor), last, broker) for first, last, broker in gaps if last >= floor]
 
 
 def state_ops(namespace: str, topic: str, broker_id: int, *, sealed: bool, last: int,

@@ -1,0 +1,106 @@
+"""PolicyAdmin on the admin port (proto/PolicyAdmin.proto): a namespace's policy changed in place, a topic
+given a policy of its own (docs/METADATA.md: it replaces the namespace's for that topic) or its own policy
+removed.
+
+Each change is one compare-and-put on the policy's key, conditioned on the revision it was computed from, so
+two admins changing different keys at once never lose one's change (the second gets ABORTED and calls again).
+A namespace change is answered once this broker's cache holds it; topic policies are not cached, the owner
+reads them at its next retention pass (docs/RETENTION.md) and at the topic's next load.
+"""
+
+from __future__ import annotations
+
+import json
+
+from danube_fast.broker.errors import ApiError, invalid, not_found
+from danube_fast.broker.names import TopicName, check_namespace, parse_topic
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topics import Topics
+from danube_fast.meta import keys
+from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.resources import Policy
+from danube_fast.meta.store import BadValue, Compare, KeyValue, MetadataStore, Put
+from danube_fast.proto import PolicyAdmin_pb2 as pb
+
+CACHE_WAIT = 5.0  # seconds a namespace change may take to come back through this broker's watch
+KNOWN_KEYS = (*Policy._FIELDS, *Policy.RETENTION)
+
+
+def changed(current: Policy, changes: str, what: str) -> Policy:
+    """`current` with `changes` (a JSON object of policy keys) applied; INVALID_ARGUMENT saying what is
+    wrong."""
+    try:
+        fields = json.loads(changes)
+    except ValueError as e:
+        raise invalid(f"{what}: the changes are not JSON: {e}") from None
+    if not isinstance(fields, dict) or not fields:
+        raise invalid(f"{what}: the changes must be a JSON object of policy keys, e.g. "
+                      '{"retentionTimeInMinutes": 1440}')
+    unknown = sorted(set(fields) - set(KNOWN_KEYS))
+    if unknown:
+        raise invalid(f"{what}: unknown policy keys {unknown}; known: {', '.join(KNOWN_KEYS)}")
+    try:
+        return current.merged(fields, what)
+    except BadValue as e:
+        raise invalid(str(e)) from None
+
+
+def view(policy: Policy, own: bool = False) -> pb.PolicyView:
+    return pb.PolicyView(policy=json.dumps(policy.to_obj(), sort_keys=True), own=own)
+
+
+class PolicyAdminService:
+    def __init__(self, topics: Topics, store: MetadataStore, cache: LocalCache) -> None:
+        self._topics = topics
+        self._store = store
+        self._cache = cache
+
+    @unary
+    async def SetNamespacePolicy(self, request: pb.SetNamespacePolicyRequest, context: Context
+                                 ) -> pb.PolicyView:
+        key = keys.namespace_policy(check_namespace(request.namespace))
+        kv = await self._store.get(key)
+        if kv is None:
+            raise not_found(f"namespace {request.namespace} does not exist")
+        what = f"namespace {request.namespace}"
+        policy = changed(Policy.from_json(kv.value, key=key), request.changes, what)
+        revision = await self._swap(kv, key, policy)
+        await self._cache.wait_for_revision(revision, CACHE_WAIT, key=key)
+        return view(policy)
+
+    @unary
+    async def GetTopicPolicy(self, request: pb.TopicPolicyRequest, context: Context) -> pb.PolicyView:
+        name = self._existing(request.topic)
+        own = await self._store.get(keys.topic_policy(name.namespace, name.topic))
+        return view(self._topics.policy_from(name, own), own is not None)
+
+    @unary
+    async def SetTopicPolicy(self, request: pb.SetTopicPolicyRequest, context: Context) -> pb.PolicyView:
+        name = self._existing(request.topic)
+        key = keys.topic_policy(name.namespace, name.topic)
+        own = await self._store.get(key)
+        policy = changed(self._topics.policy_from(name, own), request.changes, f"topic {name.full}")
+        await self._swap(own, key, policy)
+        return view(policy, own=True)
+
+    @unary
+    async def ClearTopicPolicy(self, request: pb.TopicPolicyRequest, context: Context) -> pb.PolicyView:
+        name = self._existing(request.topic)
+        await self._store.delete(keys.topic_policy(name.namespace, name.topic))
+        return view(self._topics.policy_from(name, None))
+
+    def _existing(self, topic: str) -> TopicName:
+        name = parse_topic(topic)
+        if not self._topics.exists(name):
+            raise not_found(f"topic {name.full} does not exist")
+        return name
+
+    async def _swap(self, old: KeyValue | None, key: str, policy: Policy) -> int:
+        """Put `policy` at `key` if the key still is what `old` read; the store's revision after it."""
+        guard = Compare(key, "mod_revision", "==", old.mod_revision) if old is not None else \
+            Compare(key, "version", "==", 0)
+        result = await self._store.transaction([guard], [Put(key, policy.to_json())], [])
+        if not result.succeeded:
+            raise ApiError("ABORTED", f"{key} changed while this change was made: read it and call again")
+        return result.revision
+

@@ -1,0 +1,101 @@
+"""`danube-fast admin policies ...` (docs/RETENTION.md): the PolicyAdmin service of a running broker, and the
+namespace policy reads of danube_admin.
+
+    admin policies show NS | /NS/TOPIC
+    admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--set KEY=N ...]
+    admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
+
+A name starting with "/" is a topic, anything else a namespace. Output: the policy's keys, one a line (or a
+JSON object), with `source`: the namespace's or the topic's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from danube_fast.cli.admin import Leaf, Run, Subparsers, call, connection_options
+from danube_fast.cli.args import count
+from danube_fast.errors import DanubeError
+from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
+from danube_fast.proto import PolicyAdmin_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["PolicyAdmin"].full_name
+NAMESPACE_ADMIN = admin_pb.DESCRIPTOR.services_by_name["NamespaceAdmin"].full_name
+GET_NAMESPACE = f"/{NAMESPACE_ADMIN}/GetNamespacePolicies"
+
+
+class BadChanges(DanubeError):
+    """`policies set` was given nothing to set, or a --set that is not KEY=N."""
+
+
+def _path(method: str) -> str:
+    return f"/{SERVICE}/{method}"
+
+
+def _shown(policy: str, source: str) -> dict[str, object]:
+    return {"source": source, **json.loads(policy)}
+
+
+async def _show(args: argparse.Namespace) -> dict[str, object]:
+    if not args.name.startswith("/"):
+        answer = await call(args, GET_NAMESPACE, admin_pb.NamespaceRequest(name=args.name),
+                            admin_pb.PolicyResponse)
+        return _shown(answer.policies, f"namespace {args.name}")
+    got = await call(args, _path("GetTopicPolicy"), pb.TopicPolicyRequest(topic=args.name), pb.PolicyView)
+    return _shown(got.policy, "the topic's own" if got.own else "its namespace's")
+
+
+def _changes(args: argparse.Namespace) -> str:
+    changes: dict[str, int] = {}
+    if args.retention_minutes is not None:
+        changes["retentionTimeInMinutes"] = args.retention_minutes
+    if args.retention_mb is not None:
+        changes["retentionSizeInMB"] = args.retention_mb
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise BadChanges(f"--set {item!r}: give KEY=N, N a non-negative integer")
+        changes[key] = int(value)
+    if not changes:
+        raise BadChanges("nothing to set: give --retention-minutes, --retention-mb or --set")
+    return json.dumps(changes)
+
+
+async def _set(args: argparse.Namespace) -> dict[str, object]:
+    changes = _changes(args)
+    if not args.name.startswith("/"):
+        got = await call(args, _path("SetNamespacePolicy"),
+                         pb.SetNamespacePolicyRequest(namespace=args.name, changes=changes), pb.PolicyView)
+        return _shown(got.policy, f"namespace {args.name}")
+    request = pb.SetTopicPolicyRequest(topic=args.name, changes=changes)
+    got = await call(args, _path("SetTopicPolicy"), request, pb.PolicyView)
+    return _shown(got.policy, "the topic's own")
+
+
+async def _clear(args: argparse.Namespace) -> dict[str, object]:
+    got = await call(args, _path("ClearTopicPolicy"), pb.TopicPolicyRequest(topic=args.name), pb.PolicyView)
+    return _shown(got.policy, "its namespace's")
+
+
+def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
+    policies = admin.add_parser("policies", help="namespace and topic policies: limits and retention"
+                                ).add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def command(name: str, run: Run, help_text: str, target: str) -> argparse.ArgumentParser:
+        parser = leaf(policies, name, f"policies {name}", run, help_text,
+                      help_text[0].upper() + help_text[1:] + ".")
+        connection_options(parser)
+        parser.add_argument("name", metavar=target)
+        return parser
+
+    command("show", _show, "show the policy of a namespace, or the one a topic follows", "NS|/NS/TOPIC")
+    s = command("set", _set, "change a namespace's policy, or give a topic its own (from the one it follows)",
+                "NS|/NS/TOPIC")
+    s.add_argument("--retention-minutes", type=count, metavar="N",
+                   help="retentionTimeInMinutes: records older than N minutes go (0: kept at any age)")
+    s.add_argument("--retention-mb", type=count, metavar="N",
+                   help="retentionSizeInMB: the oldest objects beyond N MiB go (0: no size limit)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=N",
+                   help="any other policy key, e.g. max_message_size=1048576 (repeatable)")
+    command("clear", _clear, "remove a topic's own policy: it follows its namespace's again", "/NS/TOPIC")
