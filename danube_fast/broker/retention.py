@@ -140,7 +140,7 @@ class Retention:
             floor = doomed[-1].end_offset + 1
             cloud.forget(floor - 1)
             if isinstance(topic.log, GapAwareLog):
-                topic.log.set_gaps([g for g in topic.log.gaps if g[1] >= floor])
+                topic.log.drop_below(floor)
             try:
                 await topic.wal.delete_before(floor)  # uploaded segments kept locally (retain_bytes)
             except WalWriteError as e:

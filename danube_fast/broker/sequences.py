@@ -16,9 +16,11 @@ there. Topics that only the Danube API publishes to never read them. A topic mov
 table along: the old owner puts `snapshot()` (the last CARRY outcomes of the MAX_CARRIED producers used last)
 into the sealed state and the new owner `restore`s it before anything is published. A topic moved after its
 owner crashed has no sealed state: what the dead owner stored last sits in a gap (storage/gaps.py) until that
-broker, restarted, recovers it into the object tier. The new owner's `ready` waits for that, up to
-`[cluster] producer_gap_wait_ms`, and learns the gap's batches too; a dead owner that stays away longer costs
-idempotence for the retries of what it stored, not availability (docs/ARCHITECTURE.md, "Idempotent produce").
+broker, restarted, recovers it into the object tier. So with an object tier `ready` also learns the tier's
+last TIER_SCAN_BYTES below the WAL (what earlier owners stored, recovered gaps included: a topic can pass
+through several owners, crashed or not, between a batch and its retry), after waiting for the open gaps up to
+`[cluster] producer_gap_wait_ms`; a dead owner that stays away longer costs idempotence for the retries of
+what it stored, not availability (docs/ARCHITECTURE.md, "Idempotent produce").
 
 Owner: the ReliableTopic, on the event loop; only the fast API's Produce handler calls `publish`.
 """
@@ -34,8 +36,10 @@ from typing import TypeGuard
 
 from danube_fast import frames
 from danube_fast.broker.errors import ApiError
+from danube_fast.errors import StorageError
 from danube_fast.meta.resources import JSON
 from danube_fast.storage.gaps import GapAwareLog, RecoveryPending, open_gaps
+from danube_fast.storage.tiered import TopicLog
 from danube_fast.storage.wal import Buffer, Wal
 
 log = logging.getLogger("danube_fast.broker")
@@ -48,6 +52,7 @@ SCAN_READ_BYTES = 8 * 1024 * 1024
 CARRY = 64  # outcomes per producer a move carries: what one producer stream may have in flight
 MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
 GAP_POLL_S = 0.5  # how often `ready` looks whether a dead owner recovered its gap
+TIER_SCAN_BYTES = 16 * 1024 * 1024  # of the object tier's tail `ready` learns (a retry comes soon after)
 
 
 class _Producer:
@@ -93,16 +98,16 @@ class ProducerSequences:
     def __init__(self) -> None:
         self._producers: dict[str, _Producer] = {}
         self._rebuilt: asyncio.Future[int] | None = None
-        self._gaps: tuple[GapAwareLog, float] | None = None
+        self._tier: tuple[TopicLog, float] | None = None
         self.duplicates = 0  # batches answered from a first copy instead of stored again
 
-    def after_crash(self, log: GapAwareLog, wait: float) -> None:
-        """The topic was moved after its owner crashed: `ready` waits up to `wait` seconds for `log`'s gaps
-        to be recovered and learns what they hold, before it learns the WAL."""
-        self._gaps = (log, wait)
+    def with_tier(self, log: TopicLog, gap_wait: float) -> None:
+        """The topic has an object tier: `ready` learns its tail below the WAL too, after waiting up to
+        `gap_wait` seconds for the open gaps of `log` (a GapAwareLog) to be recovered."""
+        self._tier = (log, gap_wait)
 
     async def ready(self, wal: Wal) -> None:
-        """Return once the table holds what `wal` holds, and what the gaps of `after_crash` hold (the first
+        """Return once the table holds what `wal` holds, and the tail of the tier of `with_tier` (the first
         call rebuilds it; the others wait for that; a failed rebuild is tried again by the next call)."""
         if self._rebuilt is None or (self._rebuilt.done() and self._rebuilt.exception() is not None):
             self._rebuilt = asyncio.ensure_future(self._rebuild(wal))
@@ -188,9 +193,9 @@ class ProducerSequences:
                         producer.remember(seq, (first, last, records))
 
     async def _rebuild(self, wal: Wal) -> int:
-        """Learn the sequenced batches of the recovered gaps, then of the WAL's last two segments; the
-        batches read."""
-        seen = await self._learn_gaps() if self._gaps is not None else 0
+        """Learn the sequenced batches of the tier's tail, then of the WAL's last two segments; the batches
+        read."""
+        seen = await self._learn_tier(wal) if self._tier is not None else 0
         bases = wal.segment_bases
         offset = max(bases[-2] if len(bases) > 1 else (bases[0] if bases else 0), wal.start_offset)
         while offset < wal.committed_offset:
@@ -201,14 +206,15 @@ class ProducerSequences:
             seen += self._learn_all(data)
         return seen
 
-    async def _learn_gaps(self) -> int:
-        """Wait for the dead owner to recover the gaps (or for the wait to end), then learn the batches of
-        what was recovered."""
-        assert self._gaps is not None
-        gap_log, wait = self._gaps
-        gaps, cloud = list(gap_log.gaps), gap_log.cloud
-        if not gaps or cloud is None:
+    async def _learn_tier(self, wal: Wal) -> int:
+        """Wait for the open gaps to be recovered (or for the wait to end), then learn the batches of the
+        tier's last TIER_SCAN_BYTES below the WAL; a gap still open is passed over."""
+        assert self._tier is not None
+        tier_log, wait = self._tier
+        cloud = tier_log.cloud
+        if cloud is None:
             return 0
+        gaps = list(tier_log.gaps) if isinstance(tier_log, GapAwareLog) else []
         deadline = time.monotonic() + wait
         while True:
             await cloud.refresh()
@@ -220,18 +226,31 @@ class ProducerSequences:
             log.warning("%s/%s: broker %d did not recover offsets %d..%d in %.0f s; a retry of an idempotent "
                         "producer's batch stored there may be stored again", cloud.namespace, cloud.topic,
                         still[0][2], still[0][0], still[0][1], wait)
+        below = [d for d in cloud.descriptors if d.end_offset < wal.start_offset]
+        offset, held = wal.start_offset, 0
+        for d in reversed(below):
+            if held >= TIER_SCAN_BYTES:
+                break
+            offset, held = d.start_offset, held + d.size
         seen = 0
-        for first, last, _ in gaps:
-            offset = first
-            while offset <= last:
-                try:
-                    got = await gap_log.read(offset, SCAN_READ_BYTES)
-                except RecoveryPending:
-                    break  # the rest of this gap is not recovered (its wait is over): nothing to learn
-                if got is None:
+        while offset < wal.start_offset:
+            try:
+                got = await tier_log.read(offset, SCAN_READ_BYTES)
+            except RecoveryPending:  # a gap still open (its wait is over): nothing there to learn
+                offset = next((g[1] + 1 for g in still if g[0] <= offset <= g[1]), wal.start_offset)
+                continue
+            except StorageError as e:  # the object store away: tried until the wait ends, then passed over
+                if not e.retriable or time.monotonic() >= deadline:
+                    log.warning("%s/%s: the object tier could not be read from offset %d (%s); a retry of an "
+                                "idempotent producer's batch stored there may be stored again",
+                                cloud.namespace, cloud.topic, offset, e)
                     break
-                data, offset = got
-                seen += self._learn_all(data)
+                await asyncio.sleep(GAP_POLL_S)
+                continue
+            if got is None:
+                break
+            data, offset = got
+            seen += self._learn_all(data)
         return seen
 
     def _learn_all(self, data: Buffer) -> int:

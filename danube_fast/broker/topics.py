@@ -57,7 +57,8 @@ from danube_fast.meta.resources import (
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
-from danube_fast.storage.gaps import Gap, GapAwareLog
+from danube_fast.storage.gaps import Gap
+from danube_fast.storage.tiered import TopicLog
 from danube_fast.storage.wal import Wal
 
 log = logging.getLogger("danube_fast.broker")
@@ -270,8 +271,8 @@ class Topics:
         if isinstance(topic, ReliableTopic):
             if sequences is not None:
                 topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
-            if gaps and isinstance(readable, GapAwareLog):
-                topic.sequences.after_crash(readable, self._config.cluster.producer_gap_wait_ms / 1000)
+            if isinstance(readable, TopicLog):
+                topic.sequences.with_tier(readable, self._config.cluster.producer_gap_wait_ms / 1000)
         self._topics[name.full] = topic
         return topic
 

@@ -38,6 +38,11 @@ def open_gaps(gaps: Sequence[Gap], found: Sequence[ObjectDescriptor]) -> list[Ga
     return still
 
 
+def gaps_from(gaps: Sequence[Gap], floor: int) -> list[Gap]:
+    """`gaps` cut at `floor`, below which retention deleted everything (nothing there is pending)."""
+    return [(max(first, floor), last, broker) for first, last, broker in gaps if last >= floor]
+
+
 class RecoveryPending(StorageError):
     """The offsets asked for are in a dead owner's WAL, not yet recovered into the object tier."""
 
@@ -57,6 +62,11 @@ class GapAwareLog(TopicLog):
     def set_gaps(self, gaps: Sequence[Gap]) -> None:
         self.gaps = list(gaps)
         self._since = time.monotonic()
+
+    def drop_below(self, floor: int) -> None:
+        """Retention deleted every offset below `floor`: a gap there is no longer waited for (the others'
+        wait goes on from when it began)."""
+        self.gaps = gaps_from(self.gaps, floor)
 
     @property
     def start_offset(self) -> int:

@@ -28,7 +28,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import JSON, JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
 from danube_fast.storage import retention
-from danube_fast.storage.gaps import Gap, open_gaps
+from danube_fast.storage.gaps import Gap, gaps_from, open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
 
 FencedWrite = Callable[[Sequence[Op]], Awaitable[TxnResult]]
@@ -99,8 +99,7 @@ async def _above_floor(store: MetadataStore, namespace: str, topic: str, gaps: l
     if not gaps:
         return gaps
     retained = await retention.read_state(store, namespace, topic)
-    floor = retained.floor if retained is not None else 0
-    return [(max(first, floor), last, broker) for first, last, broker in gaps if last >= floor]
+    return gaps_from(gaps, retained.floor) if retained is not None else gaps
 
 
 def state_ops(namespace: str, topic: str, broker_id: int, *, sealed: bool, last: int,
