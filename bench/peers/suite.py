@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench.common import Options, Result, fmt, progress
 from bench.peers import nats_peer, rabbitmq_peer, redis_peer, servers
+from bench.peers.install import PYPI_NATS
 from bench.peers.workload import Measurement, Workload, figure_prefix, figures
 from danube_fast.testing.process import ServerProcess
 
@@ -71,7 +72,7 @@ CONFIGS = (
     Config("nats", nats_peer.PEER, nats_peer.DURABILITY, nats_peer.DURABILITY_TEXT, servers.nats_server,
            nats_peer.run, nats_peer.batching_text, "nats-server"),
     Config("nats_always", nats_peer.PEER, nats_peer.ALWAYS_DURABILITY, nats_peer.ALWAYS_TEXT, _nats_always,
-           nats_peer.run, nats_peer.batching_text, servers.PYPI_NATS),
+           nats_peer.run, nats_peer.batching_text, PYPI_NATS),
     _redis("always"),
     _redis("everysec"),
     Config("rabbitmq_streams", rabbitmq_peer.PEER, rabbitmq_peer.DURABILITY, rabbitmq_peer.DURABILITY_TEXT,
