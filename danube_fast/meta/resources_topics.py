@@ -26,9 +26,9 @@ class Policy(Resource):
     """`/namespaces/{ns}/policy` and `/topics/{ns}/{topic}/policy`: limits, 0 meaning unlimited.
 
     The defaults are Danube's: everything unlimited but the message size. Retention (docs/RETENTION.md) is
-    kept under the names of the seed layout and Pulsar, `retentionTimeInMinutes` and `retentionSizeInMB`
-    (MiB); a value written without them keeps everything. A topic's own policy, when it has one, is the
-    whole policy of that topic (the namespace's does not apply to it).
+    kept under the names upstream Danube's layout and Pulsar use, `retentionTimeInMinutes` and
+    `retentionSizeInMB` (MiB); a value written without them keeps everything. A topic's own policy, when it
+    has one, is the whole policy of that topic (the namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -50,6 +50,7 @@ class Policy(Resource):
         "max_subscriptions_per_topic")
     RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
                                            "retentionSizeInMB": "retention_size_mb"}
+    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION)  # every JSON key a policy may set
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:

@@ -23,7 +23,7 @@ from danube_fast.meta.store import BadValue, Compare, KeyValue, MetadataStore, P
 from danube_fast.proto import PolicyAdmin_pb2 as pb
 
 CACHE_WAIT = 5.0  # seconds a namespace change may take to come back through this broker's watch
-KNOWN_KEYS = (*Policy._FIELDS, *Policy.RETENTION)
+KNOWN_KEYS = Policy.KEYS
 
 
 def changed(current: Policy, changes: str, what: str) -> Policy:
