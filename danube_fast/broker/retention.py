@@ -101,8 +101,8 @@ class Retention:
         now_ms = int(self._clock() * 1000)
         deleted = 0
         for topic in served:
-            policy = self._topics.policy_from(topic.name, own.get(topic.full))
-            try:
+            try:  # a namespace policy that is not valid stops retention for its topics only
+                policy = self._topics.policy_from(topic.name, own.get(topic.full))
                 deleted += await self._apply(topic, policy, now_ms)
             except (retention.RetentionFenced, DanubeError) as e:
                 self.state[topic.full].unfinished = True
