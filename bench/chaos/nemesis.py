@@ -36,6 +36,7 @@ DURATION = (1.5, 6.0)  # seconds a fault lasts
 MAX_ACTIVE = 2
 ADMIN_TIMEOUT = 30.0
 RESTART_TRIES = 5
+ACTIVATE_TRIES = 20  # a second apart: longer than any etcd fault lasts
 
 Heal = Callable[[], Awaitable[None]]
 
@@ -63,6 +64,7 @@ class Nemesis:
         self.random = random.Random(seed)
         self.errors: list[str] = []  # what went wrong healing a fault (a broker that did not restart)
         self.restart_retries = 0  # broker starts that failed and were tried again
+        self.heal_retries = 0  # ActivateBroker calls refused (etcd away) and tried again
         self._active: dict[str, asyncio.Task[None]] = {}  # target -> the task that heals it
         self._healing = asyncio.Event()
 
@@ -192,8 +194,18 @@ class Nemesis:
                 await asyncio.sleep(1.0)
 
     async def _activate(self, node: Node) -> None:
-        await self._admin("BrokerAdmin", "ActivateBroker", admin_pb.ActivateBrokerRequest(
-            broker_id=str(node.broker.broker_id), reason="chaos heal"))
+        """End a drain, as an operator would: an ActivateBroker refused because another fault is under way
+        (etcd cut off: the broker cannot write the state) is tried again, up to ACTIVATE_TRIES times."""
+        request = admin_pb.ActivateBrokerRequest(broker_id=str(node.broker.broker_id), reason="chaos heal")
+        for attempt in range(1, ACTIVATE_TRIES + 1):
+            try:
+                await self._admin("BrokerAdmin", "ActivateBroker", request)
+                return
+            except RuntimeError:
+                if attempt == ACTIVATE_TRIES:
+                    raise
+                self.heal_retries += 1
+                await asyncio.sleep(1.0)
 
     async def _admin(self, service: str, method: str, request: object, avoid: Node | None = None) -> None:
         """Call the admin API of a running broker (not paused, not `avoid`), straight, not through a proxy;

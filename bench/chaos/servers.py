@@ -25,6 +25,7 @@ from danube_fast.testing.proxy import Proxy
 BUCKET = "chaos"
 READY_TIMEOUT = 60.0  # a broker (re)starting while two others serve traffic on two cores takes seconds
 LEASE_TTL_S = 3  # short, so that a paused or cut-off broker loses its topics within the campaign
+STALL_DUMP_MS = 1500  # a broker loop stalled half the lease logs where (broker/stall_dump.py)
 
 # Frequent uploads (so moves and restarts read from S3), short leases and reports; no automatic rebalancing
 # (moves are the nemesis's alone).
@@ -76,6 +77,7 @@ def chaos_cluster(scratch: Path, brokers: int = 3) -> Iterator[ChaosCluster]:
                     "s3_access_key": moto.ACCESS_KEY, "s3_secret_key": moto.SECRET_KEY}
         cluster = Cluster(scratch, f"etcd://{etcd_proxy.target}", f"s3://{BUCKET}/chaos", settings,
                           die_with_parent=True)
+        cluster.extra_config = f"[broker]\nstall_dump_ms = {STALL_DUMP_MS}\n"
         nodes = []
         for _ in range(brokers):
             broker = cluster.add()

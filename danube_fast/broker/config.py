@@ -12,6 +12,8 @@ max_message_size = 10485760       # the gRPC inbound limit is at least twice thi
 malloc_keep_bytes = 268435456     # freed memory glibc keeps for reuse before giving it back to the kernel
                                   # (danube_fast/allocator.py); 0 = glibc's defaults
 retention_check_ms = 60000        # how often the owner applies retention to its topics (docs/RETENTION.md)
+stall_dump_ms = 0                 # an event loop stalled this long gets every thread's stack in the log
+                                  # (broker/stall_dump.py); 0 = off
 
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
@@ -141,6 +143,7 @@ class BrokerConfig:
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024
     retention_check_ms: int = 60_000
+    stall_dump_ms: int = 0
     wal: WalConfig = field(default_factory=WalConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     policy: Policy = field(default_factory=Policy)
@@ -256,6 +259,8 @@ def check(config: BrokerConfig) -> None:
         raise ConfigError("max_message_size must be in 1..1 GiB")
     if config.retention_check_ms < 100:
         raise ConfigError(f"retention_check_ms must be at least 100, not {config.retention_check_ms}")
+    if config.stall_dump_ms and config.stall_dump_ms < 100:
+        raise ConfigError(f"stall_dump_ms must be 0 (off) or at least 100, not {config.stall_dump_ms}")
     if not 0 <= config.malloc_keep_bytes < 1 << 31:
         raise ConfigError(f"malloc_keep_bytes must be in 0..2 GiB - 1, not {config.malloc_keep_bytes}")
     # The WAL engines refuse these when a topic's log opens, which would fail every topic with INTERNAL.

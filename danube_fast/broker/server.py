@@ -39,6 +39,7 @@ from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.security_admin import SecurityAdminService
 from danube_fast.broker.services.wire_guard import register, server_options
+from danube_fast.broker.stall_dump import StallDump
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
@@ -123,6 +124,7 @@ class Broker:
         self.retention = Retention(topics, tier.objects, store, config.retention_check_ms / 1000) \
             if isinstance(tier, Tier) else None
         self._metrics = MetricsServer(topics, self.retention) if config.prom_exporter else None
+        self.stall_dump = StallDump(config.stall_dump_ms / 1000) if config.stall_dump_ms else None
         self.gate: Gate | None = None
         self.listening: Listening | None = None
         self.cluster: ClusterNode | None = None
@@ -163,6 +165,8 @@ class Broker:
             broker.broker_admin.rebalancer = broker.cluster.load_manager
             if broker.retention is not None:
                 broker.retention.start()
+            if broker.stall_dump is not None:
+                broker.stall_dump.start()
         except BaseException:
             await broker.stop()
             raise
@@ -270,6 +274,8 @@ class Broker:
             await self.cluster.drain()
         if self.retention is not None:
             await self.retention.close()
+        if self.stall_dump is not None:
+            await self.stall_dump.close()
         self.topics.stop_streams()
         await asyncio.gather(self._client.stop(STOP_GRACE), self._admin.stop(STOP_GRACE))
         await self._forwarder.close()

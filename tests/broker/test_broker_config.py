@@ -151,6 +151,8 @@ def test_bad_sync_policy(tmp_path: Path, sync: str) -> None:
     ("[dispatch]\nwindow = 0\n", "window"),
     ("[broker]\nmax_message_size = 0\n", "max_message_size"),
     ("[broker]\nmalloc_keep_bytes = -1\n", "malloc_keep_bytes"),
+    ("[broker]\nstall_dump_ms = 50\n", "stall_dump_ms"),
+    ("[broker]\nstall_dump_ms = -1\n", "stall_dump_ms"),
     ("[broker]\nmalloc_keep_bytes = 2147483648\n", "malloc_keep_bytes"),
     ("[wal]\nsegment_bytes = 2147483648\n", "segment_bytes"),  # the WAL refused it per topic (INTERNAL)
     ("[wal]\nsegment_bytes = 0\n", "segment_bytes"),

@@ -91,14 +91,18 @@ class Membership:
         return time.monotonic() - self._last_tick > PAUSE
 
     async def _tick_forever(self) -> None:
+        cpu_then = time.process_time()
         while True:
             await asyncio.sleep(TICK)
-            now = time.monotonic()
+            now, cpu = time.monotonic(), time.process_time()
             if now - self._last_tick > PAUSE:
                 self.pauses += 1
-                log.warning("broker %d did not run for %.1f s: owned topics revalidate their assignment",
-                            self.broker_id, now - self._last_tick)
-            self._last_tick = now
+                # The process's CPU time over the stall tells a loop blocked by a call (about the stall
+                # itself) from a process that did not get to run (SIGSTOP, an overloaded host: near 0).
+                log.warning("broker %d did not run for %.1f s (%.1f s of CPU meanwhile): owned topics "
+                            "revalidate their assignment", self.broker_id, now - self._last_tick,
+                            cpu - cpu_then)
+            self._last_tick, cpu_then = now, cpu
 
     async def close(self) -> None:
         for task in (self._reporter, self._ticker):
