@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
@@ -95,3 +97,31 @@ def test_the_position_survives_a_switch_between_the_two_dispatchers(tmp_path: Pa
         await wal.close()
 
     run(main(), timeout=20)
+
+
+RESERVATION = 10_000_000  # offsets a topic taken over after a crash skips (docs/TOPIC_MOVE.md)
+
+
+@pytest.mark.timeout(10)
+def test_the_floor_settles_over_a_reservation_gap_at_once(run: Run) -> None:
+    """The per-message dispatcher's floor crosses the gap between two owners' offsets without walking it
+    (it held the event loop for seconds per ack, and the broker lost its lease), and stops at the first
+    offset still held on either side of the gap, wherever it is."""
+    async def main() -> None:
+        async def save(floor: int) -> None:
+            pass
+
+        cursor = Cursor(5, save, DispatchConfig())
+        far = 5 + 1000 * RESERVATION  # walked one by one, this would outlast the test's timeout
+        cursor.settle_below(far + 10, pending={far + 3}, waiting=set())
+        assert cursor.low == far + 3
+        cursor.settle_below(far + 10, pending=set(), waiting={far + 7, far + 5})
+        assert cursor.low == far + 5
+        cursor.settle_below(far + 10, pending=set(), waiting=set())
+        assert cursor.low == far + 10
+        cursor.settle_below(far + 10 + 3 * RESERVATION, pending={far + 11}, waiting=set())
+        assert cursor.low == far + 11  # a held offset just past the floor: no walk, no jump
+        cursor.settle_below(far + 3 * RESERVATION, pending={far + 2 * RESERVATION}, waiting={far + 200})
+        assert cursor.low == far + 200  # the first held one, not the last
+
+    run(main())

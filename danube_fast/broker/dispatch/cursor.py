@@ -17,11 +17,12 @@ Ownership: the dispatcher that serves the subscription calls everything here, on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Collection
 
 from danube_fast.broker.config import DispatchConfig
 
 Saver = Callable[[int], Awaitable[None]]
+WALK = 64  # offsets settle_below walks one by one before it jumps to the first held offset
 
 
 class Cursor:
@@ -61,14 +62,22 @@ class Cursor:
         self._acks_since_save += done
         return done
 
-    def settle_below(self, limit: int, pending: Container[int], waiting: Container[int]) -> None:
+    def settle_below(self, limit: int, pending: Collection[int], waiting: Collection[int]) -> None:
         """Move the floor over every offset below `limit` that is neither `pending` nor `waiting` (the
         per-message dispatcher's rule: what it read and no longer holds is done: acknowledged,
         dead-lettered, or dropped for want of a consumer). Individual acks are not kept for it: their
-        number would grow with the time the floor waits for one message's redelivery."""
+        number would grow with the time the floor waits for one message's redelivery.
+
+        A few offsets are walked one by one (an ack usually moves the floor by one); past WALK the floor
+        jumps to the first offset still held. Offsets are not dense: a topic taken over after a crash goes
+        on a whole reservation (10 million offsets) higher (docs/TOPIC_MOVE.md), and walking that gap once
+        per ack held the event loop for seconds, long enough for the broker to lose its lease."""
         low = self.low
-        while low < limit and low not in pending and low not in waiting:
+        stop = min(limit, low + WALK)
+        while low < stop and low not in pending and low not in waiting:
             low += 1
+        if low == stop < limit:
+            low = min((o for held in (pending, waiting) for o in held if low <= o < limit), default=limit)
         self.low = low
 
     def counted(self, acks: int = 1) -> None:
