@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shutil
 import signal
 import sys
@@ -126,7 +127,14 @@ def _our_tracebacks(log: str) -> int:
     """Tracebacks through our code. (aiohttp, under aiobotocore, logs one of its own whenever an S3
     connection is reset during an upload: its write task's exception is never retrieved; the upload itself
     fails and is retried.)"""
-    return sum("/danube_fast/" in part[:4000] for part in log.split("Traceback (most recent call last)")[1:])
+    parts = log.split("Traceback (most recent call last)")[1:]
+    return sum("/danube_fast/" in part[:end.start() if (end := _AFTER_TRACEBACK.search(part)) else 4000]
+               for part in parts)
+
+
+# What follows a traceback: the next log line, or a stall dump (broker/stall_dump.py), whose stacks name our
+# code without being an error.
+_AFTER_TRACEBACK = re.compile(r"\n(?:\d{4}-\d\d-\d\d |Timeout \(|Thread 0x|Current thread)")
 
 
 def _dump_tasks() -> None:
