@@ -132,9 +132,9 @@ def _our_tracebacks(log: str) -> int:
                for part in parts)
 
 
-# What follows a traceback: the next log line, or a stall dump (broker/stall_dump.py), whose stacks name our
-# code without being an error.
-_AFTER_TRACEBACK = re.compile(r"\n(?:\d{4}-\d\d-\d\d |Timeout \(|Thread 0x|Current thread)")
+# What follows a traceback: the next log line (a stall dump's stack after it names our code without being an
+# error: broker/stall_dump.py).
+_AFTER_TRACEBACK = re.compile(r"\n\d{4}-\d\d-\d\d ")
 
 
 def _dump_tasks() -> None:

@@ -12,7 +12,7 @@ max_message_size = 10485760       # the gRPC inbound limit is at least twice thi
 malloc_keep_bytes = 268435456     # freed memory glibc keeps for reuse before giving it back to the kernel
                                   # (danube_fast/allocator.py); 0 = glibc's defaults
 retention_check_ms = 60000        # how often the owner applies retention to its topics (docs/RETENTION.md)
-stall_dump_ms = 0                 # an event loop stalled this long gets every thread's stack in the log
+stall_dump_ms = 0                 # an event loop stalled this long logs where it is stuck
                                   # (broker/stall_dump.py); 0 = off
 
 [wal]
