@@ -96,6 +96,8 @@ class ReliableDispatcher:
         start = cursor.low
         self._dead_letter = dead_letter
         self._selector = Selector(subscription.kind)
+        self._single = subscription.kind in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+        self._active: Consumer | None = None  # Exclusive / Failover: the consumer the last pass served
         self._keyed = subscription.kind == SubscriptionType.KEY_SHARED
         self._loop = asyncio.get_running_loop()
         self._budget = budget if budget is not None else ByteBudget(config.broker_bytes)
@@ -216,6 +218,8 @@ class ReliableDispatcher:
     async def _run(self) -> None:
         while not self._closed:
             self._wake.clear()
+            if self._single:
+                self._follow_active()
             now = self._loop.time()
             try:
                 self._expire(now)
@@ -243,6 +247,24 @@ class ReliableDispatcher:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._idle_timeout(now))
+
+    def _follow_active(self) -> None:
+        """Exclusive and Failover: when another consumer becomes the active one, what the others still hold
+        comes back to be delivered to it first, in order, so that it never reads past a message another
+        consumer holds (Pulsar's failover rewinds the same way). A standby that took over while the first
+        consumer's stream was cut, and then lost the role to it when it came back, held three messages while
+        the first went on from the next: the chaos campaign's poll-skips (docs/CHAOS.md)."""
+        active = self._selector.active(self._sub.consumers)
+        if active is self._active:
+            return
+        self._active = active
+        if active is None:
+            return
+        for off in sorted(off for off, e in self._pending.items() if e.consumer is not active):
+            entry = self._pending.pop(off)
+            if entry.consumer is not None:
+                entry.consumer.settled(entry.size)
+            self._retry_later(off, entry, 0, count=False)
 
     def _idle_timeout(self, now: float) -> float:
         until = self._cursor.next_save
