@@ -14,11 +14,12 @@ from danube_fast import frames
 from danube_fast.errors import ObjectStoreUnavailable, OffsetOutOfRange
 from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.storage import Wal
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.objects.store import ObjectStore, object_key
-from danube_fast.storage.tiered import CloudReader, TopicLog
+from danube_fast.storage.tiered import CloudReader, TopicLog, records_between
 from danube_fast.storage.uploader import Uploader, UploaderConfig
 from tests.tier.conftest import Backend
 from tests.tier.helpers import check_sequence, close_all, fill, open_topic, read_all, wal_config
@@ -169,6 +170,38 @@ def test_a_topic_move_reads_the_old_owner_from_objects_then_the_new_wal(backend:
         assert await b.drain() == 27
         check_sequence(await read_all(log, 14), range(14, 28))
         await b.close()
+        await close_all(store, meta, new)
+
+    run(main())
+
+
+def test_a_dead_owner_s_empty_reservation_is_not_counted_as_records(backend: Backend, tmp_path: Path,
+                                                                     run: Run) -> None:
+    """A crashed owner A stored 0..21; its reservation ran to 10,000,021, which its recovery declared empty;
+    B goes on at 10,000,022. A subscription at 14 is 8 + 6 records behind, not ten million (the lag metric,
+    danube_subscription_lag, counts this)."""
+
+    async def main() -> None:
+        store = await backend.open()
+        meta = await EmbeddedStore.open(tmp_path / "meta.db")
+        old = await Wal.open(tmp_path / "a", wal_config())
+        await fill(old, 0, 11, count=2)
+        a = Uploader(old, store, meta, NS, TOPIC, config=CONFIG)
+        await a.start()
+        assert await a.drain() == 21
+        await a.close()
+        await old.close()
+        bound = 21 + 10_000_000
+        empty = ObjectDescriptor("", 22, bound, 0, True, 0)
+        await meta.put(keys.object_descriptor(NS, TOPIC, 22), empty.to_json())
+        new = await Wal.open(tmp_path / "b", wal_config(), initial_offset=bound + 1)
+        log = await TopicLog.open(new, CloudReader(store, meta, NS, TOPIC))
+        await fill(new, bound + 1, 3, count=2)
+        assert records_between(log, 14, new.committed_offset) == 8 + 6
+        assert records_between(log, 30, 40) == 0  # inside the empty range
+        assert records_between(log, bound - 1, bound + 3) == 2
+        assert records_between(new, 14, 20) == 6  # a WAL alone: its offsets
+        check_sequence(await read_all(log, 14), [*range(14, 22), *range(bound + 1, bound + 7)])
         await close_all(store, meta, new)
 
     run(main())

@@ -30,7 +30,7 @@ from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.read_ahead import ReadAhead
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.storage.objects.format import Buffer, joined
-from danube_fast.storage.tiered import ReadableLog
+from danube_fast.storage.tiered import ReadableLog, records_between
 
 log = logging.getLogger("danube_fast.dispatch")
 
@@ -122,7 +122,7 @@ class BatchDispatcher:
 
     @property
     def backlog(self) -> int:
-        return max(0, self._wal.committed_offset - self._cursor.low)
+        return records_between(self._wal, self._cursor.low, self._wal.committed_offset)
 
     @property
     def unacked(self) -> int:

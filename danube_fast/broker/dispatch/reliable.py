@@ -46,7 +46,7 @@ from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
-from danube_fast.storage.tiered import ReadableLog
+from danube_fast.storage.tiered import ReadableLog, records_between
 
 log = logging.getLogger("danube_fast.dispatch")
 
@@ -181,7 +181,7 @@ class ReliableDispatcher:
 
     @property
     def backlog(self) -> int:
-        return max(0, self._wal.committed_offset - self._cursor.low)
+        return records_between(self._wal, self._cursor.low, self._wal.committed_offset)
 
     @property
     def unacked(self) -> int:
