@@ -145,21 +145,27 @@ def test_holes_are_skipped_to_the_next_available_offset(backend: Backend, tmp_pa
     run(main())
 
 
+async def first_owner(backend: Backend, tmp_path: Path) -> tuple[ObjectStore, EmbeddedStore]:
+    """Broker A wrote 0..21 (11 batches of 2), uploaded all of it, and went."""
+    store = await backend.open()
+    meta = await EmbeddedStore.open(tmp_path / "meta.db")
+    old = await Wal.open(tmp_path / "a", wal_config())
+    await fill(old, 0, 11, count=2)
+    a = Uploader(old, store, meta, NS, TOPIC, config=CONFIG)
+    await a.start()
+    assert await a.drain() == 21
+    await a.close()
+    await old.close()
+    return store, meta
+
+
 def test_a_topic_move_reads_the_old_owner_from_objects_then_the_new_wal(backend: Backend, tmp_path: Path,
                                                                         run: Run) -> None:
     """docs/TOPIC_MOVE.md: A wrote 0..21 and drained; broker B starts its WAL at 22 with checkpoint 21; a
     consumer at cursor 13 reads 14..27 with no gap and no duplicate."""
 
     async def main() -> None:
-        store = await backend.open()
-        meta = await EmbeddedStore.open(tmp_path / "meta.db")
-        old = await Wal.open(tmp_path / "a", wal_config())
-        await fill(old, 0, 11, count=2)
-        a = Uploader(old, store, meta, NS, TOPIC, config=CONFIG)
-        await a.start()
-        assert await a.drain() == 21
-        await a.close()
-        await old.close()
+        store, meta = await first_owner(backend, tmp_path)
 
         new = await Wal.open(tmp_path / "b", wal_config(), initial_offset=22)
         b = Uploader(new, store, meta, NS, TOPIC, checkpoint=21, config=CONFIG)
@@ -182,15 +188,7 @@ def test_a_dead_owner_s_empty_reservation_is_not_counted_as_records(backend: Bac
     danube_subscription_lag, counts this)."""
 
     async def main() -> None:
-        store = await backend.open()
-        meta = await EmbeddedStore.open(tmp_path / "meta.db")
-        old = await Wal.open(tmp_path / "a", wal_config())
-        await fill(old, 0, 11, count=2)
-        a = Uploader(old, store, meta, NS, TOPIC, config=CONFIG)
-        await a.start()
-        assert await a.drain() == 21
-        await a.close()
-        await old.close()
+        store, meta = await first_owner(backend, tmp_path)
         bound = 21 + 10_000_000
         empty = ObjectDescriptor("", 22, bound, 0, True, 0)
         await meta.put(keys.object_descriptor(NS, TOPIC, 22), empty.to_json())
