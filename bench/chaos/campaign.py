@@ -68,6 +68,8 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcom
             import uvloop
 
             outcome, history = uvloop.run(_campaign(cluster, seed, seconds))
+        except asyncio.CancelledError:  # SIGTERM (_campaign): the `with` stops every server on the way out
+            raise SystemExit(128 + signal.SIGTERM) from None
         except BaseException:
             print(cluster.logs()[-20_000:])
             raise
@@ -85,7 +87,13 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcom
 
 async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[Outcome, History]:
     history = History(seed)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    # SIGTERM cancels the campaign. bench's own handler raises SystemExit inside the loop, and a campaign
+    # sent SIGTERM that way ran on for 50 minutes.
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
     load = workload.Workload(history, cluster.service_url,
                              f"127.0.0.1:{cluster.nodes[0].broker.admin_port}", seed)
     await load.start()
