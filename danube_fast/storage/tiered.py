@@ -213,15 +213,6 @@ class CloudReader:
             self._range_bytes -= len(dropped.body)
 
 
-def records_between(log: ReadableLog, low: int, high: int) -> int:
-    """About how many records [low, high) of `log` holds: its offsets, less those its object tier declares
-    empty. Offsets are not dense: a topic taken over after a crash goes on a reservation (10 million offsets)
-    higher, and a lag counted in offsets then reads 10 million for a subscription a few records behind."""
-    count = max(0, high - low)
-    cloud = getattr(log, "cloud", None)
-    return count - cloud.empty_between(low, high) if count and isinstance(cloud, CloudReader) else count
-
-
 class TopicLog:
     """A topic's WAL with the object tier below it; a drop-in for `Wal` where dispatchers read (ReadableLog).
     Without a CloudReader it is exactly the WAL. Create with `await TopicLog.open(wal, cloud)`."""
@@ -289,6 +280,17 @@ class TopicLog:
             offset = target
 
 
+def records_between(log: ReadableLog, low: int, high: int) -> int:
+    """About how many records [low, high) of `log` holds: its offsets, less those its object tier declares
+    empty. Offsets are not dense: a topic taken over after a crash goes on a reservation (10 million offsets)
+    higher, and a lag counted in offsets then reads 10 million for a subscription a few records behind."""
+    count = max(0, high - low)
+    if count and isinstance(log, TopicLog) and log.cloud is not None:
+        count -= log.cloud.empty_between(low, high)
+    return count
+
+
 if TYPE_CHECKING:
     def _drop_ins(wal: Wal, topic_log: TopicLog) -> list[ReadableLog]:
         return [wal, topic_log]  # mypy checks both against ReadableLog
+
