@@ -8,7 +8,11 @@ class Segment:
     base: int
     log_path: str
     idx_path: str
+    start: int
     size: int
+    batches: int
+    min_time: int
+    max_time: int
     next_offset: int
     opened: float
     idx_capacity: int

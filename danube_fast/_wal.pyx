@@ -40,8 +40,8 @@ cdef extern from "stdlib.h":
     int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
 
 from danube_fast._frames cimport (
-    BATCH_MAGIC, BATCH_VERSION, BatchInfo, HEADER_BYTES, OFF_BASE_OFFSET, OFF_COUNT, OFF_LENGTH, OFF_MAGIC,
-    NOGIL_MIN_BYTES, OFF_VERSION, check_batch, load_u32, load_u64, store_u32, store_u64,
+    BATCH_MAGIC, BATCH_VERSION, BatchInfo, HEADER_BYTES, OFF_BASE_OFFSET, OFF_BASE_TS, OFF_COUNT, OFF_LENGTH,
+    OFF_MAGIC, OFF_MAX_TS, NOGIL_MIN_BYTES, OFF_VERSION, check_batch, load_u32, load_u64, store_u32, store_u64,
 )
 
 from danube_fast._wal_common import INDEX_SUFFIX, LOG_SUFFIX, index_reservation, segment_name
@@ -244,7 +244,14 @@ cdef class Segment:
     cdef readonly str log_path
     cdef readonly str idx_path
     cdef int fd
-    cdef public Py_ssize_t size           # bytes of whole, written batches
+    cdef public Py_ssize_t start          # file position of the first batch: after the file header (a
+                                          # segment older than it: 0)
+    cdef public Py_ssize_t size           # end of the whole, written batches (the footer of a sealed
+                                          # segment lies past it)
+    # What the footer of the sealed segment says of its batches: kept up by stamp and scan.
+    cdef public uint64_t batches
+    cdef public uint64_t min_time
+    cdef public uint64_t max_time
     cdef public uint64_t next_offset      # offset after this segment's last record
     cdef public double opened             # monotonic seconds when the first batch went in (age roll)
     cdef unsigned char* idx               # mmap'd entries
@@ -644,7 +651,7 @@ cdef class Segment:
     def build_index(self, Py_ssize_t interval):
         """Packed index entries for a sealed segment, from its headers (structure only, offsets continuous)."""
         entries = bytearray()
-        cdef Py_ssize_t pos = 0, last = -1
+        cdef Py_ssize_t pos = self.start, last = -1
         cdef uint64_t expected = self.base
         cdef unsigned char head[PEEK]
         while pos < self.size:
@@ -664,10 +671,11 @@ cdef class Segment:
         Returns (end of the good prefix, offset after it, why it stopped or None at the end of the file)."""
         cdef const unsigned char* data = NULL
         cdef void* m = NULL
-        cdef Py_ssize_t pos = 0
+        cdef Py_ssize_t pos = self.start
         cdef uint64_t expected = self.base
         cdef BatchInfo info
         cdef str reason = None
+        self.batches = 0
         if self.size > 0:
             m = mmap(NULL, self.size, PROT_READ, MAP_SHARED, self.fd, 0)
             if m == MAP_FAILED:
@@ -683,14 +691,24 @@ cdef class Segment:
                 if info.base_offset != expected:
                     reason = f"batch at byte {pos} has base offset {info.base_offset}, expected {expected}"
                     break
-                if pos == 0 or pos - self.last_indexed >= interval:
+                if pos == self.start or pos - self.last_indexed >= interval:
                     self._add_entry(expected, pos)
+                self._count(data + pos)
                 expected += info.count
                 pos += info.length
         finally:
             if m != NULL:
                 munmap(m, self.size)
         return (pos, expected, reason)
+
+    cdef inline void _count(self, const unsigned char* head) noexcept:
+        """Count the batch whose header is at `head` in the footer's figures."""
+        cdef uint64_t lo = load_u64(head + OFF_BASE_TS), hi = load_u64(head + OFF_MAX_TS)
+        if self.batches == 0 or lo < self.min_time:
+            self.min_time = lo
+        if self.batches == 0 or hi > self.max_time:
+            self.max_time = hi
+        self.batches += 1
 
     # -- appending -------------------------------------------------------------------------------------
 
@@ -730,7 +748,8 @@ cdef class Segment:
             while pos < blen:
                 at = self.size + (p - out) + pos
                 store_u64(p + pos + OFF_BASE_OFFSET, offset)
-                if at == 0 or at - last_indexed >= interval:
+                self._count(p + pos)
+                if at == self.start or at - last_indexed >= interval:
                     store_u32(mk + nmarks * ENTRY, <uint32_t>(offset - self.base))
                     store_u32(mk + nmarks * ENTRY + 4, <uint32_t>at)
                     nmarks += 1

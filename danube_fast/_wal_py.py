@@ -48,6 +48,7 @@ _ENTRY = struct.Struct("<II")  # index entry: offset relative to the segment bas
 _PEEK = struct.Struct("<Q4xIBB2xI")
 PEEK = _PEEK.size
 _BASE_OFFSET = struct.Struct("<Q")
+_TIMES, _TIMES_AT = struct.Struct("<QQ"), 24  # base_timestamp and max_timestamp, at byte 24 of a header
 _MAGIC, _VERSION = _frames_py.MAGIC, _frames_py.VERSION
 
 
@@ -166,7 +167,9 @@ class Segment:
         self.base = base
         self.log_path = os.path.join(directory, segment_name(base, LOG_SUFFIX))
         self.idx_path = os.path.join(directory, segment_name(base, INDEX_SUFFIX))
-        self.size = 0  # bytes of whole, written batches
+        self.start = 0  # file position of the first batch: after the file header (an older segment: 0)
+        self.size = 0  # end of the whole, written batches (the footer of a sealed segment lies past it)
+        self.batches = self.min_time = self.max_time = 0  # for the footer: kept up by stamp and scan
         self.next_offset = base  # offset after this segment's last record
         self.opened = 0.0  # monotonic seconds when the first batch went in (age roll)
         self.idx_capacity = 0  # entries the mapping holds
@@ -451,7 +454,7 @@ class Segment:
 
     def build_index(self, interval: int) -> bytes:
         entries = bytearray()
-        pos, last, expected = 0, -1, self.base
+        pos, last, expected = self.start, -1, self.base
         while pos < self.size:
             head = self._head(pos)
             if head is None or not head[3] or head[0] != expected:
@@ -465,8 +468,9 @@ class Segment:
         return bytes(entries)
 
     def scan(self, interval: int) -> tuple[int, int, str | None]:
-        pos, expected = 0, self.base
-        if self.size == 0:
+        pos, expected = self.start, self.base
+        self.batches = 0
+        if self.size <= pos:
             return pos, expected, None
         try:
             data = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -481,11 +485,20 @@ class Segment:
                 if header.base_offset != expected:
                     return pos, expected, (f"batch at byte {pos} has base offset {header.base_offset}, "
                                            f"expected {expected}")
-                if pos == 0 or pos - self.last_indexed >= interval:
+                if pos == self.start or pos - self.last_indexed >= interval:
                     self._add_entry(expected, pos)
+                self._count(data, pos)
                 expected += header.record_count
                 pos += header.length
         return pos, expected, None
+
+    def _count(self, data: Buffer, pos: int) -> None:
+        """Count the batch whose header is at `pos` of `data` in the footer's figures."""
+        lo, hi = _TIMES.unpack_from(data, pos + _TIMES_AT)
+        if not self.batches:
+            self.min_time, self.max_time = lo, hi
+        self.min_time, self.max_time = min(self.min_time, lo), max(self.max_time, hi)
+        self.batches += 1
 
     # -- appending -------------------------------------------------------------------------------------
 
@@ -504,7 +517,8 @@ class Segment:
                 at = self.size + p
                 _BASE_OFFSET.pack_into(out, p, offset)
                 _, length, _, _, count = _PEEK.unpack_from(out, p)
-                if at == 0 or at - last_indexed >= interval:
+                self._count(out, p)
+                if at == self.start or at - last_indexed >= interval:
                     marks += _ENTRY.pack(offset - self.base, at)
                     last_indexed = at
                 offset += count

@@ -1,7 +1,12 @@
 """The per-topic write-ahead log engine: segment policy, written once over the native or pure primitives.
 
 On disk, per topic, a folder of segments:
-  {base_offset:020d}.log   record batches back to back (docs/FORMAT.md), base offsets stamped
+  {base_offset:020d}.log   the 8-byte header of a `.dnb1` object, then record batches back to back
+                           (docs/FORMAT.md), base offsets stamped; at roll the object's footer and trailer
+                           follow the last batch, so a sealed segment is an object as the object tier
+                           stores it (docs/FORMAT.md, "Sealed segments"), which the folder store links
+                           instead of copying. A segment written before segments had the header (batches
+                           from byte 0, no footer) is read as it is, and uploaded by copying.
   {base_offset:020d}.idx   sparse index, fixed 8-byte entries (relative offset u32, file position u32, LE),
                            one every `index_interval_bytes` of log; entry 0 is (0, 0). The active segment's
                            index is a sparse file of `index_max_bytes`, mmap'd; its disk blocks are
@@ -48,8 +53,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 from danube_fast import frames, latency, wal_engine
 from danube_fast._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport
-from danube_fast.errors import OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
+from danube_fast.errors import ObjectCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
 from danube_fast.storage import sync_ledger
+from danube_fast.storage.objects import format as object_format
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -63,6 +69,8 @@ log = logging.getLogger("danube_fast.wal")
 ENTRY = INDEX_ENTRY_BYTES
 HEADER_BYTES = frames.HEADER_SIZE  # a batch is at least its header (docs/FORMAT.md)
 PAD_BLOCK = 4096  # direct appends write whole blocks of this size (Segment.direct)
+FILE_HEADER = object_format.HEADER  # a segment starts as a .dnb1 object does
+FOOTER_INDEX_INTERVAL = object_format.DEFAULT_INDEX_INTERVAL  # the footer's index, as an uploaded object's
 
 
 class SegmentedLog:
@@ -104,6 +112,8 @@ class SegmentedLog:
         self._busy = 0  # reads and syncs running outside _lock
         self._segments: list[Segment] = []
         self._bases: list[int] = []
+        self._footers: dict[int, object_format.Footer] = {}  # sealed segments that are whole objects
+        self._header_due: Segment | None = None  # the active segment, while its file header is not written
         self._next_offset = 0
         self._written = 0  # bytes appended since open
         self._synced = 0  # of those, bytes an fdatasync covered
@@ -185,6 +195,7 @@ class SegmentedLog:
         seg = self._segment(self._directory, base)
         try:
             seg.create(self._index_max_bytes)
+            self._headless(seg)
             if self._direct:
                 seg.direct(True)
             if self._direct_reads:
@@ -196,6 +207,47 @@ class SegmentedLog:
             raise
         seg.opened = time.monotonic()
         return seg
+
+    def _headless(self, seg: Segment) -> None:
+        """An empty active segment: its batches will start after the file header, which its first append
+        writes (so a roll needs no disk space for the next segment, and a full disk refuses an append
+        cleanly instead of failing a roll half done)."""
+        seg.start = seg.size = len(FILE_HEADER)
+        self._header_due = seg
+
+    def _write_header(self, seg: Segment) -> None:
+        """The file header of the active segment before its first batch; on failure nothing is kept."""
+        try:
+            seg.write(FILE_HEADER, 0)
+        except OSError as e:
+            try:
+                seg.cut(0)
+            except OSError:
+                self._fail(f"writing the header of {seg.log_path}", e)
+            raise WalWriteError(f"writing the header of {seg.log_path} failed: {e.strerror or e}; nothing of "
+                                "this append was kept") from e
+        self._header_due = None
+
+    def _read_start(self, seg: Segment, last: bool) -> None:
+        """Set `start` of a segment opened from disk: after the file header, or 0 for a segment written
+        before segments had one (its first 8 bytes are its first batch's base offset, the file name's). The
+        last segment, empty or holding a torn header only (no append yet, or a power loss before the first
+        fdatasync), is empty: its first append writes the header."""
+        with open(seg.log_path, "rb") as f:
+            head = f.read(len(FILE_HEADER))
+        if last and seg.size < len(FILE_HEADER) and FILE_HEADER.startswith(head):
+            if seg.size:
+                seg.cut(0)
+                seg.fsync()
+            self._headless(seg)
+            return
+        if head != FILE_HEADER:
+            return
+        if int.from_bytes(head, "little") == seg.base:  # ambiguous: an old segment of exactly this base
+            first = seg.peek(len(FILE_HEADER))
+            if first is None or first[0] != seg.base:
+                return
+        seg.start = len(FILE_HEADER)
 
     def _recover(self, initial_offset: int) -> None:
         report = RecoveryReport()
@@ -213,6 +265,7 @@ class SegmentedLog:
             self._segments.append(seg)  # first, so that a failure below closes it
             self._bases.append(base)
             seg.open()
+            self._read_start(seg, last=i + 1 == len(bases))
             if self._direct_reads:  # sealed segments too: they were written directly, so they are not cached
                 seg.direct_reads(True)
             if i + 1 < len(bases):
@@ -234,7 +287,18 @@ class SegmentedLog:
         self._recovery = report
 
     def _open_sealed(self, seg: Segment, report: RecoveryReport) -> None:
-        """A sealed segment: trust the data, check the index, rebuild it if it is missing or damaged."""
+        """A sealed segment: trust the data, check the index, rebuild it if it is missing or damaged. Its
+        footer says where the batches end; one that is missing or damaged is logged, and the segment is
+        read up to its last whole batch (and uploaded by copying)."""
+        if seg.start:
+            footer = self._read_footer(seg)
+            if footer is not None:
+                self._footers[seg.base] = footer
+                seg.size = footer.body_end
+            else:
+                log.warning("sealed segment %s has no valid footer: reading it up to its last batch",
+                            seg.log_path)
+                seg.size = self._body_end(seg)
         ok = False
         if os.path.exists(seg.idx_path):
             size = os.stat(seg.idx_path).st_size
@@ -248,10 +312,39 @@ class SegmentedLog:
         rel, pos = seg.entry(seg.idx_count - 1)
         seg.next_offset = seg.walk(pos, seg.base + rel)
 
+    def _read_footer(self, seg: Segment) -> object_format.Footer | None:
+        """The footer at the end of a sealed segment's file, if it is a valid one of this segment."""
+        with open(seg.log_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            guess = min(size, object_format.FOOTER_GUESS)
+            tail = os.pread(f.fileno(), guess, size - guess)
+            try:
+                need = object_format.footer_length(tail)
+                if need > len(tail) and need <= size:
+                    tail = os.pread(f.fileno(), need, size - need)
+                footer = object_format.parse_footer(tail)
+            except ObjectCorrupt:
+                return None
+        if footer.min_offset != seg.base or footer.object_size != size:
+            return None
+        return footer
+
+    @staticmethod
+    def _body_end(seg: Segment) -> int:
+        """The end of the last whole batch, walking the headers from the first one (a damaged footer)."""
+        pos, offset = seg.start, seg.base
+        while (head := seg.peek(pos)) is not None:
+            base, length, count = head
+            if base != offset or length < HEADER_BYTES or count < 1 or pos + length > seg.size:
+                break
+            pos, offset = pos + length, base + count
+        return pos
+
     def _index_sane(self, seg: Segment) -> bool:
-        """Entry 0 is (0, 0); offsets and positions strictly increase; the last entry points at a batch header
-        with its base offset (only the last is read, like Kafka's sanityCheck, plus the monotony scan)."""
-        if seg.entry(0) != (0, 0) or not seg.entries_increasing():
+        """Entry 0 is (0, start); offsets and positions strictly increase; the last entry points at a batch
+        header with its base offset (only the last is read, like Kafka's sanityCheck, plus the monotony
+        scan)."""
+        if seg.entry(0) != (0, seg.start) or not seg.entries_increasing():
             return False
         rel, pos = seg.entry(seg.idx_count - 1)
         if pos + HEADER_BYTES > seg.size:
@@ -279,7 +372,15 @@ class SegmentedLog:
         pos, expected, reason = seg.scan(self._index_interval_bytes)
         report.scanned_bytes += pos
         seg.next_offset = expected
-        if pos < seg.size and self._padding(seg, pos):
+        if pos < seg.size and seg.start and self._footer_at(seg, pos):
+            # Sealed, then a crash before the next segment was created: it is the active segment again,
+            # and its next roll writes the footer anew.
+            log.info("WAL %s: segment %d is the last one again; its footer is cut", self._directory,
+                     seg.base)
+            seg.cut(pos)
+            seg.fsync()
+            seg.size = pos
+        elif pos < seg.size and self._padding(seg, pos):
             # A direct append's zero padding after a crash (a clean close cuts it): not damage.
             report.padding_bytes = seg.size - pos
             seg.cut(pos)
@@ -295,6 +396,11 @@ class SegmentedLog:
             seg.cut(pos)
             seg.fsync()
             seg.size = pos
+
+    def _footer_at(self, seg: Segment, pos: int) -> bool:
+        """Whether the bytes from `pos` to the end of the file are this segment's footer and trailer."""
+        footer = self._read_footer(seg)
+        return footer is not None and footer.body_end == pos
 
     @staticmethod
     def _padding(seg: Segment, pos: int) -> bool:
@@ -337,16 +443,21 @@ class SegmentedLog:
                 self._reopen()
             self._maybe_roll(total)
             seg = self._segments[-1]
+            if self._header_due is seg:
+                self._write_header(seg)
+            counted = (seg.batches, seg.min_time, seg.max_time)
             data, end, marks = seg.stamp(views, counts, ranges, first, self._index_interval_bytes)
             at = seg.size
             try:
                 seg.reserve_index(seg.idx_count + len(marks) // ENTRY)
             except OSError as e:
+                seg.batches, seg.min_time, seg.max_time = counted
                 raise WalWriteError(f"appending {total} bytes to {seg.log_path} failed: {e.strerror or e}; "
                                     "nothing of this append was kept") from e
             try:
                 seg.write(data, at)
             except OSError as e:
+                seg.batches, seg.min_time, seg.max_time = counted
                 # Cut the partial write back so the file still ends on a whole batch. If even that fails,
                 # stop appending: recovery on reopen will cut the torn tail.
                 try:
@@ -358,7 +469,7 @@ class SegmentedLog:
             with self._lock:
                 # Index entries only after the bytes they point at are in the file.
                 seg.add_entries(marks)
-                if at == 0:
+                if at == seg.start:
                     seg.opened = time.monotonic()
                 seg.size = at + total
                 seg.next_offset = end
@@ -368,7 +479,7 @@ class SegmentedLog:
 
     def _maybe_roll(self, incoming: int) -> None:
         seg = self._segments[-1]
-        if seg.size == 0:
+        if seg.size <= seg.start:
             return
         if (seg.size + incoming > self._segment_bytes
                 or seg.idx_count >= seg.idx_capacity
@@ -409,12 +520,15 @@ class SegmentedLog:
 
     def _roll(self) -> None:
         seg = self._segments[-1]
-        if seg.size == 0:
+        if seg.size <= seg.start:
             return
         try:
             seg.direct(False)  # its padding cut, made durable by the datasync
+            footer = self._footer(seg) if seg.start else None
+            tail = b"" if footer is None else object_format.encode_footer(footer)
+            self._write_footer(seg, tail)
             seg.datasync()
-            sync_ledger.record(seg.log_path, seg.size)
+            sync_ledger.record(seg.log_path, seg.size + len(tail))
             seg.seal_index()
             with self._lock:  # readers may be searching the mapping that is replaced
                 seg.load_index(seg.idx_count)
@@ -426,6 +540,41 @@ class SegmentedLog:
             self._synced = max(self._synced, written)
             self._segments.append(new)
             self._bases.append(new.base)
+            if footer is not None:
+                self._footers[seg.base] = footer
+
+    def _write_footer(self, seg: Segment, tail: bytes) -> None:
+        """The footer and trailer after the last batch (past `size`: readers never see them). On a failure
+        (a full disk) the segment stays the active one, unchanged, and the append that rolls is refused."""
+        try:
+            seg.write(tail, seg.size)
+        except OSError as e:
+            seg.cut(seg.size)  # an OSError here fails the log (_roll)
+            if self._direct:
+                seg.direct(True)
+            raise WalWriteError(f"sealing segment {seg.log_path} failed: {e.strerror or e}; nothing of this "
+                                "append was kept") from e
+
+    def _footer(self, seg: Segment) -> object_format.Footer:
+        """The footer that makes the active segment an object: its figures, kept up by stamp, and every
+        entry of its index at least FOOTER_INDEX_INTERVAL bytes after the one before."""
+        index, last = [], -FOOTER_INDEX_INTERVAL
+        for i in range(seg.idx_count):
+            rel, pos = seg.entry(i)
+            if pos - last >= FOOTER_INDEX_INTERVAL:
+                index.append((seg.base + rel, pos))
+                last = pos
+        return object_format.Footer(seg.base, seg.next_offset - 1, seg.min_time, seg.max_time, seg.size,
+                                    seg.batches, tuple(index))
+
+    def sealed_object(self, base: int) -> tuple[str, object_format.Footer] | None:
+        """(path, footer) of the sealed segment starting at `base` if its file is a whole `.dnb1` object (a
+        header and a valid footer), None otherwise. The file never changes again; retention may unlink it."""
+        with self._lock:
+            footer = self._footers.get(base)
+            if footer is None or base not in self._bases[:-1]:
+                return None
+            return self._segments[self._bases.index(base)].log_path, footer
 
     def delete_before(self, offset: int) -> int:
         """Retention: delete whole sealed segments whose every record is below `offset`."""
@@ -446,6 +595,7 @@ class SegmentedLog:
                     with self._lock:
                         self._segments.pop(0)
                         self._bases.pop(0)
+                        self._footers.pop(seg.base, None)
                     deleted += 1
                 if deleted:
                     self._fsync_dir()

@@ -6,8 +6,11 @@ turns under one lock, so objects are built, stored and published one at a time, 
 checkpoint (the last offset already in the object tier) is the Uploader's alone.
 
 Per object, in this order, each step only after the previous one succeeded:
-1. read committed batches past the checkpoint from the WAL (at most `max_object_bytes`, whole batches);
-2. `store.put(...)` the object at `{ns}/{topic}/data-{start}-{end}.dnb1` (durable when it returns);
+1. a sealed segment that starts right after the checkpoint is an object already (docs/FORMAT.md, "Sealed
+   segments"): its file is the object, whatever its size. Otherwise read committed batches past the
+   checkpoint from the WAL (at most `max_object_bytes`, whole batches) and build the object;
+2. store it at `{ns}/{topic}/data-{start}-{end}.dnb1` (durable when it returns): `put_file` of the segment
+   (a folder on the WAL's file system links it, no byte copied) or `put_parts` of the built object;
 3. write its descriptor and `objects/cur` in ONE transaction through `write_meta` (the broker passes a fenced
    writer conditioned on its topic assignment; docs/METADATA.md#storage-keys);
 4. advance the checkpoint;
@@ -36,9 +39,15 @@ from danube_fast.errors import DanubeError, ObjectStoreUnavailable, StorageError
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore, Op, TxnResult
 from danube_fast.storage.objects.catalog import descriptor_ops, last_uploaded_offset, load_descriptors
-from danube_fast.storage.objects.format import DEFAULT_INDEX_INTERVAL, BuiltObject, build_object, clip_batches
+from danube_fast.storage.objects.format import (
+    DEFAULT_INDEX_INTERVAL,
+    Buffer,
+    Footer,
+    build_object,
+    clip_batches,
+)
 from danube_fast.storage.objects.store import ObjectStore, object_id, object_key
-from danube_fast.storage.wal import Buffer, Wal
+from danube_fast.storage.wal import Wal
 
 log = logging.getLogger("danube_fast.uploader")
 
@@ -67,6 +76,9 @@ class UploaderConfig:
     # local reads (bench/RESULTS.md "Fast API": reading them back from objects cut catch-up consume to a
     # third). 0 = delete as soon as uploaded.
     retain_bytes: int = 0
+    # Store a sealed segment that is a whole object as its file (see the module's docstring); False: every
+    # object is built from WAL reads, at most max_object_bytes.
+    whole_segments: bool = True
 
 
 @dataclass
@@ -81,13 +93,15 @@ class UploaderStats:
 
 @dataclass
 class _Pending:
-    """An object built and maybe stored, not yet published: retried without being rebuilt or re-put. `built`
-    holds the object as parts, the body's being the WAL reads themselves (immutable bytes, or views of
-    them): nothing is joined on the way to the store."""
+    """An object built and maybe stored, not yet published: retried without being rebuilt or re-put. Either
+    `file`, a sealed segment that is the object, or `parts`, the object as built: the body's parts are the
+    WAL reads themselves (immutable bytes, or views of them), nothing is joined on the way to the store."""
 
     start: int
-    built: BuiltObject
+    footer: Footer
     key: str
+    file: str | None = None
+    parts: tuple[Buffer, ...] = ()
     stored: bool = False
     etag: str | None = None
 
@@ -255,7 +269,10 @@ class Uploader:
                 self._pending = pending
             if not pending.stored:
                 started = time.perf_counter()
-                pending.etag = await self._store.put_parts(pending.key, pending.built.parts)
+                if pending.file is not None:
+                    pending.etag = await self._store.put_file(pending.key, pending.file)
+                else:
+                    pending.etag = await self._store.put_parts(pending.key, pending.parts)
                 latency.UPLOAD_SECONDS.observe(time.perf_counter() - started)
                 pending.stored = True
             descriptor = self._descriptor(pending)
@@ -273,6 +290,12 @@ class Uploader:
         if start > self.checkpoint + 1:
             log.warning("%s/%s: offsets %d..%d are neither in the object tier nor in the WAL", self.namespace,
                         self.topic, self.checkpoint + 1, start - 1)
+        whole = self._wal.sealed_object(start) if self.config.whole_segments else None
+        if whole is not None and whole[1].max_offset < limit:
+            path, footer = whole
+            name = object_id(footer.min_offset, footer.max_offset)
+            key = object_key(self.namespace, self.topic, name)
+            return _Pending(self.checkpoint + 1, footer, key, file=path)
         chunks: list[Buffer] = []
         size, position = 0, start
         room = self.config.max_object_bytes
@@ -297,16 +320,17 @@ class Uploader:
             None, lambda: build_object(chunks, interval, verify=False))
         first = max(built.footer.min_offset, self.checkpoint + 1)
         name = object_id(first, built.footer.max_offset)
-        return _Pending(self.checkpoint + 1, built, object_key(self.namespace, self.topic, name))
+        return _Pending(self.checkpoint + 1, built.footer, object_key(self.namespace, self.topic, name),
+                        parts=built.parts)
 
     def _descriptor(self, pending: _Pending) -> ObjectDescriptor:
-        footer = pending.built.footer
+        footer = pending.footer
         index = footer.index
         if len(index) > MAX_DESCRIPTOR_INDEX:
             index = index[:: -(-len(index) // MAX_DESCRIPTOR_INDEX)]
         first = max(footer.min_offset, pending.start)
         return ObjectDescriptor(object_id=pending.key.rpartition("/")[2], start_offset=first,
-                                end_offset=footer.max_offset, size=pending.built.size, completed=True,
+                                end_offset=footer.max_offset, size=footer.object_size, completed=True,
                                 created_at=int(time.time()), etag=pending.etag, offset_index=index)
 
     async def _publish(self, descriptor: ObjectDescriptor) -> None:

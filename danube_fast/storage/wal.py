@@ -33,6 +33,7 @@ from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWrit
 from danube_fast.storage.cache import BatchCache, CachedGroup
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
+from danube_fast.storage.objects.format import Footer
 from danube_fast.storage.segmented_log import SegmentedLog
 
 log = logging.getLogger("danube_fast.wal")
@@ -139,6 +140,11 @@ class Wal:
         """Base offsets of the segment files, oldest first; the last is the active segment's (the uploader
         turns the sealed ones into objects)."""
         return self._log.segment_bases
+
+    def sealed_object(self, base: int) -> tuple[str, Footer] | None:
+        """(path, footer) of the sealed segment starting at `base` when its file is a whole `.dnb1` object
+        (SegmentedLog.sealed_object); the uploader stores such a file as it is."""
+        return self._log.sealed_object(base)
 
     @property
     def config(self) -> WalConfig:

@@ -42,7 +42,8 @@ async def topic_with_objects(wal_dir: Path, store: ObjectStore, meta: MetadataSt
     for t in times:
         await wal.append(frames.encode_payloads([b"x" * 100] * RECORDS, publish_time=t))
     up = Uploader(wal, store, meta, NS, TOPIC, checkpoint=-1,
-                  config=UploaderConfig(interval=3600, poll=0.01, max_object_bytes=400, delete_local=False))
+                  config=UploaderConfig(interval=3600, poll=0.01, max_object_bytes=400, delete_local=False,
+                                        whole_segments=False))
     await up.start()
     await up.drain()
     await up.close()

@@ -197,3 +197,47 @@ def test_folder_writes_the_same_objects_direct_or_through_the_page_cache(
     finally:
         if where == "tmpfs":
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_put_file_stores_the_file_as_it_is(backend: Backend, tmp_path: Path, run: Run) -> None:
+    """put_file (a sealed WAL segment): the object holds the file's bytes; it replaces an object there."""
+    source = tmp_path / "segment.log"
+    source.write_bytes(os.urandom(70_000))
+
+    async def main() -> None:
+        store = await backend.open()
+        await store.put("ns/t/data-0-9.dnb1", b"older")
+        await store.put_file("ns/t/data-0-9.dnb1", str(source))
+        assert await store.get("ns/t/data-0-9.dnb1") == source.read_bytes()
+        assert await store.list("ns/") == ["ns/t/data-0-9.dnb1"]
+        await store.close()
+
+    run(main())
+
+
+def test_folder_put_file_links_on_the_same_file_system_and_copies_across(tmp_path: Path, run: Run) -> None:
+    """A hard link where it can (no byte copied, the source's inode), a copy across file systems (EXDEV);
+    either way no temporary file is left behind."""
+    mount = _tmpfs()
+    if mount is None:
+        pytest.skip("no writable tmpfs mounted")
+    here = tmp_path / "segment.log"
+    here.write_bytes(os.urandom(9_000))
+    away = Path(mount) / f"danube-put-file-{os.getpid()}.log"
+    away.write_bytes(os.urandom(9_000))
+
+    async def main() -> None:
+        store = await FolderStore.open(tmp_path / "root")
+        await store.put_file("ns/t/a.dnb1", str(here))
+        await store.put_file("ns/t/b.dnb1", str(away))
+        linked, copied = tmp_path / "root" / "ns" / "t" / "a.dnb1", tmp_path / "root" / "ns" / "t" / "b.dnb1"
+        assert linked.stat().st_ino == here.stat().st_ino and linked.stat().st_nlink == 2
+        assert copied.read_bytes() == away.read_bytes() and copied.stat().st_nlink == 1
+        assert sorted(os.listdir(linked.parent)) == ["a.dnb1", "b.dnb1"]
+        here.unlink()  # the WAL deletes its segment: the object stays
+        assert await store.get("ns/t/a.dnb1") == linked.read_bytes() and linked.stat().st_nlink == 1
+
+    try:
+        run(main())
+    finally:
+        away.unlink(missing_ok=True)

@@ -27,7 +27,8 @@ from tests.tier.helpers import check_sequence, close_all, fill, open_topic, read
 pytestmark = pytest.mark.timeout(60)
 Run = Callable[..., Any]
 NS, TOPIC = "default", "tiered"
-CONFIG = UploaderConfig(interval=3600, poll=0.01, max_object_bytes=1500, index_interval_bytes=300)
+CONFIG = UploaderConfig(interval=3600, poll=0.01, max_object_bytes=1500, index_interval_bytes=300,
+                        whole_segments=False)  # objects of a few batches, not whole segments
 
 
 @dataclass
@@ -42,6 +43,9 @@ class CountingStore:
 
     async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
         return await self.inner.put_parts(key, parts)
+
+    async def put_file(self, key: str, path: str) -> str | None:
+        return await self.inner.put_file(key, path)
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         self.gets.append((key, start, end))

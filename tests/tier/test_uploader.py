@@ -3,7 +3,9 @@ deleted only after the descriptor is durable, retries while the store is down, d
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -20,6 +22,7 @@ from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import Op, TxnResult
 from danube_fast.storage import Wal
 from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.format import parse_footer
 from danube_fast.storage.objects.store import ObjectStore, object_key
 from danube_fast.storage.uploader import Uploader, UploaderConfig
@@ -80,6 +83,41 @@ def test_sealed_segments_are_uploaded_then_deleted_locally(backend: Backend, tmp
         cur = await meta.get(keys.objects_cur(NS, TOPIC))
         assert cur is not None and json.loads(cur.value) == {"start": f"{descriptors[-1].start_offset:020d}"}
         await up.close()
+        await close_all(store, meta, wal)
+
+    run(main())
+
+
+def test_a_sealed_segment_is_stored_as_its_file(backend: Backend, tmp_path: Path, run: Run) -> None:
+    """A sealed segment is a whole object (docs/FORMAT.md, "Sealed segments"): its object is its file, a
+    hard link in a folder store on the WAL's file system (the same inode: no byte copied), the same bytes in
+    S3; the object outlives the WAL's copy."""
+    async def main() -> None:
+        store, meta, wal = await open_topic(await backend.open(), tmp_path, 2048)
+        await fill(wal, 0, 40)
+        bases = wal.segment_bases
+        files = {}
+        for base in bases[:-1]:
+            sealed = wal.sealed_object(base)
+            assert sealed is not None
+            files[base] = (Path(sealed[0]).read_bytes(), os.stat(sealed[0]).st_ino)
+        up = uploader(wal, store, meta, checkpoint=None, config=replace(FAST, retain_bytes=1 << 30))
+        await up.start()
+        await until(lambda: up.checkpoint == bases[-1] - 1)
+        descriptors = await load_descriptors(meta, NS, TOPIC)
+        assert [(d.start_offset, d.end_offset) for d in descriptors] == \
+            [(base, following - 1) for base, following in itertools.pairwise(bases)]
+        for d in descriptors:
+            data, inode = files[d.start_offset]
+            key = object_key(NS, TOPIC, d.object_id)
+            assert await store.get(key) == data and d.size == len(data)
+            assert d.offset_index == parse_footer(data).index
+            if isinstance(store, FolderStore):
+                assert os.stat(os.path.join(store.root, *key.split("/"))).st_ino == inode
+        assert wal.segment_bases == bases  # kept locally (retain_bytes)
+        await up.close()
+        await wal.delete_before(bases[-1])
+        check_sequence(await stored_records(store, f"{NS}/{TOPIC}/"), range(bases[-1]))
         await close_all(store, meta, wal)
 
     run(main())

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from danube_fast.storage.objects.format import parse_footer
+from danube_fast.storage.segmented_log import FILE_HEADER
 from tests.unit.test_wal_engine import Batches, Model, assert_read, frames, make_log, wal_impl
 
 __all__ = ["frames", "wal_impl"]  # fixtures used here
@@ -43,13 +45,13 @@ def test_direct_appends_pad_the_last_block_and_close_cuts_it(wal_impl: ModuleTyp
     fill(log, gen, model, 150)
     log.sync()
     (segment,) = (tmp_path / "wal").glob("*.log")
-    written = sum(len(b.data) for b in model.batches)
+    written = len(FILE_HEADER) + sum(len(b.data) for b in model.batches)
     assert written % BLOCK, "pick a seed whose batches do not end on a block"
     assert segment.stat().st_size == -(-written // BLOCK) * BLOCK  # padded: the write was direct
     check_all(log, model)
     log.close()
     assert segment.stat().st_size == written
-    assert segment.read_bytes() == b"".join(b.data for b in model.batches)
+    assert segment.read_bytes() == FILE_HEADER + b"".join(b.data for b in model.batches)
     reopened = make_log(wal_impl, str(tmp_path / "wal"))
     assert reopened.recovery.padding_bytes == 0 and reopened.recovery.truncated_bytes == 0
     check_all(reopened, model)
@@ -73,7 +75,7 @@ def test_a_crash_image_with_padding_recovers_every_batch_without_calling_it_dama
     fill(recovered, gen, model, 40)  # appends go on after the cut, rewriting the last block from the file
     check_all(recovered, model)
     recovered.close()
-    assert logs(tmp_path / "image")[f"{0:020d}.log"] == b"".join(b.data for b in model.batches)
+    assert logs(tmp_path / "image")[f"{0:020d}.log"] == FILE_HEADER + b"".join(b.data for b in model.batches)
 
 
 def test_damage_inside_the_padded_block_is_still_cut_as_damage(wal_impl: ModuleType, frames: ModuleType,
@@ -87,7 +89,7 @@ def test_damage_inside_the_padded_block_is_still_cut_as_damage(wal_impl: ModuleT
     log.close()
     (segment,) = (tmp_path / "image").glob("*.log")
     data = bytearray(segment.read_bytes())
-    written = sum(len(b.data) for b in model.batches)
+    written = len(FILE_HEADER) + sum(len(b.data) for b in model.batches)
     assert len(data) > written + 1
     data[-1] = 0x5A
     segment.write_bytes(bytes(data))
@@ -120,8 +122,9 @@ def test_direct_and_buffered_logs_write_the_same_files_across_impls(tmp_path: Pa
         assert len(bases) >= 4
         files = logs(directory)
         for base, following in itertools.pairwise(bases):  # a roll cut the sealed ones' padding
-            want = b"".join(b.data for b in model.batches if base <= b.base < following)
-            assert files[f"{base:020d}.log"] == want
+            want = FILE_HEADER + b"".join(b.data for b in model.batches if base <= b.base < following)
+            sealed = files[f"{base:020d}.log"]
+            assert sealed[:parse_footer(sealed).body_end] == want
         check_all(log, model)
         log.close()
         results[name] = logs(directory)

@@ -31,7 +31,8 @@ import pytest
 
 from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, index_reservation
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
-from danube_fast.storage.segmented_log import SegmentedLog
+from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
+from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
 
 WAL_MODULES = {"native": "danube_fast._wal", "pure": "danube_fast._wal_py"}
 CODEC_MODULES = {"native": "danube_fast._frames", "pure": "danube_fast._frames_py"}
@@ -153,7 +154,7 @@ class Model:
         starts = set(segment_bases)
         for b in self.batches:
             if b.base in starts:
-                segment, pos = b.base, 0
+                segment, pos = b.base, len(FILE_HEADER)
             out.append((segment, pos))
             pos += len(b.data)
         return out
@@ -435,14 +436,29 @@ def test_roll_by_size_seals_segments_with_exact_indexes(
     assert len(bases) >= 4 and bases[0] == 0
     placement = model.placement(bases)
     for i, base in enumerate(bases[:-1]):
-        size = log_path(d, base).stat().st_size
+        footer = sealed_footer(log_path(d, base), model, base, bases[i + 1])
         first_of_next = next(b for b in model.batches if b.base == bases[i + 1])
-        assert size <= SEGMENT < size + len(first_of_next.data)
+        assert footer.body_end <= SEGMENT < footer.body_end + len(first_of_next.data)
         batches = [(b.base - base, pos) for b, (seg, pos) in zip(model.batches, placement, strict=True)
                    if seg == base]
         assert index_entries(idx_path(d, base)) == batches  # cut to count * 8 bytes
     assert idx_path(d, bases[-1]).stat().st_size == 4096  # the active index stays preallocated
     assert_all_readable(log, model)
+
+
+def sealed_footer(path: Path, model: Model, base: int, end: int) -> Footer:
+    """The footer of a sealed segment, checked: the file is the `.dnb1` object of its batches (docs/FORMAT.md,
+    "Sealed segments"), as the uploader would build it from them."""
+    data = path.read_bytes()
+    check_header(data)
+    footer = parse_footer(data)
+    batches = [b for b in model.batches if base <= b.base < end]
+    built = build_object(b"".join(b.data for b in batches)).footer
+    assert (footer.min_offset, footer.max_offset, footer.min_time, footer.max_time, footer.body_end,
+            footer.batch_count) == (base, end - 1, built.min_time, built.max_time, built.body_end,
+                                    len(batches))
+    assert footer.index[0] == (base, len(FILE_HEADER)) and data[footer.body_end:] == encode_footer(footer)
+    return footer
 
 
 def test_roll_by_age(frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
@@ -474,7 +490,7 @@ def test_roll_when_the_index_is_full(
     group = log.segment_bases[-1]
     assert group == model.batches[5].base
     assert_lookups(log, model, exact=False)
-    assert log.lookup(model.batches[7].base) == (group, len(model.batches[5].data))  # batch 6's entry
+    assert log.lookup(model.batches[7].base) == (group, len(FILE_HEADER) + len(model.batches[5].data))
     model.add(log.append([gen.batch()]).data)  # the full index rolls before this one
     assert log.segment_bases[-1] == model.batches[8].base
     assert idx_path(d, group).stat().st_size == 16
@@ -493,7 +509,7 @@ def test_explicit_roll(frames: ModuleType, open_log: Callable[..., Any], tmp_pat
     assert log.segment_bases == [0, model.end]
     assert log.unsynced_bytes == 0
     assert idx_path(d, 0).stat().st_size == 3 * 8
-    assert log_path(d, model.end).stat().st_size == 0
+    assert log_path(d, model.end).read_bytes() == b""  # its first append writes the file header
     fill(log, gen, model, 2)
     assert_all_readable(log, model)
     log.close()
@@ -603,8 +619,8 @@ def test_torn_tail_of_a_segment_with_a_single_batch(
     fill(log, gen, model, 1)
     last = log.segment_bases[-1]
     log.close()
-    os.truncate(log_path(d, last), 30)
-    reopen_cut(open_log, d, model, 0, 30, last)
+    os.truncate(log_path(d, last), len(FILE_HEADER) + 30)
+    reopen_cut(open_log, d, model, len(FILE_HEADER), 30, last)
 
 
 def test_garbage_after_the_last_batch_is_cut(

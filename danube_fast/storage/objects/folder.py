@@ -6,6 +6,10 @@ object's directory, check its length, fsync, rename over the key, fsync the dire
 directory the write created). A crash leaves either no object or the whole object, never a torn one; at worst
 a stray temporary file, which `list` does not show.
 
+`put_file` of a file on the same file system (a sealed WAL segment: docs/FORMAT.md, "Sealed segments") is a
+hard link, made atomic and durable the same way: the object costs no byte of copy and no disk space while
+the WAL keeps the segment. Elsewhere (another file system) the file is copied.
+
 With `direct` (the broker's `[wal] direct_io`) the file is written with O_DIRECT from a reused aligned buffer
 (`write_direct` of the WAL's segment primitives), not through the page cache: an upload then costs the
 broker a copy into that buffer instead of the kernel's copy into freshly allocated cache pages
@@ -79,6 +83,11 @@ class FolderStore:
         await self._run(lambda: _write_atomic(path, parts, self.direct), "put", key)
         return None
 
+    async def put_file(self, key: str, path: str) -> str | None:
+        target = self._path(key)
+        await self._run(lambda: _link_atomic(path, target, self.direct), "put", key)
+        return None
+
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
         return await self._run(lambda: _read_range(self.root, path, start, end), "get", key)
@@ -126,12 +135,25 @@ def _makedirs_durable(path: str) -> None:
         _fsync_dir(os.path.dirname(directory))
 
 
-def _write_atomic(path: str, parts: Sequence[Buffer], direct: bool = False) -> None:
+def _publish(path: str, make: Callable[[str], None]) -> None:
+    """`make(tmp)` creates the object's bytes, durable, under a temporary name in the object's directory;
+    then it is renamed over `path` and the directory fsynced. On a failure the temporary file goes."""
     directory, name = os.path.split(path)
     _makedirs_durable(directory)
     tmp = os.path.join(directory, f".{name}{_TMP}{uuid.uuid4().hex}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        make(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _write_atomic(path: str, parts: Sequence[Buffer], direct: bool = False) -> None:
+    def make(tmp: str) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             written = _write_parts(fd, tmp, parts, direct)
             size = os.fstat(fd).st_size
@@ -140,12 +162,25 @@ def _write_atomic(path: str, parts: Sequence[Buffer], direct: bool = False) -> N
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+
+    _publish(path, make)
+
+
+# A hard link is refused across file systems, by file systems without them, and past a file's link limit.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _link_atomic(source: str, path: str, direct: bool) -> None:
+    """The file `source` as the object at `path`: a hard link (the source's bytes are durable already),
+    published as _write_atomic publishes; a copy where no link can be made."""
+    try:
+        _publish(path, lambda tmp: os.link(source, tmp))
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        with open(source, "rb") as f:
+            data = f.read()
+        _write_atomic(path, (data,), direct)
 
 
 def _write_parts(fd: int, path: str, parts: Sequence[Buffer], direct: bool) -> int:

@@ -33,6 +33,7 @@ _INDEX_ENTRY = struct.Struct("<QQ")
 _CRC = struct.Struct("<I")
 _TRAILER = struct.Struct("<I4s")
 HEADER_SIZE = _HEADER.size  # 8
+HEADER = _HEADER.pack(MAGIC, VERSION, 0)  # the first bytes of every object, and of every WAL segment
 FOOTER_FIXED_SIZE = _FOOTER_FIXED.size  # 48
 TRAILER_SIZE = _TRAILER.size  # 8
 FOOTER_GUESS = 64 * 1024
@@ -111,7 +112,7 @@ def build_object(body: Buffer | Sequence[Buffer], index_interval: int = DEFAULT_
         raise ValueError("an object holds at least one batch")
     footer = Footer(first.base_offset, expected - 1, min_time, max_time, HEADER_SIZE + base, batch_count,
                     tuple(index))
-    parts = [_HEADER.pack(MAGIC, VERSION, 0), *(c for c in chunks if memoryview(c).nbytes),
+    parts = [HEADER, *(c for c in chunks if memoryview(c).nbytes),
              encode_footer(footer)]
     return BuiltObject(tuple(parts), footer)
 

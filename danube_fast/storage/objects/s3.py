@@ -79,6 +79,17 @@ class S3Store:
         data = await asyncio.get_running_loop().run_in_executor(None, b"".join, parts)
         return await self.put(key, data)
 
+    async def put_file(self, key: str, path: str) -> str | None:
+        def read() -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(None, read)
+        except OSError as e:
+            raise ObjectStoreError(f"cannot read {path} to store it as {key!r}: {e.strerror or e}") from e
+        return await self.put(key, data)
+
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._key(key)
         if start is None and end is None:

@@ -40,6 +40,12 @@ class ObjectStore(Protocol):
         this returns."""
         ...
 
+    async def put_file(self, key: str, path: str) -> str | None:
+        """`put` of the file at `path` as it is, a file that never changes (a sealed WAL segment, which is a
+        whole object: docs/FORMAT.md, "Sealed segments"). A folder on the same file system links it: no
+        byte is copied."""
+        ...
+
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object, clipped to its size (a range past the end gives b""). A negative
         `start` counts from the end (`start=-n`: the last n bytes, the whole object if it is shorter).
