@@ -585,6 +585,17 @@ cdef class Segment:
             raise IndexError(f"index entry {i} of {self.idx_count}")
         return (self.entry_rel(i), self.entry_pos(i))
 
+    def entries_every(self, Py_ssize_t interval):
+        """(relative offset, position) of entry 0 and of every entry at least `interval` bytes after the last
+        one taken (the footer's sparser index)."""
+        cdef Py_ssize_t i, last = -interval
+        out = []
+        for i in range(self.idx_count):
+            if <Py_ssize_t>self.entry_pos(i) - last >= interval:
+                last = self.entry_pos(i)
+                out.append((self.entry_rel(i), last))
+        return out
+
     def entries_increasing(self):
         """Offsets and positions strictly increase from entry to entry."""
         cdef Py_ssize_t i

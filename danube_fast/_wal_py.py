@@ -395,6 +395,15 @@ class Segment:
         rel, pos = _ENTRY.unpack_from(self._idx, i * ENTRY)
         return rel, pos
 
+    def entries_every(self, interval: int) -> list[tuple[int, int]]:
+        out, last = [], -interval
+        for i in range(self.idx_count):
+            rel, pos = self.entry(i)
+            if pos - last >= interval:
+                out.append((rel, pos))
+                last = pos
+        return out
+
     def entries_increasing(self) -> bool:
         entries = _ENTRY.iter_unpack(self._idx[:self.idx_count * ENTRY]) if self._idx is not None else ()
         return all(r1 > r0 and p1 > p0 for (r0, p0), (r1, p1) in itertools.pairwise(entries))

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from danube_fast.storage.objects.format import parse_footer
+from danube_fast.storage import segmented_log
+from danube_fast.storage.objects.format import build_object, parse_footer
 from danube_fast.storage.segmented_log import FILE_HEADER
 from tests.unit.test_wal_engine import (
     SEGMENT,
@@ -173,3 +174,18 @@ def test_segments_without_a_header_are_read_appended_to_and_rolled_without_a_foo
     again = open_log(segment_bytes=SEGMENT, index_interval_bytes=0)
     assert again.recovery.truncated_segment is None and again.recovery.rebuilt_indexes == []
     assert_all_readable(again, model)
+
+
+def test_the_footer_index_is_the_one_an_uploaded_object_would_have(
+        frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every index entry at least the footer's interval after the last one taken (entries_every), as
+    build_object picks them from the batches (with every batch indexed, the two must agree)."""
+    monkeypatch.setattr(segmented_log, "FOOTER_INDEX_INTERVAL", 300)
+    log, model = sealed(frames, open_log, 38)
+    bases = log.segment_bases
+    for base, following in itertools.pairwise(bases):
+        footer = parse_footer(log_path(tmp_path / "wal", base).read_bytes())
+        body = b"".join(b.data for b in model.batches if base <= b.base < following)
+        assert footer.index == build_object(body, 300).footer.index
+        assert len(footer.index) > 2
