@@ -211,6 +211,7 @@ def write_direct(int fd, int dfd, list parts):
     writes"); from a reused aligned buffer the device reads the bytes itself."""
     cdef unsigned char* buf = _stage().fit(FILE_CHUNK)
     cdef const unsigned char[::1] view
+    cdef const unsigned char* src
     cdef Py_ssize_t fill = 0, pos = 0, total = 0, off, n, take, padded
     for part in parts:
         view = memoryview(part).cast("B")
@@ -218,8 +219,9 @@ def write_direct(int fd, int dfd, list parts):
         off = 0
         while off < n:
             take = min(n - off, FILE_CHUNK - fill)
+            src = &view[off]  # indexed with the GIL: the debug build checks bounds
             with nogil:
-                memcpy(buf + fill, &view[off], take)
+                memcpy(buf + fill, src, take)
             fill += take
             off += take
             if fill == FILE_CHUNK:
@@ -729,6 +731,7 @@ cdef class Segment:
         last) offsets. Returns (data, offset after it, packed index entries for the batches that get one)."""
         cdef Py_ssize_t n = len(views), i, total = 0, pos, blen, at, last_indexed = self.last_indexed
         cdef const unsigned char[::1] view
+        cdef const unsigned char* src
         cdef unsigned char* out
         for i in range(n):
             if views[i] is not None:
@@ -750,11 +753,12 @@ cdef class Segment:
             view = views[i]
             blen = view.shape[0]
             ranges[i] = (offset, offset + <uint64_t>counts[i] - 1)
+            src = &view[0]  # indexed with the GIL: the debug build checks bounds
             if blen >= NOGIL_MIN_BYTES:
                 with nogil:
-                    memcpy(p, &view[0], blen)
+                    memcpy(p, src, blen)
             else:
-                memcpy(p, &view[0], blen)
+                memcpy(p, src, blen)
             pos = 0
             while pos < blen:
                 at = self.size + (p - out) + pos
