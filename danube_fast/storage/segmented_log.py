@@ -569,9 +569,12 @@ class SegmentedLog:
         header and a valid footer), None otherwise. The file never changes again; retention may unlink it."""
         with self._lock:
             footer = self._footers.get(base)
-            if footer is None or base not in self._bases[:-1]:
+            if footer is None or len(self._segments) < 2:  # none, or the log is closed
                 return None
-            return self._segments[self._bases.index(base)].log_path, footer
+            seg = self._segment_for(base)
+            if seg.base != base or seg is self._segments[-1]:
+                return None
+            return seg.log_path, footer
 
     def delete_before(self, offset: int) -> int:
         """Retention: delete whole sealed segments whose every record is below `offset`."""

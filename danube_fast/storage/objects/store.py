@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from danube_fast.errors import ObjectStoreError
-from danube_fast.storage.objects.format import Buffer, Footer, footer_length, parse_footer
+from danube_fast.storage.objects.format import FOOTER_GUESS, Buffer, Footer, footer_length, parse_footer
 
 OBJECT_SUFFIX = ".dnb1"
-FOOTER_READ = 64 * 1024  # one ranged GET of an object's tail holds the footer of any usual object
 
 
 @runtime_checkable
@@ -66,7 +65,7 @@ class ObjectStore(Protocol):
 async def read_footer(store: ObjectStore, key: str) -> Footer:
     """The footer of the object at `key`: one ranged GET of its tail, a second when the footer is longer
     (an object with a very large index). Raises ObjectNotFound, ObjectCorrupt, ObjectStoreUnavailable."""
-    tail = await store.get(key, -FOOTER_READ)
+    tail = await store.get(key, -FOOTER_GUESS)
     need = footer_length(tail)
     if need > len(tail):
         tail = await store.get(key, -need)
