@@ -18,7 +18,7 @@ from bench.common import PUBLISH_TIME, no_gc
 from danube_fast import frames
 from danube_fast._wal_common import INDEX_ENTRY_BYTES
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
-from danube_fast.storage.segmented_log import SegmentedLog
+from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -120,7 +120,7 @@ def build_indexed_log(directory: str, batches: int, payload_bytes: int) -> Segme
         raise RuntimeError(f"expected one segment of {batches} records, got {log.segment_bases} "
                            f"and {log.next_offset} records")
     for offset in random.Random(1).sample(range(batches), 100):
-        if log.lookup(offset)[1] != offset * len(batch):
+        if log.lookup(offset)[1] != len(FILE_HEADER) + offset * len(batch):
             raise RuntimeError(f"offset {offset} is not indexed exactly: lookup gives {log.lookup(offset)}")
     return log
 
