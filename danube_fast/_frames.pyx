@@ -617,6 +617,54 @@ cdef int _check_all(const unsigned char* buf, Py_ssize_t size, Totals* t) except
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Buffers with room in front: a message's framing written before its data in place of a copy behind it
+# (fast_wire.py). grpc sends only `bytes`, and copies them itself, so a response whose framing is joined to
+# 1 MiB of batches costs a second copy on the event loop; a buffer made with free bytes in front of its data
+# (a WAL read, `join_after_room`) gets the framing written into them instead (docs/ARCHITECTURE.md, "Consume
+# without a framing copy").
+
+def join_after_room(chunks, Py_ssize_t room):
+    """The chunks copied one after another into a new bytes object, after `room` zero bytes: a view of the
+    copies (its `.obj` the whole object), for `fill_room`."""
+    cdef list items = chunks if type(chunks) is list else list(chunks)
+    cdef Py_ssize_t total = 0, at
+    cdef _Input inp
+    if room < 0:
+        raise ValueError(f"room must be >= 0, not {room}")
+    inputs = [_Input(c) for c in items]
+    for inp in inputs:
+        total += inp.size
+    out = PyBytes_FromStringAndSize(NULL, room + total)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    memset(p, 0, room)
+    at = room
+    for inp in inputs:
+        memcpy(p + at, inp.ptr, inp.size)
+        at += inp.size
+    return memoryview(out)[room:]
+
+
+def fill_room(data, head):
+    """The bytes object `data` is a view of, with `head` written into its first len(head) bytes, when `data`
+    covers exactly the rest of it (the room in front of the data was left for this); else None and nothing
+    written. The room is written, never the data: whoever made the object left it for its framing, and no view
+    handed out covers it."""
+    cdef _Input inp
+    cdef _Input h = _Input(head)
+    if type(data) is not memoryview:
+        return None
+    obj = (<object>data).obj
+    if not PyBytes_CheckExact(obj) or not (<object>data).c_contiguous:
+        return None
+    inp = _Input(data)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(obj)
+    if inp.size == 0 or inp.ptr != p + h.size or h.size + inp.size != PyBytes_GET_SIZE(obj):
+        return None
+    memcpy(p, h.ptr, h.size)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Public API: checksums, headers, stamping
 
 cdef int _check_position(Py_ssize_t position, Py_ssize_t size) except -1:

@@ -803,6 +803,19 @@ def scan_batches(buf: Buffer, verify: bool = True) -> list[BatchHeader]:
     return headers
 
 
+def join_after_room(chunks: Iterable[Buffer], room: int) -> memoryview:
+    """See `_frames.pyx`: the chunks joined after `room` zero bytes, a view of the joined part."""
+    if room < 0:
+        raise ValueError(f"room must be >= 0, not {room}")
+    return memoryview(bytes(room) + b"".join(chunks))[room:]
+
+
+def fill_room(data: Buffer, head: Buffer) -> bytes | None:
+    """See `_frames.pyx`. Always None here: Python cannot write into a bytes object, so callers join
+    instead (the same message, one copy more)."""
+    return None
+
+
 def span(buf: Buffer) -> tuple[int, int]:
     """(first offset, next offset) of back-to-back batches, from their headers alone (no CRC, no records)."""
     with _reading(buf) as view:

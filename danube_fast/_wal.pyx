@@ -20,6 +20,8 @@ import threading
 
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF
 from libc.errno cimport EINTR, EINVAL, EIO, errno
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -44,8 +46,25 @@ from danube_fast._frames cimport (
     OFF_MAGIC, OFF_MAX_TS, NOGIL_MIN_BYTES, OFF_VERSION, check_batch, load_u32, load_u64, store_u32, store_u64,
 )
 
-from danube_fast._wal_common import INDEX_SUFFIX, LOG_SUFFIX, index_reservation, segment_name
+from danube_fast._wal_common import INDEX_SUFFIX, LOG_SUFFIX, READ_ROOM, index_reservation, segment_name
 from danube_fast.errors import FrameCorrupt, WalCorrupt
+
+cdef Py_ssize_t ROOM = READ_ROOM
+
+# A read's bytes object is handled as a pointer until it is cut to size: _PyBytes_Resize needs the only
+# reference, and a Cython object variable cannot be passed by address.
+cdef extern from "Python.h":
+    PyObject* _new_bytes "PyBytes_FromStringAndSize"(const char* v, Py_ssize_t n) except NULL
+    char* _bytes_at "PyBytes_AS_STRING"(PyObject* o)
+    int _PyBytes_Resize(PyObject** s, Py_ssize_t n) except -1
+
+cdef object _cut_to(PyObject* raw, Py_ssize_t size):
+    """The new bytes object `raw` (its only reference, given here) shrunk to `size` bytes in place."""
+    _PyBytes_Resize(&raw, size)  # on failure it frees the object and raises
+    out = <object>raw
+    Py_DECREF(out)
+    return out
+
 
 cdef enum:
     ENTRY = 8                      # INDEX_ENTRY_BYTES
@@ -810,21 +829,32 @@ cdef class Segment:
                 break
             pos += length
         n = min(max(max_bytes, <Py_ssize_t>length), size - pos)
-        data = PyBytes_FromStringAndSize(NULL, n)
-        cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(data)
-        n = _read_at(self.fd, p, n, pos)
-        # A reader going through the segment in 1 MiB reads gets the next AHEAD..2*AHEAD bytes asked of the
-        # device once per step: direct appends leave recent data out of the page cache, and the kernel's
-        # own read-ahead for 1 MiB reads reached about a third of the device's speed here (docs/ARCHITECTURE.md).
-        cdef Py_ssize_t step = (pos + n) // AHEAD * AHEAD
-        if (pos < step or pos % AHEAD == 0) and step < size:
-            with nogil:
-                posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), POSIX_FADV_WILLNEED)
-        cut = self._whole(p, n, pos, limit)
+        # The batches go after READ_ROOM free bytes of the same object: a fast API response writes its framing
+        # there instead of copying the batches behind it (fast_wire.py).
+        cdef PyObject* raw = _new_bytes(NULL, ROOM + n)
+        cdef unsigned char* p = <unsigned char*>_bytes_at(raw) + ROOM
+        cdef Py_ssize_t step
+        try:
+            memset(p - ROOM, 0, ROOM)
+            n = _read_at(self.fd, p, n, pos)
+            # A reader going through the segment in 1 MiB reads gets the next AHEAD..2*AHEAD bytes asked of
+            # the device once per step: direct appends leave recent data out of the page cache, and the
+            # kernel's own read-ahead for 1 MiB reads reached about a third of the device's speed here
+            # (docs/ARCHITECTURE.md).
+            step = (pos + n) // AHEAD * AHEAD
+            if (pos < step or pos % AHEAD == 0) and step < size:
+                with nogil:
+                    posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), POSIX_FADV_WILLNEED)
+            cut = self._whole(p, n, pos, limit)
+        except BaseException:
+            Py_DECREF(<object>raw)
+            raise
         if cut == 0:
+            Py_DECREF(<object>raw)
             return None
-        # A view, not a slice: slicing bytes would copy the whole read again.
-        return data if cut == len(data) else memoryview(data)[:cut]
+        # Cut in place to the whole batches (a view alone would keep the object's tail, which a response
+        # built on the object cannot have), then a view past the room.
+        return memoryview(_cut_to(raw, ROOM + cut))[ROOM:]
 
     cdef Py_ssize_t _whole(self, const unsigned char* p, Py_ssize_t n, Py_ssize_t pos, uint64_t limit) except -1:
         """The bytes of the whole batches below `limit` at the start of the `n` bytes read from `pos`."""
@@ -842,50 +872,66 @@ cdef class Segment:
     cdef object _read_direct(self, Py_ssize_t pos, Py_ssize_t size, uint64_t offset, Py_ssize_t max_bytes,
                              uint64_t limit):
         """`read` through the O_DIRECT descriptor, with the same result: the whole blocks around what is
-        wanted go into an aligned spot of a bytes object and the header walk runs in that memory; when the
-        walk ends past what was read, the blocks from the batch it found are read instead. Returns a view of
-        the batches, None as `read` does, or False when a read came back short (`read` then does it the
+        wanted go into an aligned scratch buffer and the header walk runs in that memory; when the walk ends
+        past what was read, the blocks from the batch it found are read instead. The batches are copied out
+        (the GIL released) into a bytes object after READ_ROOM free bytes, as `read` leaves them. Returns a
+        view of them, None as `read` does, or False when a read came back short (`read` then does it the
         buffered way)."""
-        cdef Py_ssize_t start, end, got, avail, at, n, skip, cut
+        cdef Py_ssize_t start, end, got, avail, at, n, cut
         cdef Py_ssize_t want = max_bytes + BLOCK  # the walk from the indexed batch is usually within a block
         cdef uint32_t length
         cdef int found
         cdef unsigned char* p
+        cdef void* scratch = NULL
         while True:
             if pos + PEEK > size:
                 return None
             start = pos - pos % BLOCK
             end = (min(pos + max(want, <Py_ssize_t>PEEK), size) + BLOCK - 1) // BLOCK * BLOCK
-            data = PyBytes_FromStringAndSize(NULL, end - start + BLOCK)
-            p = <unsigned char*>PyBytes_AS_STRING(data)
-            skip = (BLOCK - <size_t>p % BLOCK) % BLOCK
-            p += skip
-            got = _read_at(self.rfd, p, end - start, start)
-            avail = min(start + got, size)  # file positions [start, avail) are in memory
-            # Walk headers from the indexed batch to the one holding `offset`.
-            at = pos
-            while True:
-                if at + PEEK > size:
-                    return None
-                if at + PEEK > avail:
-                    break
-                found = self._walk(p + (at - start), at, offset, limit, &length)
-                if found < 0:
-                    return None
-                if found:
-                    n = min(max(max_bytes, <Py_ssize_t>length), size - at)
-                    if at + n <= avail:
-                        cut = self._whole(p + (at - start), n, at, limit)
-                        if cut == 0:
-                            return None
-                        return memoryview(data)[skip + at - start:skip + at - start + cut]
-                    want = n
-                    break
-                at += length
-                want = max_bytes
+            if posix_memalign(&scratch, BLOCK, end - start) != 0:
+                raise MemoryError()
+            p = <unsigned char*>scratch
+            try:
+                got = _read_at(self.rfd, p, end - start, start)
+                avail = min(start + got, size)  # file positions [start, avail) are in memory
+                # Walk headers from the indexed batch to the one holding `offset`.
+                at = pos
+                while True:
+                    if at + PEEK > size:
+                        return None
+                    if at + PEEK > avail:
+                        break
+                    found = self._walk(p + (at - start), at, offset, limit, &length)
+                    if found < 0:
+                        return None
+                    if found:
+                        n = min(max(max_bytes, <Py_ssize_t>length), size - at)
+                        if at + n <= avail:
+                            cut = self._whole(p + (at - start), n, at, limit)
+                            if cut == 0:
+                                return None
+                            return _after_room(p + (at - start), cut)
+                        want = n
+                        break
+                    at += length
+                    want = max_bytes
+            finally:
+                free(scratch)
+                scratch = NULL
             if at == pos:
                 return False  # the blocks from `pos` itself came back short
             pos = at
+
+
+cdef object _after_room(const unsigned char* src, Py_ssize_t n):
+    """A copy of `n` bytes from `src` after READ_ROOM zero bytes of a new bytes object, as a view of the
+    copy; the GIL released for the copy."""
+    data = PyBytes_FromStringAndSize(NULL, ROOM + n)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(data)
+    memset(p, 0, ROOM)
+    with nogil:
+        memcpy(p + ROOM, src, n)
+    return memoryview(data)[ROOM:]
 
 
 def check_buffers(list buffers):

@@ -1,24 +1,29 @@
 """The fast API's bulk messages written and read without the protobuf runtime: a producer's Batch request
 (FastApi.proto: `ProduceRequest{batch: Batch{seq, data}}`) and the Records a consumer or a reader gets
 (`ConsumeResponse{records: Records{data, first_offset, last_offset}}`, `ReadResponse{records: ...}`), so
-that their record batches are copied once on the writing side and not at all on the reading side, instead
-of twice on each.
+that their record batches are copied at most once on the writing side and not at all on the reading side,
+instead of twice on each.
 
 Hand-written because it is the hot path of large records: the protobuf runtime copies a bytes field into its
 arena when it parses a message and again on every access of the field, and once when the field is set and
-once when the message is serialised. Here the writer joins a few header bytes and the data (one copy), and
-the reader takes the data as a memoryview into the message grpc handed over (no copy).
+once when the message is serialised. Here the writer joins a few header bytes and the data (one copy), or,
+when the data sits in a buffer with RECORDS_ROOM free bytes in front of it (a WAL read leaves them), writes
+the framing into those bytes and copies nothing: the offsets then come before the data and the varints are
+padded to a fixed width, which protobuf reads as it reads the canonical form. The reader takes the data as a
+memoryview into the message grpc handed over (no copy).
 
-Only the canonical form (fields in number order, each at most once, lengths exact) is read this way.
-Anything else, including every other message of the two streams, goes to the protobuf parser, so the set of
-accepted messages and their meaning are exactly protobuf's.
+Read this way: Records whose fields each come at most once, in any order, and a Batch request in canonical
+form. Anything else, including every other message of the two streams, goes to the protobuf parser, so the
+set of accepted messages and their meaning are exactly protobuf's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from danube_fast import frames
 from danube_fast.proto import FastApi_pb2 as fast
 
 Buffer = bytes | bytearray | memoryview
@@ -30,6 +35,9 @@ _READ_RECORDS = 0x0A  # field 1, length-delimited: ReadResponse.records
 _DATA = 0x0A  # field 1, length-delimited: Records.data
 _FIRST = 0x10  # field 2, varint: Records.first_offset
 _LAST = 0x18  # field 3, varint: Records.last_offset
+_LENGTH_WIDTH, _OFFSET_WIDTH = 5, 10  # padded varints: a length below 2**35, any uint64
+# The framing written in front of the data: outer tag and length, first_offset, last_offset, data tag, length.
+RECORDS_ROOM = 1 + _LENGTH_WIDTH + 2 * (1 + _OFFSET_WIDTH) + 1 + _LENGTH_WIDTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +95,44 @@ def encode_read_response(data: Buffer, first_offset: int, last_offset: int) -> b
     return _encode_records(_READ_RECORDS, data, first_offset, last_offset)
 
 
+def records_data(chunks: Sequence[Buffer]) -> Buffer:
+    """Chunks of batches as the data of one Records response: the only one as it is (a WAL read: room in
+    front, else the encoder copies it once), several joined after RECORDS_ROOM free bytes (one copy; the
+    framing then goes into the room)."""
+    return chunks[0] if len(chunks) == 1 else frames.join_after_room(chunks, RECORDS_ROOM)
+
+
 def _encode_records(outer: int, data: Buffer, first_offset: int, last_offset: int) -> bytes:
-    size = memoryview(data).nbytes
+    view = memoryview(data)
+    size = view.nbytes
+    obj = view.obj
+    if type(obj) is bytes and len(obj) == size + RECORDS_ROOM:  # maybe room in front: fill_room checks
+        inner = RECORDS_ROOM - 1 - _LENGTH_WIDTH + size
+        head = b"".join((outer.to_bytes(1, "little"), _padded(inner, _LENGTH_WIDTH),
+                         _FIRST.to_bytes(1, "little"), _padded(first_offset, _OFFSET_WIDTH),
+                         _LAST.to_bytes(1, "little"), _padded(last_offset, _OFFSET_WIDTH),
+                         _DATA.to_bytes(1, "little"), _padded(size, _LENGTH_WIDTH)))
+        framed = frames.fill_room(view, head)
+        if framed is not None:
+            return framed
     head = (_DATA.to_bytes(1, "little") + _varint(size)) if size else b""
     tail = (_FIRST.to_bytes(1, "little") + _varint(first_offset) if first_offset else b"") + \
         (_LAST.to_bytes(1, "little") + _varint(last_offset) if last_offset else b"")
     inner = len(head) + size + len(tail)
     return b"".join((outer.to_bytes(1, "little"), _varint(inner), head, data, tail))
+
+
+def _padded(value: int, width: int) -> bytes:
+    """`value` as a varint of exactly `width` bytes: groups of zeros carry continuation bits (protobuf reads
+    a varint of up to 10 bytes whatever its padding)."""
+    out = bytearray(width)
+    for i in range(width - 1):
+        out[i] = (value & 0x7F) | 0x80
+        value >>= 7
+    if value > 0x7F:
+        raise ValueError(f"does not fit a {width}-byte varint")
+    out[width - 1] = value
+    return bytes(out)
 
 
 def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
@@ -129,23 +168,33 @@ def decode_read_response(raw: bytes) -> RecordsResponse | fast.ReadResponse:
 
 
 def _records(raw: bytes, outer: int) -> RecordsResponse | None:
-    """`raw` as a RecordsResponse when it is the canonical encoding of Records in field `outer`, else None."""
+    """`raw` as a RecordsResponse when it is Records in field `outer` with a data field and each field at most
+    once (in any order, varints of any padding), else None."""
     end = len(raw)
-    if end >= 2 and raw[0] == outer:
-        length, at = _read_varint(raw, 1, end)
-        if at > 0 and at + length == end and at < end and raw[at] == _DATA:
-            size, start = _read_varint(raw, at + 1, end)
-            stop = start + size
-            if start > 0 and stop <= end:
-                first = last = 0
-                at = stop
-                if at < end and raw[at] == _FIRST:
-                    first, at = _read_varint(raw, at + 1, end)
-                if 0 < at < end and raw[at] == _LAST:
-                    last, at = _read_varint(raw, at + 1, end)
-                if at == end and first < 1 << 64 and last < 1 << 64:
-                    return RecordsResponse(memoryview(raw)[start:stop], first, last)
-    return None
+    if end < 2 or raw[0] != outer:
+        return None
+    length, at = _read_varint(raw, 1, end)
+    if at <= 0 or at + length != end:
+        return None
+    start = stop = -1
+    first = last = -1
+    while at < end:
+        tag = raw[at]
+        value, after = _read_varint(raw, at + 1, end)
+        if after < 0:
+            return None
+        if tag == _DATA and start < 0 and after + value <= end:
+            start, stop = after, after + value
+            at = stop
+        elif tag == _FIRST and first < 0 and value < 1 << 64:
+            first, at = value, after
+        elif tag == _LAST and last < 0 and value < 1 << 64:
+            last, at = value, after
+        else:
+            return None
+    if start < 0:
+        return None
+    return RecordsResponse(memoryview(raw)[start:stop], max(first, 0), max(last, 0))
 
 
 def decode_produce_request(raw: bytes) -> BatchRequest | fast.ProduceRequest:

@@ -26,7 +26,9 @@ if PURE and not TYPE_CHECKING:
         decode_records,
         encode_batch,
         encode_payloads,
+        fill_room,
         iter_records,
+        join_after_room,
         parse_header,
         scan_batches,
         span,
@@ -48,7 +50,9 @@ else:
         decode_records,
         encode_batch,
         encode_payloads,
+        fill_room,
         iter_records,
+        join_after_room,
         parse_header,
         scan_batches,
         span,
@@ -73,6 +77,6 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
     "BatchHeader", "Record", "arrow_schema", "crc32c", "decode_arrow", "decode_records", "encode_batch",
-    "encode_payloads",
-    "iter_records", "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
+    "encode_payloads", "fill_room", "iter_records", "join_after_room", "parse_header", "scan_batches", "span",
+    "stamp_base_offset", "verify_batch",
 ]

@@ -16,6 +16,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from spark_support import (
+    UPLOAD_WAIT,
     payload,
     produce_fast,
     produce_rich,
@@ -52,6 +53,12 @@ def data(shared_broker: Broker) -> dict[str, Any]:
     after = time.time()
     wait_uploaded(shared_broker, BULK, BULK_COUNT)
     wait_uploaded(shared_broker, RICH, RICH_COUNT)
+    # Every partition too (offsets count from 0 in each): a test that compares the object tier before and
+    # after a read must not see the partitions' uploads land in between.
+    deadline = time.monotonic() + UPLOAD_WAIT
+    while sum(uploaded_end(shared_broker, f"{PARTS}-part-{i}") for i in range(3)) < PARTS_COUNT:
+        assert time.monotonic() < deadline, f"{PARTS}: not every record uploaded in {UPLOAD_WAIT} s"
+        time.sleep(0.1)
     return {"rich": rich, "parts": parts, "before": before, "after": after}
 
 

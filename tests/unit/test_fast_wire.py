@@ -12,7 +12,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from danube_fast import frames
 from danube_fast.fast_wire import (
+    RECORDS_ROOM,
     BatchRequest,
     RecordsResponse,
     decode_consume_response,
@@ -157,3 +159,78 @@ def test_other_responses_and_malformed_ones_are_protobufs() -> None:
         cases.append(encode_records_response(b"z", 1, 1) if message is fast.ReadResponse
                      else encode_read_response(b"z", 1, 1))  # the other message's field number
         assert_read_as_protobuf(cases, message.FromString, decode, records_meaning)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Records framed in the room a WAL read leaves in front of its batches (frames.fill_room)
+
+NATIVE = frames.IMPL == "native"
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.one_of(st.binary(min_size=1, max_size=300), _LARGE),
+       first=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
+       last=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)))
+def test_records_framed_in_the_room_in_front_are_protobufs_without_a_copy(data: bytes, first: int, last: int
+                                                                          ) -> None:
+    for encode, decode, message in RESPONSES:
+        view = frames.join_after_room([data[:1], data[1:]], RECORDS_ROOM)
+        raw = encode(view, first, last)
+        if NATIVE:
+            assert raw is view.obj  # the framing went into the room: nothing copied
+            assert len(raw) == RECORDS_ROOM + len(data)
+        assert bytes(view) == data  # the data itself is never written
+        expected = ("records", data, first, last)
+        assert records_meaning(message.FromString(raw)) == expected
+        decoded = decode(raw)
+        assert records_meaning(decoded) == expected
+        assert isinstance(decoded, RecordsResponse) and decoded.data.obj is raw
+
+
+def test_data_without_exactly_the_room_is_joined_behind_canonical_framing() -> None:
+    data = b"batches" * 50
+    cases = [
+        frames.join_after_room([data], RECORDS_ROOM - 1),  # too little room
+        frames.join_after_room([data], RECORDS_ROOM + 1),  # room of another size
+        frames.join_after_room([data + b"tail"], RECORDS_ROOM)[:len(data)],  # not to the end of the object
+        memoryview(bytearray(RECORDS_ROOM) + data)[RECORDS_ROOM:],  # not a bytes object: never written
+        memoryview(bytes(RECORDS_ROOM) + data),  # the whole object: no room in front
+    ]
+    for view in cases:
+        before = bytes(view.obj)
+        records = fast.Records(data=bytes(view), first_offset=9, last_offset=20)
+        expected = fast.ConsumeResponse(records=records)
+        raw = encode_records_response(view, 9, 20)
+        assert raw == expected.SerializeToString() and raw is not view.obj
+        assert bytes(view.obj) == before
+    strided = memoryview(bytes(RECORDS_ROOM) + data * 2)[RECORDS_ROOM::2]
+    assert frames.fill_room(strided, b"x" * RECORDS_ROOM) is None
+
+
+def test_fill_room_writes_the_room_only_when_the_view_covers_the_rest() -> None:
+    view = frames.join_after_room([b"abc", b"", b"def"], 4)
+    assert bytes(view) == b"abcdef" and view.obj == bytes(4) + b"abcdef"
+    filled = frames.fill_room(view, b"HEAD")
+    if NATIVE:
+        assert filled is view.obj and filled == b"HEADabcdef"
+    else:  # the pure codec cannot write into bytes: callers join instead
+        assert filled is None
+    assert frames.fill_room(view, b"HEADS") is None and frames.fill_room(view, b"HEA") is None
+    assert frames.fill_room(b"HEADabcdef", b"HEAD") is None  # bytes, not a view of them
+    assert frames.fill_room(frames.join_after_room([], 4), b"HEAD") is None  # no data
+    with pytest.raises(ValueError):
+        frames.join_after_room([b"x"], -1)
+
+
+def test_records_fields_in_another_order_or_padding_read_without_a_copy_duplicates_through_protobuf() -> None:
+    inner = b"\x18\x05\x10\x82\x80\x00\x0a\x02hi"  # last, then first (a padded 2), then data
+    raw = b"\x12" + bytes([len(inner)]) + inner
+    decoded = decode_consume_response(raw)
+    assert isinstance(decoded, RecordsResponse) and decoded.data.obj is raw
+    assert records_meaning(decoded) == records_meaning(fast.ConsumeResponse.FromString(raw)) == \
+        ("records", b"hi", 2, 5)
+    for twice in (inner + b"\x10\x03", inner + b"\x0a\x01x"):  # a field again: protobuf's last-one-wins
+        raw = b"\x12" + bytes([len(twice)]) + twice
+        decoded = decode_consume_response(raw)
+        assert isinstance(decoded, fast.ConsumeResponse)
+        assert decoded == fast.ConsumeResponse.FromString(raw)

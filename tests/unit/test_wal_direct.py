@@ -16,7 +16,16 @@ import pytest
 
 from danube_fast.storage.objects.format import parse_footer
 from danube_fast.storage.segmented_log import FILE_HEADER
-from tests.unit.test_wal_engine import Batches, Model, assert_read, frames, make_log, wal_impl
+from tests.unit.test_wal_engine import (
+    Batches,
+    Model,
+    assert_framed_in_place,
+    assert_read,
+    frames,
+    impl_name,
+    make_log,
+    wal_impl,
+)
 
 __all__ = ["frames", "wal_impl"]  # fixtures used here
 
@@ -233,6 +242,9 @@ def test_direct_reads_return_exactly_what_a_read_should(wal_impl: ModuleType, fr
                 for max_bytes in (1, 700, BLOCK + 1, 70_000, 1 << 20):
                     for limit in limits:
                         assert_read(log, model, offset, max_bytes, limit)
+    if impl_name(wal_impl) == "native":  # copied out of the aligned blocks with room in front, as a read
+        for b in model.batches[::5]:
+            assert_framed_in_place(frames, log.read(b.base, 70_000, model.end))
     log.release()  # closed while idle: the next read reopens the descriptors, the direct one too
     check_all(log, model)
     assert {f"{base:020d}.log" for base in log.segment_bases} <= direct_readers(directory)

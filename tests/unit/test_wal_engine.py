@@ -29,8 +29,10 @@ from typing import Any
 
 import pytest
 
-from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, index_reservation
+from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
+from danube_fast.fast_wire import RECORDS_ROOM, encode_records_response
+from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
 from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
 
@@ -408,6 +410,35 @@ def test_read_from_every_offset_across_segments(frames: ModuleType, open_log: Ca
     assert bytes(got or b"") == holder.data
     assert log.read(model.end, 100, model.end) is None
     assert log.read(5, 100, 3) is None
+
+
+def test_a_native_read_leaves_room_in_front_for_a_response_framing(
+        wal_impl: ModuleType, frames: ModuleType, open_log: Callable[..., Any]) -> None:
+    """A buffered read of the native engine: its batches after READ_ROOM zero bytes of the same bytes object,
+    cut to them (fast_wire frames a Records response there instead of copying the read)."""
+    if impl_name(wal_impl) != "native":
+        pytest.skip("the pure engine's reads are os.pread's bytes: the response framing copies them")
+    gen, model = Batches(frames, 16), Model(frames)
+    log = open_log(segment_bytes=SEGMENT, index_interval_bytes=700)
+    fill(log, gen, model, 40)
+    for offset in range(model.start, model.end, 3):
+        for max_bytes in (1, 450, 1 << 20):
+            got = log.read(offset, max_bytes, model.end)
+            assert bytes(got) == model.expected_read(log.segment_bases, offset, max_bytes, model.end)
+            assert_framed_in_place(frames, got)
+    assert RECORDS_ROOM == READ_ROOM
+
+
+def assert_framed_in_place(frames: ModuleType, got: Any) -> None:
+    """`got` (a native read) sits after READ_ROOM zero bytes of a bytes object cut to it, and a Records
+    response framed there is that object, read back by protobuf as the batches and their offsets."""
+    assert isinstance(got, memoryview) and type(got.obj) is bytes
+    assert len(got.obj) == READ_ROOM + len(got) and got.obj[:READ_ROOM] == bytes(READ_ROOM)
+    first, after = frames.span(got)
+    raw = encode_records_response(got, first, after - 1)
+    assert raw is got.obj  # framed in place: not copied
+    decoded = fast.ConsumeResponse.FromString(raw).records
+    assert (decoded.data, decoded.first_offset, decoded.last_offset) == (bytes(got), first, after - 1)
 
 
 def test_lookup_points_at_or_before_the_batch_holding_an_offset(

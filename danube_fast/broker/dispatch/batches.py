@@ -29,7 +29,8 @@ from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.read_ahead import ReadAhead
 from danube_fast.errors import DanubeError, OffsetOutOfRange
-from danube_fast.storage.objects.format import Buffer, joined
+from danube_fast.fast_wire import records_data
+from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.tiered import ReadableLog, records_between
 
 log = logging.getLogger("danube_fast.dispatch")
@@ -225,7 +226,7 @@ class BatchDispatcher:
                     self._next = next_offset
                     if next_offset < self._wal.committed_offset:  # behind the tail: read on while this goes
                         self.read_ahead.start((epoch, position, next_offset, want))
-                    return joined(chunks), first, next_offset - 1
+                    return records_data(chunks), first, next_offset - 1
             timeout = max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)

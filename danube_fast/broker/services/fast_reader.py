@@ -29,10 +29,10 @@ from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, OffsetOutOfRange
-from danube_fast.fast_wire import encode_read_response, serialize_request
+from danube_fast.fast_wire import encode_read_response, records_data, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
-from danube_fast.storage.objects.format import Buffer, clip_batches, joined
+from danube_fast.storage.objects.format import Buffer, clip_batches
 from danube_fast.storage.tiered import READ_BYTES, ReadableLog
 
 # Bytes per response when ReadRequest.max_bytes is 0: the dispatchers' read size, well under a plain gRPC
@@ -131,4 +131,4 @@ async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tupl
         size += len(chunk)
         next_offset = after
     first = frames.parse_header(chunks[0]).base_offset
-    return joined(chunks), first, next_offset
+    return records_data(chunks), first, next_offset

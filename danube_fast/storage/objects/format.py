@@ -209,12 +209,6 @@ def select_batches(body: Buffer, headers: list[frames.BatchHeader], offset: int,
     return memoryview(body)[start : last.position + last.length], last.base_offset + last.record_count
 
 
-def joined(chunks: Sequence[Buffer]) -> Buffer:
-    """The chunks as one buffer: the only one as it is (a read's result, not copied: the response encoder
-    copies it once more anyway), else joined."""
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def clip_batches(data: Buffer, low: int, limit: int, room: int, whole: bool) -> tuple[memoryview, int]:
     """The whole batches of `data` (a WAL read: it may begin before `low`) that hold offsets at or after `low`
     and start below `limit`, within `room` bytes (the first one regardless when `whole`: an object holds at
