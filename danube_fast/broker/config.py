@@ -27,6 +27,9 @@ direct_io = true                  # with sync = always, append with O_DIRECT (ha
                                   # fsync'd group; docs/ARCHITECTURE.md "Direct appends")
 direct_reads = false              # with direct appends, read with O_DIRECT too: less CPU per byte, but
                                   # readers no longer share cached reads (docs/ARCHITECTURE.md "Direct reads")
+cache_bytes = 1073741824          # recent committed records kept in memory for readers, per topic ...
+cache_total_bytes = 1073741824    # ... and for every topic together, the oldest going first
+                                  # (docs/ARCHITECTURE.md "Tail cache")
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer
@@ -270,6 +273,9 @@ def check(config: BrokerConfig) -> None:
     for name in ("index_interval_bytes", "index_max_bytes", "max_group_bytes"):
         if getattr(config.wal, name) < 1:
             raise ConfigError(f"[wal] {name} must be at least 1")
+    for name in ("cache_bytes", "cache_total_bytes"):
+        if getattr(config.wal, name) < 0:
+            raise ConfigError(f"[wal] {name} must not be negative, not {getattr(config.wal, name)}")
     if config.wal.idle_release_ms < 0:
         raise ConfigError("[wal] idle_release_ms must not be negative (0 = never release)")
     try:

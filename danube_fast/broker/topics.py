@@ -57,6 +57,7 @@ from danube_fast.meta.resources import (
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
+from danube_fast.storage.cache import CacheBudget
 from danube_fast.storage.gaps import Gap
 from danube_fast.storage.tiered import TopicLog
 from danube_fast.storage.wal import Wal
@@ -83,6 +84,8 @@ class Topics:
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
         # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
         self.budget = ByteBudget(config.dispatch.broker_bytes)
+        # Bytes every topic's tail cache holds, against [wal] cache_total_bytes (storage/cache.py).
+        self.cache_budget = CacheBudget(config.wal.cache_total_bytes)
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.
         self._broken: dict[str, str] = {}
@@ -261,7 +264,8 @@ class Topics:
         wal = None
         readable = None
         if delivery == DeliveryMode.RELIABLE:
-            wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset)
+            wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset,
+                                 cache_budget=self.cache_budget)
             report = wal.recovery
             if report.truncated_bytes:
                 log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)

@@ -49,7 +49,10 @@ class WalConfig:
     # The active segment's index file is this long but sparse: its disk blocks are reserved as entries need
     # them (a page, doubling up to 64 KiB steps), so an idle topic holds one page, not this much.
     index_max_bytes: int = 1024 * 1024
-    cache_bytes: int = 32 * 1024 * 1024  # recent committed groups kept in memory for tail readers
+    # Recent committed groups kept in memory for readers (storage/cache.py): at most this much per topic, and
+    # at most cache_total_bytes for every topic of the broker together (the oldest go first).
+    cache_bytes: int = 1024 * 1024 * 1024
+    cache_total_bytes: int = 1024 * 1024 * 1024
     # Segments already in the object tier stay on local disk up to this many bytes per topic (the newest
     # ones), so that catch-up reads of recent offsets stay local; 0 deletes them once uploaded.
     retain_bytes: int = 1024 * 1024 * 1024

@@ -30,7 +30,7 @@ from typing import Any
 from danube_fast import frames
 from danube_fast._wal_common import AppendResult, RecoveryReport
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
-from danube_fast.storage.cache import BatchCache, CachedGroup
+from danube_fast.storage.cache import BatchCache, CacheBudget, CachedGroup
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
 from danube_fast.storage.objects.format import Footer
@@ -62,13 +62,15 @@ class Wal:
     """One topic's WAL. Create with `await Wal.open(directory, config)`."""
 
     def __init__(self, engine: SegmentedLog, config: WalConfig, loop: asyncio.AbstractEventLoop,
-                 pool: IoPool | None = None) -> None:
-        """`pool`: the threads that write and fdatasync (default: the process's shared IoPool)."""
+                 pool: IoPool | None = None, cache_budget: CacheBudget | None = None) -> None:
+        """`pool`: the threads that write and fdatasync (default: the process's shared IoPool);
+        `cache_budget`: what the tail caches of every topic hold together (the broker's; None: this log's
+        cache_bytes alone bounds its cache)."""
         self._log = engine
         self._config = config
         self._loop = loop
         self._pool = pool or IoPool.shared(config.io_threads)
-        self._cache = BatchCache(config.cache_bytes)
+        self._cache = BatchCache(config.cache_bytes, cache_budget)
         self._last_used = time.monotonic()  # the last append or read (release_if_idle)
         self._committed = engine.next_offset
         self._committed_changed = asyncio.Event()
@@ -100,7 +102,8 @@ class Wal:
 
     @classmethod
     async def open(cls, directory: str | os.PathLike[str], config: WalConfig | None = None, *,
-                   initial_offset: int = 0, pool: IoPool | None = None) -> Wal:
+                   initial_offset: int = 0, pool: IoPool | None = None,
+                   cache_budget: CacheBudget | None = None) -> Wal:
         """Open (and recover) the log in `directory`; recovery runs off the event loop."""
         config = config or WalConfig()
         loop = asyncio.get_running_loop()
@@ -114,7 +117,7 @@ class Wal:
             direct_io=config.direct_io and config.sync.mode == "always",
             direct_reads=config.direct_reads,
         ))
-        return cls(engine, config, loop, pool)
+        return cls(engine, config, loop, pool, cache_budget)
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -222,6 +225,7 @@ class Wal:
             self._kick()
         await self._shut
         self._closed = self._closed or WalClosed(f"the WAL in {self.directory} is closed")
+        self._cache.clear()  # a closed log's groups leave the broker's cache budget
         self._committed_changed.set()
 
     async def _command(self, run: Callable[[], Any]) -> Any:
