@@ -72,6 +72,7 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                    ()),
     "danube_topics_idle_released": ("gauge", "Reliable topics whose idle log gave back its cache and files.",
                                     ()),
+    "danube_wal_cache_bytes": ("gauge", "Bytes of recent records the tail caches hold (every topic).", ()),
 }
 
 
@@ -122,6 +123,7 @@ class BrokerCollector(Collector):
                     add("danube_subscription_unacked", sl, d.unacked)
         add("danube_dispatch_held_bytes", (), topics.budget.held)
         add("danube_topics_idle_released", (), topics.released_logs())
+        add("danube_wal_cache_bytes", (), topics.cache_budget.nbytes)
         for name in topics.broken():
             add("danube_topic_load_failed", (name,), 1)
         add("danube_broker_uptime_seconds", (), time.monotonic() - self._started)

@@ -23,14 +23,16 @@ from danube_fast.broker.topics import Topics
 from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
+from danube_fast.storage.cache import CacheBudget
 
 
-def topics_of(*topics: Topic) -> Topics:
+def topics_of(*topics: Topic, cache_budget: CacheBudget | None = None) -> Topics:
     """The registry `render` reads, holding just these topics (no store behind it)."""
     registry = Topics.__new__(Topics)
     registry._topics = {t.full: t for t in topics}
     registry._broken = {}
     registry.budget = ByteBudget(1 << 20)
+    registry.cache_budget = cache_budget or CacheBudget(1 << 20)
     return registry
 
 
@@ -80,6 +82,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
             "danube_broker_uptime_seconds": got["danube_broker_uptime_seconds"],
             "danube_dispatch_held_bytes": 0,  # the registry's budget: these dispatchers have their own
             "danube_topics_idle_released": 0,
+            "danube_wal_cache_bytes": 0,  # a NonReliable topic has no WAL
         }
         assert 1.5 <= got["danube_broker_uptime_seconds"] < 60
 
@@ -88,7 +91,8 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
 
 def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
-        wal = await Wal.open(tmp_path / "w", WalConfig(sync=SyncPolicy("none")))
+        cache_budget = CacheBudget(1 << 20)
+        wal = await Wal.open(tmp_path / "w", WalConfig(sync=SyncPolicy("none")), cache_budget=cache_budget)
         t = ReliableTopic(TopicName("default", "rel"), Policy(), Unfenced(None), wal)
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
 
@@ -118,7 +122,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
             assert dispatcher.ack(0)
             assert dispatcher.nack(2, 30_000)  # due again in 30 s: unacknowledged, not in flight
 
-            got = samples(metrics.render(topics_of(t), time.monotonic()))
+            got = samples(metrics.render(topics_of(t, cache_budget=cache_budget), time.monotonic()))
             tl = 'topic="/default/rel"'
             sl = tl + ',subscription="s"'
             assert {k: v for k, v in got.items() if k != "danube_broker_uptime_seconds"} == {
@@ -134,7 +138,9 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_subscription_unacked{{{sl}}}": 2,
                 "danube_dispatch_held_bytes": 0,  # the registry's budget: this dispatcher has its own
                 "danube_topics_idle_released": 0,
+                "danube_wal_cache_bytes": wal._cache.nbytes,  # the three batches published, held
             }
+            assert wal._cache.nbytes > 0
         finally:
             await dispatcher.close()
             await wal.close()
@@ -146,7 +152,7 @@ def test_every_family_is_described_once_even_without_topics() -> None:
     text = metrics.render(topics_of(), time.monotonic())
     got = samples(text)
     assert list(got) == ["danube_broker_uptime_seconds", "danube_dispatch_held_bytes",
-                         "danube_topics_idle_released"]
+                         "danube_topics_idle_released", "danube_wal_cache_bytes"]
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)) >= 12
     assert "# TYPE danube_subscription_redelivered_total counter" in text
