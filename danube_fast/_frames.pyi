@@ -1,6 +1,7 @@
 # Typed Python view of danube_fast._frames (and its pure-Python twin danube_fast._frames_py).
 # The byte layout is documented at the top of _frames.pyx and in docs/FORMAT.md.
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal, overload
 
 import pyarrow as pa
 from typing_extensions import Buffer
@@ -68,6 +69,7 @@ def encode_batch(
     session: int = 0,
     sequence: int = 0,
 ) -> bytes: ...
+@overload
 def encode_payloads(
     payloads: Sequence[bytes],
     *,
@@ -80,7 +82,23 @@ def encode_payloads(
     level: int | None = None,
     session: int = 0,
     sequence: int = 0,
+    room: Literal[0] = 0,
 ) -> bytes: ...
+@overload
+def encode_payloads(
+    payloads: Sequence[bytes],
+    *,
+    publish_time: int = 0,
+    producer_id: int = 0,
+    producer_name: str = "",
+    broker_addr: str = "",
+    base_offset: int = 0,
+    compression: str | None = "none",
+    level: int | None = None,
+    session: int = 0,
+    sequence: int = 0,
+    room: int,
+) -> bytes | memoryview: ...
 def span(buf: Buffer) -> tuple[int, int]: ...
 def join_after_room(chunks: Iterable[Buffer], room: int) -> memoryview: ...
 def fill_room(data: Buffer, head: Buffer) -> bytes | None: ...

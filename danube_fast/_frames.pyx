@@ -897,9 +897,9 @@ cdef unsigned char* _put_record(unsigned char* q, Record rec, uint32_t ts_delta)
 
 cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64_t max_ts, object producer_id,
                        object producer_name, object broker_addr, object base_offset, object session,
-                       object sequence, unsigned char** cursor):
-    """Allocate a batch of `body` record bytes with its header filled except the CRC; sequenced when
-    `session` is not 0."""
+                       object sequence, unsigned char** cursor, Py_ssize_t room=0):
+    """Allocate a batch of `body` record bytes with its header filled except the CRC, after `room` zero bytes
+    of the same object (see fill_room); sequenced when `session` is not 0."""
     cdef Py_ssize_t name_len, addr_len
     cdef const char* name = _text(producer_name, &name_len, 0xFFFF, "producer_name")
     cdef const char* addr = _text(broker_addr, &addr_len, 0xFFFF, "broker_addr")
@@ -915,8 +915,10 @@ cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64
         raise ValueError(f"batch would be {total} bytes, more than the {MAX_BATCH} allowed")
     if max_ts - base_ts > 0xFFFFFFFF:
         raise ValueError("publish times in one batch span more than 2**32-1 ms")
-    out = PyBytes_FromStringAndSize(NULL, total)
+    out = PyBytes_FromStringAndSize(NULL, room + total)
     cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    memset(p, 0, room)
+    p += room
     store_u64(p + OFF_BASE_OFFSET, boff)
     store_u32(p + OFF_LENGTH, <uint32_t>total)
     p[OFF_MAGIC] = BATCH_MAGIC
@@ -938,9 +940,9 @@ cdef object _new_batch(Py_ssize_t body, uint32_t count, uint64_t base_ts, uint64
     return out
 
 
-cdef void _seal(object batch) noexcept:
-    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(batch)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(batch)
+cdef void _seal(object batch, Py_ssize_t room=0) noexcept:
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(batch) + room
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(batch) - room
     with nogil:
         store_u32(p + OFF_CRC, crc32c_update(0, p + CRC_FROM, n - CRC_FROM))
 
@@ -987,9 +989,11 @@ def encode_batch(records, *, producer_id=0, producer_name="", broker_addr="", ba
 
 
 def encode_payloads(payloads, *, publish_time=0, producer_id=0, producer_name="", broker_addr="",
-                    base_offset=0, compression="none", level=None, session=0, sequence=0):
+                    base_offset=0, compression="none", level=None, session=0, sequence=0, Py_ssize_t room=0):
     """One batch of payload-only records with one publish time: the fast path for bulk producers
-    (`compression`, `level`, `session` and `sequence` as in encode_batch)."""
+    (`compression`, `level`, `session` and `sequence` as in encode_batch). With `room`, an uncompressed
+    batch comes as a view of a bytes object that has `room` zero bytes in front of it, where a request's
+    framing can be written (fill_room); a compressed one as bytes."""
     cdef list items = payloads if type(payloads) is list else list(payloads)
     cdef Py_ssize_t n = len(items), i, body = 0
     cdef uint64_t ts = _u64(publish_time, "publish_time")
@@ -997,17 +1001,23 @@ def encode_payloads(payloads, *, publish_time=0, producer_id=0, producer_name=""
     cdef unsigned char* start
     if n == 0:
         raise ValueError("a batch needs at least one record")
+    if room < 0:
+        raise ValueError(f"room must be >= 0, not {room}")
+    if _codec_of(compression) != CODEC_NONE:
+        room = 0  # the compressed batch is a new object
     for i in range(n):
         body += REC_FIXED + _payload_size(items[i])
     out = _new_batch(body, <uint32_t>n, ts, ts, producer_id, producer_name, broker_addr, base_offset, session,
-                     sequence, &q)
+                     sequence, &q, room)
     for i in range(n):
         start = q
         q = _put_payload(q + REC_FIXED, items[i])
         store_u32(start + REC_LENGTH, <uint32_t>(q - start - 4))
         start[REC_FLAGS] = 0
         store_u32(start + REC_TS_DELTA, 0)
-    _seal(out)
+    _seal(out, room)
+    if room:
+        return memoryview(out)[room:]
     return _maybe_compress(out, compression, level)
 
 

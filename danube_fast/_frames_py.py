@@ -454,9 +454,13 @@ def encode_payloads(
     level: int | None = None,
     session: int = 0,
     sequence: int = 0,
-) -> bytes:
-    """The bytes of `encode_batch([Record(p, publish_time) for p in payloads], ...)`, without the Records."""
+    room: int = 0,
+) -> Any:
+    """The bytes of `encode_batch([Record(p, publish_time) for p in payloads], ...)`, without the Records;
+    with `room` (and no compression), a view of them after `room` zero bytes, as `_frames.pyx` returns."""
     codec = _codec_of(compression)
+    if room < 0:
+        raise ValueError(f"room must be >= 0, not {room}")
     checked = [_check_payload(payload, f"payload {index}") for index, payload in enumerate(payloads)]
     if not checked:
         raise ValueError("a batch needs at least one record")
@@ -469,6 +473,8 @@ def encode_payloads(
     for payload in checked:
         out += _RECORD_PREFIX.pack(_MIN_RECORD_LENGTH + len(payload), 0, 0)
         out += payload
+    if room and codec == 0:
+        return memoryview(bytes(room) + _finish_batch(out))[room:]
     return _maybe_compress(_finish_batch(out), codec, level)
 
 

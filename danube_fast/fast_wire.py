@@ -38,6 +38,8 @@ _LAST = 0x18  # field 3, varint: Records.last_offset
 _LENGTH_WIDTH, _OFFSET_WIDTH = 5, 10  # padded varints: a length below 2**35, any uint64
 # The framing written in front of the data: outer tag and length, first_offset, last_offset, data tag, length.
 RECORDS_ROOM = 1 + _LENGTH_WIDTH + 2 * (1 + _OFFSET_WIDTH) + 1 + _LENGTH_WIDTH
+# ... and in front of a producer's batch: outer tag and length, seq, data tag and length.
+PRODUCE_ROOM = 1 + _LENGTH_WIDTH + 1 + _OFFSET_WIDTH + 1 + _LENGTH_WIDTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +60,24 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def encode_batch_request(seq: int, data: bytes) -> bytes:
-    """The wire bytes of `ProduceRequest(batch=Batch(seq=seq, data=data))`, as protobuf writes them."""
+def encode_batch_request(seq: int, data: Buffer) -> bytes:
+    """The wire bytes of `ProduceRequest(batch=Batch(seq=seq, data=data))`: written into the PRODUCE_ROOM
+    bytes in front of `data` when it has them (frames.encode_payloads(room=...)), with padded varints, and
+    the batch not copied; else as protobuf writes them."""
+    view = memoryview(data)
+    size = view.nbytes
+    obj = view.obj
+    if type(obj) is bytes and len(obj) == size + PRODUCE_ROOM:  # maybe room in front: fill_room checks
+        head = b"".join((_BATCH.to_bytes(1, "little"), _padded(PRODUCE_ROOM - 1 - _LENGTH_WIDTH + size,
+                                                                  _LENGTH_WIDTH),
+                         _SEQ.to_bytes(1, "little"), _padded(seq, _OFFSET_WIDTH),
+                         _BATCH.to_bytes(1, "little"), _padded(size, _LENGTH_WIDTH)))
+        framed = frames.fill_room(view, head)
+        if framed is not None:
+            return framed
     inner = (_SEQ.to_bytes(1, "little") + _varint(seq) if seq else b"") + \
-        _BATCH.to_bytes(1, "little") + _varint(len(data))
-    return b"".join((_BATCH.to_bytes(1, "little"), _varint(len(inner) + len(data)), inner, data))
+        _BATCH.to_bytes(1, "little") + _varint(size)
+    return b"".join((_BATCH.to_bytes(1, "little"), _varint(len(inner) + size), inner, data))
 
 
 def serialize_request(request: Any) -> bytes:

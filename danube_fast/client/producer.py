@@ -44,7 +44,13 @@ from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.errors import DanubeError
-from danube_fast.fast_wire import RecordsResponse, encode_batch_request, serialize_request
+from danube_fast.fast_wire import (
+    PRODUCE_ROOM,
+    Buffer,
+    RecordsResponse,
+    encode_batch_request,
+    serialize_request,
+)
 from danube_fast.proto import FastApi_pb2 as fast
 
 Offsets = tuple[int, int]
@@ -64,7 +70,7 @@ class ProduceRejected(DanubeError):
 
 @dataclass
 class _Shipped:
-    data: bytes
+    data: Buffer  # the encoded batch; framed in the room in front of it at each write (fast_wire.py)
     future: asyncio.Future[Offsets]
 
 
@@ -228,14 +234,14 @@ class FastProducer:
         data = frames.encode_payloads(payloads, publish_time=int(time.time() * 1000),
                                       producer_id=self.producer_id, producer_name=self.name,
                                       compression=self._compression, level=self._level, session=session,
-                                      sequence=sequence)
+                                      sequence=sequence, room=PRODUCE_ROOM)
         await self._ship_data(data, future)
 
     def _next_sequence(self) -> tuple[int, int]:
         """The session and the number of the batch being encoded ((0, 0) without idempotence)."""
         return (self._session, next(self._sequence)) if self._session else (0, 0)
 
-    async def _ship_data(self, data: bytes, future: asyncio.Future[Offsets]) -> None:
+    async def _ship_data(self, data: Buffer, future: asyncio.Future[Offsets]) -> None:
         """Send one encoded batch (resent as it is, restamped with the producer id, after a reconnect)."""
         while self._inflight and (self._inflight + len(data) > self._max_inflight or
                                   len(self._unacked) >= MAX_UNACKED_BATCHES):
@@ -406,7 +412,7 @@ def batch_request(seq: int, data: bytes) -> fast.ProduceRequest:
     return request
 
 
-def _with_producer_id(data: bytes, producer_id: int) -> bytes:
+def _with_producer_id(data: Buffer, producer_id: int) -> Buffer:
     """The batches in `data` with `producer_id` in their headers (it is covered by the CRC: re-encode)."""
     headers = frames.scan_batches(data, verify=False)
     if all(h.producer_id == producer_id for h in headers):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from danube_fast import frames
 from danube_fast.fast_wire import (
+    PRODUCE_ROOM,
     RECORDS_ROOM,
     BatchRequest,
     RecordsResponse,
@@ -234,3 +235,28 @@ def test_records_fields_in_another_order_or_padding_read_without_a_copy_duplicat
         decoded = decode_consume_response(raw)
         assert isinstance(decoded, fast.ConsumeResponse)
         assert decoded == fast.ConsumeResponse.FromString(raw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seq=st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1)),
+       data=st.one_of(st.binary(min_size=1, max_size=300), _LARGE))
+def test_a_batch_request_framed_in_the_room_is_protobufs_and_reframed_for_a_resend(seq: int, data: bytes
+                                                                                   ) -> None:
+    view = frames.join_after_room([data], PRODUCE_ROOM)
+    for again in (seq, (seq + 1) % 2**64):  # a resend on a new stream frames the same batch anew
+        raw = encode_batch_request(again, view)
+        if NATIVE:
+            assert raw is view.obj and len(raw) == PRODUCE_ROOM + len(data)
+        assert bytes(view) == data
+        assert meaning(fast.ProduceRequest.FromString(raw)) == ("batch", again, data)
+        decoded = decode_produce_request(raw)
+        assert meaning(decoded) == ("batch", again, data)
+        assert isinstance(decoded, BatchRequest) and decoded.data.obj is raw
+
+
+def test_a_batch_without_exactly_the_room_is_joined_as_protobuf_writes_it() -> None:
+    data = b"batch" * 30
+    for view in (frames.join_after_room([data], PRODUCE_ROOM + 1), memoryview(bytes(PRODUCE_ROOM) + data),
+                 frames.join_after_room([data + b"x"], PRODUCE_ROOM)[:-1]):
+        raw = encode_batch_request(5, view)
+        assert raw == protobuf_batch(5, bytes(view)) and raw is not view.obj

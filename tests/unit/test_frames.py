@@ -283,6 +283,25 @@ def test_encode_payloads_matches_encode_batch(
                                        **names) == fast
 
 
+def test_encode_payloads_with_room_leaves_zero_bytes_before_the_same_batch(frames_impl: ModuleType) -> None:
+    """`room`: the batch as a view of a bytes object that starts with that many zero bytes (a producer's
+    request framing goes there, fast_wire.py); a compressed batch is a new object, so it comes as bytes."""
+    payloads = [bytes([i]) * (100 + i) for i in range(20)]
+    names = {"publish_time": 7, "producer_id": 3, "producer_name": "p", "session": 9, "sequence": 4}
+    plain = frames_impl.encode_payloads(payloads, **names)
+    for room in (1, 23, 4096):
+        view = frames_impl.encode_payloads(payloads, room=room, **names)
+        assert isinstance(view, memoryview) and type(view.obj) is bytes
+        assert bytes(view) == plain and view.obj == bytes(room) + plain
+        frames_impl.verify_batch(view)
+    packed = frames_impl.encode_payloads(payloads, compression="zstd", room=23, **names)
+    assert type(packed) is bytes
+    assert frames_impl.decode_records(packed) == frames_impl.decode_records(plain)
+    assert frames_impl.encode_payloads(payloads, room=0, **names) == plain
+    with pytest.raises(ValueError, match="room"):
+        frames_impl.encode_payloads(payloads, room=-1, **names)
+
+
 @settings(max_examples=100, deadline=None)
 @given(specs=st.lists(batch_specs(max_records=5), min_size=1, max_size=3), data=st.data())
 def test_stamped_batches_decode_with_offsets_and_arrow_agrees(
