@@ -45,7 +45,7 @@ from danube_fast.testing.broker import Broker
 from danube_fast.testing.ports import LOOPBACK, free_port, free_ports
 from danube_fast.testing.process import ServerProcess
 
-READY_TIMEOUT = 60.0  # seconds a server gets to log its ready line (RabbitMQ took over 20 on a busy 2-core VM)
+READY_TIMEOUT = 60.0  # seconds a server gets to log its ready line (RabbitMQ took 20+ on a busy VM)
 
 AppendFsync = Literal["always", "everysec"]
 
