@@ -42,7 +42,9 @@ def _check_phase(phase: dict[str, object], size: int, records: int) -> None:
     assert phase["records"] == records
     rate = phase["records_per_s"]
     assert isinstance(rate, float) and rate > 0
-    assert math.isclose(phase["mb_per_s"], rate * size / 1e6, rel_tol=1e-3)  # type: ignore[arg-type]
+    # The report rounds mb_per_s to 3 decimals: a slow system's 0.346 stands for 0.34644 (a CI run saw it).
+    assert math.isclose(phase["mb_per_s"], rate * size / 1e6, rel_tol=1e-3,  # type: ignore[arg-type]
+                        abs_tol=6e-4)
     for key in ("server_cpu_s", "client_cpu_s", "server_cpu_us_per_record", "client_cpu_us_per_record"):
         assert phase[key] >= 0  # type: ignore[operator]
 
