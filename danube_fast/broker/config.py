@@ -66,6 +66,16 @@ assign_wait_ms = 5000             # a producer creating a topic waits this long 
 gap_wait_ms = 600000              # readers wait this long for a dead owner's offsets to be recovered
 producer_gap_wait_ms = 30000      # idempotent producers wait this long for them (broker/sequences.py)
 
+[tables]                          # topic tables: Iceberg tables of Reliable topics whose policy sets
+lag_ms = 10000                    # tableMode (docs/TABLES.md); a record is in its table about this soon
+catalog_uri = ""                  # the Iceberg SQL catalog (SQLAlchemy URI); "" = DATA_DIR/tables/catalog.db
+warehouse = ""                    # where table files go; "" = DATA_DIR/tables/warehouse
+commit_bytes = 67108864           # record batches per commit, at most
+row_group_rows = 1048576          # Parquet row group size, in rows
+hour_partitions = true            # partition tables by hour(timestamp) (and partition)
+fail_on_data_loss = true          # records deleted before the table got them stop it (false: skip them)
+policy_check_ms = 5000            # how often the writer reads which topics want a table
+
 [security]                        # TLS, mTLS, JWT and RBAC: see danube_fast/security/config.py and
 mode = "none"                     # docs/SECURITY.md (none | tls | tls_jwt)
 
@@ -77,6 +87,7 @@ max_subscriptions_per_topic = 0
 max_consumers_per_subscription = 0
 retention_time_minutes = 0        # retentionTimeInMinutes: records older than this go; 0 = keep them
 retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
+table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
 ```
 """
 
@@ -90,6 +101,7 @@ from typing import Any
 from danube_fast.meta.resources import Policy
 from danube_fast.security.config import SecurityConfig, SecurityConfigError
 from danube_fast.storage.config import SyncPolicy, WalConfig
+from danube_fast.tables.config import TablesConfig
 
 MAX_SEGMENT_BYTES = 1 << 30  # the WAL's limit (_wal.pyx MAX_SEGMENT: positions are u32)
 
@@ -152,6 +164,7 @@ class BrokerConfig:
     policy: Policy = field(default_factory=Policy)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
 
     @property
     def clustered(self) -> bool:
@@ -212,7 +225,7 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
-        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster", "security"}
+        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster", "security", "tables"}
         if unknown:
             raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
         wal_data = dict(_table(data, "wal"))
@@ -229,7 +242,8 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
                          policy=_typed("policy", _table(data, "policy"), Policy, config.policy),
                          cluster=_typed("cluster", _table(data, "cluster"), ClusterConfig, config.cluster),
                          security=_typed("security", _table(data, "security"), SecurityConfig,
-                                         config.security))
+                                         config.security),
+                         tables=_typed("tables", _table(data, "tables"), TablesConfig, config.tables))
     given = {k: v for k, v in overrides.items() if v is not None}
     cluster_given = {k.removeprefix("cluster."): given.pop(k) for k in list(given)
                      if k.startswith("cluster.")}
@@ -278,6 +292,13 @@ def check(config: BrokerConfig) -> None:
             raise ConfigError(f"[wal] {name} must not be negative, not {getattr(config.wal, name)}")
     if config.wal.idle_release_ms < 0:
         raise ConfigError("[wal] idle_release_ms must not be negative (0 = never release)")
+    if config.policy.table_mode not in Policy.TABLE_MODES:
+        raise ConfigError(f"[policy] table_mode must be one of {', '.join(Policy.TABLE_MODES)}, "
+                          f"not {config.policy.table_mode!r}")
+    try:
+        config.tables.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     try:
         config.security.check()
     except SecurityConfigError as e:

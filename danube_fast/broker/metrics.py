@@ -5,7 +5,8 @@ checks (docs/SECURITY.md) apply; it answers OpenMetrics to a scraper that asks f
 0.0.4 otherwise.
 
 The broker's families, per topic: messages and bytes published (counters: rates come from `rate()`),
-producers, the committed offset, retention's figures (broker/retention.py); per subscription: messages
+producers, the committed offset, retention's figures (broker/retention.py), the topic table's
+(broker/tables.py: offset, lag, files, bytes, commits, DLQ and skipped records, failing); per subscription: messages
 delivered and redelivered, dead-lettered, dropped (NonReliable, no room), and the gauges backlog (Reliable:
 committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages, consumers.
 """
@@ -26,6 +27,7 @@ from prometheus_client.registry import Collector
 from danube_fast import latency
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.retention import Retention
+from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
@@ -73,16 +75,28 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "danube_topics_idle_released": ("gauge", "Reliable topics whose idle log gave back its cache and files.",
                                     ()),
     "danube_wal_cache_bytes": ("gauge", "Bytes of recent records the tail caches hold (every topic).", ()),
+    "danube_table_committed_offset": ("gauge", "Topic tables: the next offset the table lacks.", _TOPIC),
+    "danube_table_lag_ms": ("gauge", "Topic tables: how long the table has been behind the topic.", _TOPIC),
+    "danube_table_files": ("gauge", "Topic tables: data files of the current snapshot.", _TOPIC),
+    "danube_table_bytes": ("gauge", "Topic tables: bytes of those files.", _TOPIC),
+    "danube_table_commits_total": ("counter", "Topic tables: commits by this broker (since loaded).", _TOPIC),
+    "danube_table_dlq_records_total": ("counter", "Topic tables: records sent to the table's DLQ.", _TOPIC),
+    "danube_table_skipped_records_total": ("counter", "Topic tables: records lost before the table got them.",
+                                           _TOPIC),
+    "danube_table_failing": ("gauge", "Topic tables: 1 while the last pass failed or the table is stopped.",
+                             _TOPIC),
 }
 
 
 class BrokerCollector(Collector):
     """The broker's families, read from its topics at each scrape."""
 
-    def __init__(self, topics: Topics, started: float, retention: Retention | None = None) -> None:
+    def __init__(self, topics: Topics, started: float, retention: Retention | None = None,
+                 tables: TableWriter | None = None) -> None:
         self._topics = topics
         self._started = started
         self._retention = retention
+        self._tables = tables
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
@@ -127,13 +141,26 @@ class BrokerCollector(Collector):
         for name in topics.broken():
             add("danube_topic_load_failed", (name,), 1)
         add("danube_broker_uptime_seconds", (), time.monotonic() - self._started)
+        if self._tables is not None:
+            now = time.time()
+            for name, st in self._tables.status.items():
+                tl = (name,)
+                add("danube_table_committed_offset", tl, st.committed_offset)
+                add("danube_table_lag_ms", tl, st.lag_ms(now))
+                add("danube_table_files", tl, st.files)
+                add("danube_table_bytes", tl, st.bytes)
+                add("danube_table_commits_total", tl, st.commits)
+                add("danube_table_dlq_records_total", tl, st.dlq_records)
+                add("danube_table_skipped_records_total", tl, st.skipped_records)
+                add("danube_table_failing", tl, 1 if st.error or st.stopped else 0)
         yield from families.values()
 
 
-def broker_registry(topics: Topics, started: float, retention: Retention | None = None) -> CollectorRegistry:
+def broker_registry(topics: Topics, started: float, retention: Retention | None = None,
+                    tables: TableWriter | None = None) -> CollectorRegistry:
     """Everything one broker's endpoint exports."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(topics, started, retention))
+    registry.register(BrokerCollector(topics, started, retention, tables))
     for histogram in latency.HISTOGRAMS:
         registry.register(histogram)
     ProcessCollector(registry=registry)
@@ -152,8 +179,9 @@ def render(topics: Topics, started: float, retention: Retention | None = None) -
 class MetricsServer:
     """A minimal HTTP/1.1 server: GET /metrics (and /) answers the exposition; anything else 404."""
 
-    def __init__(self, topics: Topics, retention: Retention | None = None) -> None:
-        self._registry = broker_registry(topics, time.monotonic(), retention)
+    def __init__(self, topics: Topics, retention: Retention | None = None,
+                 tables: TableWriter | None = None) -> None:
+        self._registry = broker_registry(topics, time.monotonic(), retention, tables)
         self._server: asyncio.Server | None = None
         self._admit: Callable[[str | None], None] | None = None
 

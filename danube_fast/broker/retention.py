@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from danube_fast.broker.topic import ReliableTopic
+from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, WalWriteError
 from danube_fast.meta import keys
@@ -58,6 +58,20 @@ class TopicRetention:
         self.times.keep_only(kept)
         oldest = await self.times.of(kept[0]) if kept else None
         self.oldest_ms = oldest[0] if oldest is not None else None
+
+
+async def own_policies(store: MetadataStore, topics: Sequence[Topic]) -> dict[str, KeyValue]:
+    """The topics' own policy keys, where they have one (the LocalCache does not mirror /topics/), read a
+    few transactions at a time."""
+    found: dict[str, KeyValue] = {}
+    for i in range(0, len(topics), POLICY_READS):
+        chunk = topics[i:i + POLICY_READS]
+        result = await store.transaction(
+            [], [Get(keys.topic_policy(t.name.namespace, t.name.topic)) for t in chunk], [])
+        for topic, response in zip(chunk, result.responses, strict=True):
+            if isinstance(response, list) and response:
+                found[topic.full] = response[0]
+    return found
 
 
 class Retention:
@@ -97,7 +111,7 @@ class Retention:
                   and isinstance(t.log, TopicLog) and t.log.cloud is not None]
         self.state = {t.full: self.state.get(t.full) or TopicRetention(
             retention.ObjectTimes(self._objects, t.name.namespace, t.name.topic)) for t in served}
-        own = await self._own_policies(served)
+        own = await own_policies(self._store, served)
         now_ms = int(self._clock() * 1000)
         deleted = 0
         for topic in served:
@@ -109,18 +123,6 @@ class Retention:
                 log.warning("%s: retention stopped for this pass: %s", topic.full, e)
         self.passes += 1
         return deleted
-
-    async def _own_policies(self, topics: Sequence[ReliableTopic]) -> dict[str, KeyValue]:
-        """The topics' own policy keys, where they have one."""
-        found: dict[str, KeyValue] = {}
-        for i in range(0, len(topics), POLICY_READS):
-            chunk = topics[i:i + POLICY_READS]
-            result = await self._store.transaction(
-                [], [Get(keys.topic_policy(t.name.namespace, t.name.topic)) for t in chunk], [])
-            for topic, response in zip(chunk, result.responses, strict=True):
-                if isinstance(response, list) and response:
-                    found[topic.full] = response[0]
-        return found
 
     async def _apply(self, topic: ReliableTopic, policy: Policy, now_ms: int) -> int:
         state = self.state[topic.full]

@@ -38,8 +38,10 @@ from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.security_admin import SecurityAdminService
+from danube_fast.broker.services.table_admin import TableAdminService
 from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.stall_dump import StallDump
+from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
@@ -47,7 +49,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
-from danube_fast.meta.resources import BrokerRegistration
+from danube_fast.meta.resources import BrokerRegistration, TableCatalog
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
@@ -55,9 +57,11 @@ from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.proto import SecurityAdmin_pb2_grpc as security_grpc
+from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
 from danube_fast.security.rbac import Authorizer
+from danube_fast.tables.catalog import standalone_catalog
 from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
 
 log = logging.getLogger("danube_fast.broker")
@@ -123,7 +127,9 @@ class Broker:
         tier = topics.tier
         self.retention = Retention(topics, tier.objects, store, config.retention_check_ms / 1000) \
             if isinstance(tier, Tier) else None
-        self._metrics = MetricsServer(topics, self.retention) if config.prom_exporter else None
+        location = table_catalog(config)
+        self.tables = TableWriter(topics, store, location, config.tables) if location is not None else None
+        self._metrics = MetricsServer(topics, self.retention, self.tables) if config.prom_exporter else None
         self.stall_dump = StallDump(config.stall_dump_ms / 1000) if config.stall_dump_ms else None
         self.gate: Gate | None = None
         self.listening: Listening | None = None
@@ -165,6 +171,9 @@ class Broker:
             broker.broker_admin.rebalancer = broker.cluster.load_manager
             if broker.retention is not None:
                 broker.retention.start()
+            if broker.tables is not None:
+                await broker.tables.publish_location()
+                broker.tables.start()
             if broker.stall_dump is not None:
                 broker.stall_dump.start()
         except BaseException:
@@ -223,6 +232,8 @@ class Broker:
                  SecurityAdminService(self.store, self.cache), admin, gate)
         register(policy_grpc.add_PolicyAdminServicer_to_server,
                  PolicyAdminService(self.topics, self.store, self.cache), admin, gate)
+        register(table_grpc.add_TableAdminServicer_to_server, TableAdminService(self.topics, self.tables), admin,
+                 gate)
         # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):
@@ -274,6 +285,8 @@ class Broker:
             await self.cluster.drain()
         if self.retention is not None:
             await self.retention.close()
+        if self.tables is not None:
+            await self.tables.close()
         if self.stall_dump is not None:
             await self.stall_dump.close()
         self.topics.stop_streams()
@@ -289,6 +302,18 @@ class Broker:
             await self.cache.close()
         finally:
             await self.store.close()
+
+
+def table_catalog(config: BrokerConfig) -> TableCatalog | None:
+    """Where topic tables are committed: in standalone mode the settings or a SQLite catalog under the data
+    dir; in cluster mode only the settings, since every broker and reader must reach the same catalog (None:
+    no tables)."""
+    tables = config.tables
+    if config.clustered:
+        if not tables.catalog_uri or not tables.warehouse:
+            return None
+        return TableCatalog(uri=tables.catalog_uri, warehouse=tables.warehouse)
+    return standalone_catalog(config.data_dir, tables.catalog_uri, tables.warehouse)
 
 
 def raise_open_files_limit() -> int:

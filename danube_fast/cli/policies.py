@@ -2,7 +2,8 @@
 namespace policy reads of danube_admin.
 
     admin policies show NS | /NS/TOPIC
-    admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--set KEY=N ...]
+    admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--table MODE]
+                                      [--set KEY=N ...]
     admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
 
 A name starting with "/" is a topic, anything else a namespace. Output: the policy's keys, one a line (or a
@@ -17,6 +18,7 @@ import json
 from danube_fast.cli.admin import Leaf, Run, Subparsers, call, connection_options
 from danube_fast.cli.args import count
 from danube_fast.errors import DanubeError
+from danube_fast.meta.resources import Policy
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import PolicyAdmin_pb2 as pb
 
@@ -47,18 +49,20 @@ async def _show(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _changes(args: argparse.Namespace) -> str:
-    changes: dict[str, int] = {}
+    changes: dict[str, int | str] = {}
     if args.retention_minutes is not None:
         changes["retentionTimeInMinutes"] = args.retention_minutes
     if args.retention_mb is not None:
         changes["retentionSizeInMB"] = args.retention_mb
+    if args.table is not None:
+        changes[Policy.TABLE_MODE] = args.table
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not value.isdigit():
             raise BadChanges(f"--set {item!r}: give KEY=N, N a non-negative integer")
         changes[key] = int(value)
     if not changes:
-        raise BadChanges("nothing to set: give --retention-minutes, --retention-mb or --set")
+        raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table or --set")
     return json.dumps(changes)
 
 
@@ -79,7 +83,7 @@ async def _clear(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
-    policies = admin.add_parser("policies", help="namespace and topic policies: limits and retention"
+    policies = admin.add_parser("policies", help="namespace and topic policies: limits, retention, tables"
                                 ).add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def command(name: str, run: Run, help_text: str, target: str) -> argparse.ArgumentParser:
@@ -96,6 +100,9 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
                    help="retentionTimeInMinutes: records older than N minutes go (0: kept at any age)")
     s.add_argument("--retention-mb", type=count, metavar="N",
                    help="retentionSizeInMB: the oldest objects beyond N MiB go (0: no size limit)")
+    s.add_argument("--table", choices=Policy.TABLE_MODES, metavar="MODE",
+                   help="tableMode: keep the records as an Iceberg table too: none, envelope or schema "
+                        "(docs/TABLES.md)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=N",
                    help="any other policy key, e.g. max_message_size=1048576 (repeatable)")
     command("clear", _clear, "remove a topic's own policy: it follows its namespace's again", "/NS/TOPIC")

@@ -437,6 +437,11 @@ def _storage(namespace: str, topic: str) -> tuple[str, ...]:
     return "danube-data", "storage", "topics", _name(namespace, "namespace"), _name(topic, "topic")
 
 
+def tables_catalog() -> str:
+    """`/danube-data/tables/catalog`: where the Iceberg catalog of topic tables is (docs/TABLES.md)."""
+    return _key("danube-data", "tables", "catalog")
+
+
 def storage_prefix() -> str:
     return _prefix("danube-data", "storage", "topics")
 

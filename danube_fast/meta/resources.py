@@ -28,6 +28,7 @@ Which key holds what:
 | objects_cur                                  | CurrentObject                         |
 | sealed_state                                 | SealedState                           |
 | retention_state                              | RetentionState                        |
+| tables_catalog                               | TableCatalog                          |
 
 The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (upstream shows
 none) and nothing here writes it, so it has no resource.
@@ -56,7 +57,13 @@ from danube_fast.meta.resources_schema import (
     SchemaMetadata,
     SchemaVersion,
 )
-from danube_fast.meta.resources_storage import CurrentObject, ObjectDescriptor, RetentionState, SealedState
+from danube_fast.meta.resources_storage import (
+    CurrentObject,
+    ObjectDescriptor,
+    RetentionState,
+    SealedState,
+    TableCatalog,
+)
 from danube_fast.meta.resources_topics import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DeliveryMode,
@@ -108,6 +115,7 @@ __all__ = [
     "SubscriptionCursor",
     "SubscriptionType",
     "SystemLoad",
+    "TableCatalog",
     "TopicDelivery",
     "TopicRoot",
     "TopicSchemaConfig",

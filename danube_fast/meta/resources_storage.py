@@ -1,5 +1,5 @@
-"""Values under /danube-data/storage/ (docs/METADATA.md#storage-keys): object descriptors, objects/cur, sealed
-state, the retention state."""
+"""Values under /danube-data/ (docs/METADATA.md#storage-keys): object descriptors, objects/cur, sealed
+state, the retention state, and where the topic tables' catalog is."""
 
 from __future__ import annotations
 
@@ -131,3 +131,24 @@ class RetentionState(Resource):
 
     def to_obj(self) -> JSON:
         return with_extra({"deleting": list(self.deleting), "floor": self.floor}, self.extra)
+
+
+@dataclass(frozen=True)
+class TableCatalog(Resource):
+    """`/danube-data/tables/catalog`: the Iceberg catalog every topic table is committed to (docs/TABLES.md):
+    a SQLAlchemy URI (`sqlite:////abs/path/catalog.db`) and the warehouse under which tables are laid out
+    (`file:///abs/path` or `s3://bucket/prefix`). Written by the brokers; readers find their tables here."""
+
+    RESOURCE = "table catalog"
+
+    uri: str
+    warehouse: str
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(uri=f.string("uri"), warehouse=f.string("warehouse"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"uri": self.uri, "warehouse": self.warehouse}, self.extra)

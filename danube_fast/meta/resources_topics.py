@@ -15,6 +15,7 @@ from danube_fast.meta.resources_base import (
     as_object,
     as_str_enum,
     as_uint,
+    bad,
     with_extra,
 )
 
@@ -27,8 +28,10 @@ class Policy(Resource):
 
     The defaults are Danube's: everything unlimited but the message size. Retention (docs/RETENTION.md) is
     kept under the names upstream Danube's layout and Pulsar use, `retentionTimeInMinutes` and
-    `retentionSizeInMB` (MiB); a value written without them keeps everything. A topic's own policy, when it
-    has one, is the whole policy of that topic (the namespace's does not apply to it).
+    `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
+    says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
+    `schema`. A topic's own policy, when it has one, is the whole policy of that topic (the namespace's does
+    not apply to it).
     """
 
     RESOURCE = "policy"
@@ -42,6 +45,7 @@ class Policy(Resource):
     max_subscriptions_per_topic: int = 0
     retention_time_minutes: int = 0
     retention_size_mb: int = 0
+    table_mode: str = "none"
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
@@ -50,7 +54,9 @@ class Policy(Resource):
         "max_subscriptions_per_topic")
     RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
                                            "retentionSizeInMB": "retention_size_mb"}
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION)  # every JSON key a policy may set
+    TABLE_MODE: ClassVar[str] = "tableMode"
+    TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
+    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION, TABLE_MODE)  # every JSON key a policy may set
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
@@ -58,13 +64,18 @@ class Policy(Resource):
         limits = {name: f.uint(name) for name in cls._FIELDS}
         for key, name in cls.RETENTION.items():
             limits[name] = f.optional_uint(key) or 0
-        return cls(**limits, extra=f.extra())
+        mode = f.optional_str(cls.TABLE_MODE) or "none"
+        if mode not in cls.TABLE_MODES:
+            raise bad(where, f.name(cls.TABLE_MODE), " or ".join(cls.TABLE_MODES), mode)
+        return cls(**limits, table_mode=mode, extra=f.extra())
 
     def to_obj(self) -> JSON:
         obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
         for key, name in self.RETENTION.items():
             if getattr(self, name):
                 obj[key] = getattr(self, name)
+        if self.table_mode != "none":
+            obj[self.TABLE_MODE] = self.table_mode
         return with_extra(obj, self.extra)
 
     def merged(self, changes: JSON, where: str) -> Self:

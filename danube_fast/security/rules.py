@@ -132,4 +132,5 @@ RULES: dict[str, Rule] = {
     "danube_fast.policy.v1.PolicyAdmin/GetTopicPolicy": Rule(L, _field("topic")),
     "danube_fast.policy.v1.PolicyAdmin/SetTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
+    "danube_fast.tables.v1.TableAdmin/Status": Rule(L, _field("topic")),
 }

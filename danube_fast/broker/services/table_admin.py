@@ -1,0 +1,49 @@
+"""TableAdmin on the admin port (proto/TableAdmin.proto): what each topic's Iceberg table holds, read from
+this broker's table writer (broker/tables.py), which owns that state."""
+
+from __future__ import annotations
+
+import time
+
+from danube_fast.broker.errors import ApiError, not_found, precondition
+from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.tables import TableStatus, TableWriter
+from danube_fast.broker.topics import Topics
+from danube_fast.proto import TableAdmin_pb2 as pb
+
+
+class TableAdminService:
+    def __init__(self, topics: Topics, writer: TableWriter | None) -> None:
+        self._topics = topics
+        self._writer = writer
+
+    @unary
+    async def Status(self, request: pb.TableStatusRequest, context: Context) -> pb.TableStatusResponse:
+        name = parse_topic(request.topic)
+        stored = self._topics.partitions(name)
+        if not stored:
+            raise not_found(f"topic {name.full} does not exist (as a topic or as a partitioned topic)")
+        writer = self._writer
+        if writer is None:
+            raise precondition("this broker writes no tables: in cluster mode set [tables] catalog_uri and "
+                               "warehouse (docs/TABLES.md)")
+        here = [s for s in stored if self._topics.find(s) is not None]
+        if not here:
+            raise ApiError("UNAVAILABLE", f"topic {name.full} is served by another broker: ask its owner")
+        status = writer.status
+        now = time.time()
+        found = [_view(s, status[s], now) for s in here if s in status]
+        if not found:
+            raise precondition(f"topic {name.full} has no table (its tableMode is none, or the writer has not "
+                               f"seen the change yet): admin policies set {name.full} --table envelope")
+        return pb.TableStatusResponse(tables=found, catalog_uri=writer.location.uri,
+                                      warehouse=writer.location.warehouse)
+
+
+def _view(stored: str, st: TableStatus, now: float) -> pb.TableStatus:
+    return pb.TableStatus(
+        stored_topic=stored, mode=st.mode, table=st.table, committed_offset=st.committed_offset,
+        topic_offset=st.topic_offset, lag_ms=st.lag_ms(now), files=st.files, bytes=st.bytes,
+        dlq_records=st.dlq_records, skipped_records=st.skipped_records, commits=st.commits,
+        metadata_location=st.metadata_location, error=st.error, stopped=st.stopped)

@@ -1,0 +1,304 @@
+"""The table writer (docs/TABLES.md): on each topic's owner, the records of the Reliable topics whose policy
+asks for a table (`tableMode`) appended to their Iceberg tables, exactly once, at most about `[tables]
+lag_ms` behind the committed offset.
+
+One task per broker. Every `lag_ms / 2` a pass goes over the served topics that want a table (which ones is
+read from the policies every `policy_check_ms`: a policy change applies without a restart) and, per topic,
+reads what the table lacks through the topic's `log` (object tier, then WAL, then the committed tail: what a
+consumer would read) and commits it (danube_fast/tables/commit.py), at most `commit_bytes` of batches per
+commit. A topic that turns a table on is backfilled from the first offset it keeps. The table itself says
+where to resume (its current snapshot's `danube.offsets`), so a restart, a crash or a move to another broker
+continues where the last commit ended, and a writer that lost a race to another plans again.
+
+Decoding, Parquet encoding and the catalog commit run in a worker thread (pyiceberg is synchronous; Arrow
+and zstd release the GIL), one commit at a time per broker, so the writer takes at most one core's share
+from the event loop's neighbours.
+
+Owner: the broker's event loop. `status` (what each table holds and what went wrong) is written only by the
+pass; the admin service and the metrics read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from danube_fast.broker import names
+from danube_fast.broker.retention import own_policies
+from danube_fast.broker.topic import ReliableTopic
+from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError, ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
+from danube_fast.meta import keys
+from danube_fast.meta.resources_storage import TableCatalog
+from danube_fast.meta.store import MetadataStore
+from danube_fast.storage.objects.format import clip_batches
+from danube_fast.storage.tiered import TopicLog, records_between
+from danube_fast.tables.config import TablesConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+log = logging.getLogger("danube_fast.tables")
+
+READ_BYTES = 4 * 1024 * 1024  # one log read
+
+
+class DataLost(Exception):
+    """Records the table lacks are no longer stored ([tables] fail_on_data_loss)."""
+
+
+@dataclass
+class TableStatus:
+    """What the writer knows of one stored topic's table (admin `tables status`, metrics)."""
+
+    mode: str
+    table: str  # the Iceberg identifier, ns.topic
+    committed_offset: int = 0  # the next offset the table lacks
+    topic_offset: int = 0  # the topic's committed offset at the last pass
+    behind_since: float | None = None  # when the table last fell behind the topic (None: caught up)
+    files: int = 0
+    bytes: int = 0
+    records: int = 0  # appended by this broker since the topic was loaded here
+    commits: int = 0
+    dlq_records: int = 0
+    skipped_records: int = 0  # lost before the table got them (fail_on_data_loss false)
+    metadata_location: str = ""
+    error: str = ""  # the last pass's error, "" when it went well
+    stopped: str = ""  # data loss with fail_on_data_loss: the table waits for an operator
+
+    def lag_ms(self, now: float) -> int:
+        return 0 if self.behind_since is None else int((now - self.behind_since) * 1000)
+
+
+@dataclass
+class _Table:
+    table: Table | None = None
+    status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
+
+
+class TableWriter:
+    def __init__(self, topics: Topics, store: MetadataStore, location: TableCatalog, config: TablesConfig,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._topics = topics
+        self._store = store
+        self.location = location
+        self._config = config
+        self._clock = clock
+        self._catalog: Catalog | None = None
+        self._tables: dict[str, _Table] = {}  # by stored topic
+        self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
+        self._modes_read = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    @property
+    def status(self) -> dict[str, TableStatus]:
+        return {name: t.status for name, t in self._tables.items()}
+
+    async def publish_location(self) -> None:
+        """Write where the catalog is (`/danube-data/tables/catalog`) when the store says otherwise."""
+        key = keys.tables_catalog()
+        kv = await self._store.get(key)
+        if kv is None or TableCatalog.from_json(kv.value, key=key) != self.location:
+            await self._store.put(key, self.location.to_json())
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tables")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        interval = self._config.lag_ms / 2000
+        while True:
+            started = self._clock()
+            try:
+                behind = await self.run_pass()
+            except DanubeError as e:  # the metadata store away: the next pass tries again
+                log.warning("table pass failed: %s", e)
+                behind = False
+            except Exception:  # a bug must not end the tables for the broker's life
+                log.exception("table pass failed")
+                behind = False
+            # A topic with more to write than one commit takes goes on at once; the others wait.
+            await asyncio.sleep(0 if behind else max(0.0, interval - (self._clock() - started)))
+
+    async def run_pass(self) -> bool:
+        """One pass over the served topics that want a table; whether any is still behind after it."""
+        served = [t for t in self._topics.served() if isinstance(t, ReliableTopic)]
+        now = self._clock()
+        if now - self._modes_read >= self._config.policy_check_ms / 1000 or \
+                any(t.full not in self._modes for t in served):
+            own = await own_policies(self._store, served)
+            self._modes = {t.full: self._topics.policy_from(t.name, own.get(t.full)).table_mode for t in served}
+            self._modes_read = now
+        wanted = [t for t in served if self._modes.get(t.full, "none") != "none"]
+        for gone in set(self._tables) - {t.full for t in wanted}:
+            del self._tables[gone]
+        behind = False
+        for topic in wanted:
+            entry = self._tables.setdefault(topic.full, _Table())
+            entry.status.mode = self._modes[topic.full]
+            if entry.status.stopped:
+                continue
+            try:
+                behind |= await self._write(topic, entry)
+                entry.status.error = ""
+            except DataLost as e:
+                entry.status.stopped = str(e)
+                log.error("%s: table stopped: %s", topic.full, e)
+            except Exception as e:  # the catalog, the object store or a disk away: the next pass retries
+                entry.table = None  # reload: a failed commit may have left it stale
+                entry.status.error = f"{type(e).__name__}: {e}"
+                log.warning("%s: table commit failed, retrying next pass: %s", topic.full, e)
+        self.passes += 1
+        return behind
+
+    async def _write(self, topic: ReliableTopic, entry: _Table) -> bool:
+        """Commit up to commit_bytes of what the table lacks; whether more is left."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        from danube_fast.tables import commit
+
+        status = entry.status
+        if entry.table is None:
+            entry.table = await asyncio.to_thread(self._load, topic)
+            state = commit.state(entry.table)
+            status.table = ".".join(entry.table.name())
+            status.metadata_location, status.files, status.bytes = (
+                state.metadata_location, state.files, state.bytes)
+        table = entry.table
+        held = commit.committed_offsets(table).get(topic.full)
+        log_ = topic.log
+        start = log_.start_offset if held is None else held
+        end = log_.committed_offset
+        status.topic_offset = end
+        status.committed_offset = start
+        if start >= end:
+            status.behind_since = None
+            return False
+        if status.behind_since is None:
+            status.behind_since = self._clock()
+        if start < log_.start_offset:
+            lost = records_between(log_, start, log_.start_offset)
+            if lost and self._config.fail_on_data_loss:
+                raise DataLost(f"offsets {start}..{log_.start_offset - 1} ({lost} records) were deleted before "
+                               "the table got them; set [tables] fail_on_data_loss = false to skip them")
+            status.skipped_records += lost
+        data, next_offset = await self._read(topic, start, end, status)
+        if not data:
+            return False
+        base, partition = _stored(topic)
+        try:
+            state = await asyncio.to_thread(self._commit, table, topic.full, start, next_offset, data, base,
+                                            partition)
+        except (CommitFailedException, commit.OffsetsMoved) as e:
+            log.info("%s: another commit landed first (%s): planning again from the table", topic.full, e)
+            entry.table = None
+            return True
+        rows = state.offsets  # the table's offsets after the commit
+        status.committed_offset = rows[topic.full]
+        status.metadata_location, status.files, status.bytes = (
+            state.metadata_location, state.files, state.bytes)
+        status.commits += 1
+        entry.table = await asyncio.to_thread(self._reload, table)
+        more = status.committed_offset < end
+        if not more:
+            status.behind_since = None
+        return more
+
+    async def _read(self, topic: ReliableTopic, start: int, end: int,
+                    status: TableStatus) -> tuple[list[memoryview], int]:
+        """Whole batches of [start, end) up to commit_bytes, and the offset after the last record read."""
+        chunks: list[memoryview] = []
+        size = 0
+        offset = start
+        while offset < end and size < self._config.commit_bytes:
+            try:
+                got = await topic.log.read(offset, READ_BYTES)
+            except (ObjectCorrupt, ObjectNotFound) as e:
+                offset = self._skip_unreadable(topic, offset, e, status)
+                continue
+            except OffsetOutOfRange:
+                break  # retention moved the start meanwhile: the next pass sees it
+            if got is None:
+                break
+            chunk, after = clip_batches(got[0], offset, end, self._config.commit_bytes - size,
+                                        whole=not chunks)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            offset = after
+        return chunks, offset
+
+    def _skip_unreadable(self, topic: ReliableTopic, offset: int, error: Exception,
+                         status: TableStatus) -> int:
+        log_ = topic.log
+        cloud = log_.cloud if isinstance(log_, TopicLog) else None
+        following = cloud.next_start(offset) if cloud is not None else None
+        target = following if following is not None else log_.wal.start_offset if isinstance(
+            log_, TopicLog) else offset
+        if self._config.fail_on_data_loss or target <= offset:
+            raise DataLost(f"offset {offset} cannot be read: {error}")
+        status.skipped_records += records_between(log_, offset, target)
+        log.warning("%s: offsets %d..%d cannot be read (%s): the table skips them", topic.full, offset,
+                    target - 1, error)
+        return target
+
+    # -- worker thread ----------------------------------------------------------------------------------
+
+    def _load(self, topic: ReliableTopic) -> Table:
+        from danube_fast.tables.catalog import load_or_create, open_catalog
+
+        if self._catalog is None:
+            self._catalog = open_catalog(self.location)
+        base, partition = _stored(topic)
+        return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
+                              self._config.hour_partitions, self._config.row_group_rows)
+
+    def _reload(self, table: Table) -> Table:
+        return table.refresh()
+
+    def _commit(self, table: Table, stored: str, start: int, end: int, data: list[memoryview], base: str,
+                partition: int) -> Any:
+        from danube_fast.tables import commit
+
+        rows = _rows(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
+        return commit.append_range(table, stored, start, end, rows)
+
+
+def _stored(topic: ReliableTopic) -> tuple[str, int]:
+    """(base topic's short name, partition index or -1)."""
+    short = topic.name.topic
+    base = names.partition_base(short)
+    return (short, -1) if base is None else (base, names.partition_index(short))
+
+
+def _rows(data: list[memoryview], start: int, end: int, topic: str, partition: int) -> pa.Table:
+    """The records of offsets [start, end) of `data` (whole batches, which may begin before `start`) in the
+    envelope's columns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from danube_fast import frames
+    from danube_fast.tables.envelope import ARROW_SCHEMA, envelope
+
+    batches = []
+    for chunk in data:
+        decoded = frames.decode_arrow(chunk, verify=True)
+        offsets = decoded.column("offset")
+        if decoded.num_rows and (offsets[0].as_py() < start or offsets[-1].as_py() >= end):
+            decoded = decoded.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
+        batches.append(envelope(decoded, topic, partition))
+    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)

@@ -1,0 +1,47 @@
+"""`danube-fast admin tables status /NS/TOPIC` (docs/TABLES.md): what a topic's Iceberg table holds, from the
+TableAdmin service of the broker that writes it. A partitioned topic shows one row per partition.
+
+Output: the catalog, then a row per stored topic (committed offset, lag, files, bytes, DLQ and skipped
+records, the metadata file any Iceberg reader opens, and what is wrong); `--output json` for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from danube_fast.cli.admin import Leaf, Listing, Subparsers, call, connection_options
+from danube_fast.proto import TableAdmin_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["TableAdmin"].full_name
+
+COLUMNS = (("stored_topic", "TOPIC"), ("mode", "MODE"), ("committed_offset", "COMMITTED"),
+           ("topic_offset", "TOPIC OFFSET"), ("lag_ms", "LAG MS"), ("files", "FILES"), ("bytes", "BYTES"),
+           ("dlq_records", "DLQ"), ("skipped_records", "SKIPPED"), ("problem", "PROBLEM"))
+
+
+async def _status(args: argparse.Namespace) -> Listing:
+    got = await call(args, f"/{SERVICE}/Status", pb.TableStatusRequest(topic=args.topic),
+                     pb.TableStatusResponse)
+    rows: list[dict[str, object]] = []
+    for t in got.tables:
+        rows.append({"stored_topic": t.stored_topic, "mode": t.mode, "table": t.table,
+                     "committed_offset": t.committed_offset, "topic_offset": t.topic_offset,
+                     "lag_ms": t.lag_ms, "files": t.files, "bytes": t.bytes, "dlq_records": t.dlq_records,
+                     "skipped_records": t.skipped_records, "commits": t.commits,
+                     "metadata_location": t.metadata_location, "error": t.error, "stopped": t.stopped,
+                     "problem": t.stopped and f"stopped: {t.stopped}" or t.error})
+    fields: dict[str, object] = {"catalog_uri": got.catalog_uri, "warehouse": got.warehouse}
+    if len(rows) == 1:
+        fields["table"] = rows[0]["table"]
+        fields["metadata_location"] = rows[0]["metadata_location"]
+    return Listing("tables", COLUMNS, rows, fields)
+
+
+def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
+    tables = admin.add_parser("tables", help="topic tables (Iceberg): status").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    help_text = "show what a topic's table holds: committed offset, lag, files, bytes, problems"
+    parser = leaf(tables, "status", "tables status", _status, help_text,
+                  help_text[0].upper() + help_text[1:] + ".")
+    connection_options(parser)
+    parser.add_argument("topic", metavar="/NS/TOPIC")

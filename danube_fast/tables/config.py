@@ -1,0 +1,28 @@
+"""`[tables]` settings: how fresh the topic tables are, where their catalog and files live, and how big a
+commit may be (docs/TABLES.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    lag_ms: int = 10_000  # an acknowledged record is in its table at most about this long after
+    catalog_uri: str = ""  # SQLAlchemy URI of the Iceberg SQL catalog; "" = DATA_DIR/tables/catalog.db
+    warehouse: str = ""  # where table files go; "" = DATA_DIR/tables/warehouse
+    commit_bytes: int = 64 * 1024 * 1024  # record batches read for one commit, at most
+    row_group_rows: int = 1024 * 1024  # Parquet row group: rows (pyiceberg sizes row groups by rows only)
+    hour_partitions: bool = True  # partition by hour(timestamp) (and the topic's partition, when it has them)
+    fail_on_data_loss: bool = True  # records gone before they reached the table stop it (false: skip, count)
+    policy_check_ms: int = 5000  # how often the writer reads which topics want a table
+
+    def check(self) -> None:
+        if self.lag_ms < 100:
+            raise ValueError(f"[tables] lag_ms must be at least 100, not {self.lag_ms}")
+        if self.commit_bytes < 1024 * 1024:
+            raise ValueError(f"[tables] commit_bytes must be at least 1 MiB, not {self.commit_bytes}")
+        if self.row_group_rows < 1024:
+            raise ValueError(f"[tables] row_group_rows must be at least 1024, not {self.row_group_rows}")
+        if self.policy_check_ms < 100:
+            raise ValueError(f"[tables] policy_check_ms must be at least 100, not {self.policy_check_ms}")
