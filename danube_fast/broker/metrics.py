@@ -6,9 +6,10 @@ checks (docs/SECURITY.md) apply; it answers OpenMetrics to a scraper that asks f
 
 The broker's families, per topic: messages and bytes published (counters: rates come from `rate()`),
 producers, the committed offset, retention's figures (broker/retention.py), the topic table's
-(broker/tables.py: offset, lag, files, bytes, commits, DLQ and skipped records, failing); per subscription: messages
-delivered and redelivered, dead-lettered, dropped (NonReliable, no room), and the gauges backlog (Reliable:
-committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages, consumers.
+(broker/tables.py: offset, lag, files, bytes, commits, DLQ and skipped records, failing); per subscription:
+messages delivered and redelivered, dead-lettered, dropped (NonReliable, no room), and the gauges backlog
+(Reliable: committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages,
+consumers.
 """
 
 from __future__ import annotations

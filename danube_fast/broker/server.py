@@ -61,8 +61,8 @@ from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
 from danube_fast.security.rbac import Authorizer
-from danube_fast.tables.catalog import standalone_catalog
 from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
+from danube_fast.tables.catalog import standalone_catalog
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -232,8 +232,8 @@ class Broker:
                  SecurityAdminService(self.store, self.cache), admin, gate)
         register(policy_grpc.add_PolicyAdminServicer_to_server,
                  PolicyAdminService(self.topics, self.store, self.cache), admin, gate)
-        register(table_grpc.add_TableAdminServicer_to_server, TableAdminService(self.topics, self.tables), admin,
-                 gate)
+        register(table_grpc.add_TableAdminServicer_to_server, TableAdminService(self.topics, self.tables),
+                 admin, gate)
         # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from danube_fast.broker import names
+from danube_fast.broker import crashpoints, names
 from danube_fast.broker.retention import own_policies
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
@@ -140,7 +140,8 @@ class TableWriter:
         if now - self._modes_read >= self._config.policy_check_ms / 1000 or \
                 any(t.full not in self._modes for t in served):
             own = await own_policies(self._store, served)
-            self._modes = {t.full: self._topics.policy_from(t.name, own.get(t.full)).table_mode for t in served}
+            self._modes = {t.full: self._topics.policy_from(t.name, own.get(t.full)).table_mode
+                           for t in served}
             self._modes_read = now
         wanted = [t for t in served if self._modes.get(t.full, "none") != "none"]
         for gone in set(self._tables) - {t.full for t in wanted}:
@@ -169,6 +170,7 @@ class TableWriter:
         from pyiceberg.exceptions import CommitFailedException
 
         from danube_fast.tables import commit
+        from danube_fast.tables.catalog import committed_offsets
 
         status = entry.status
         if entry.table is None:
@@ -178,7 +180,7 @@ class TableWriter:
             status.metadata_location, status.files, status.bytes = (
                 state.metadata_location, state.files, state.bytes)
         table = entry.table
-        held = commit.committed_offsets(table).get(topic.full)
+        held = committed_offsets(table).get(topic.full)
         log_ = topic.log
         start = log_.start_offset if held is None else held
         end = log_.committed_offset
@@ -192,8 +194,9 @@ class TableWriter:
         if start < log_.start_offset:
             lost = records_between(log_, start, log_.start_offset)
             if lost and self._config.fail_on_data_loss:
-                raise DataLost(f"offsets {start}..{log_.start_offset - 1} ({lost} records) were deleted before "
-                               "the table got them; set [tables] fail_on_data_loss = false to skip them")
+                raise DataLost(f"offsets {start}..{log_.start_offset - 1} ({lost} records) were deleted "
+                               "before the table got them; set [tables] fail_on_data_loss = false to skip "
+                               "them")
             status.skipped_records += lost
         data, next_offset = await self._read(topic, start, end, status)
         if not data:
@@ -275,7 +278,8 @@ class TableWriter:
         from danube_fast.tables import commit
 
         rows = _rows(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
-        return commit.append_range(table, stored, start, end, rows)
+        return commit.append_range(table, stored, start, end, rows,
+                                   lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT))
 
 
 def _stored(topic: ReliableTopic) -> tuple[str, int]:

@@ -1,9 +1,9 @@
 """`danube-fast`: one command with a subcommand per area (`broker`; `produce` and `consume` in
 cli/messages.py; `schema ...` in cli/schemas.py; `admin metadata backup|restore`; `admin
 brokers|topics|cluster ...` in cli/admin.py; `admin security ...` in cli/security.py; `admin policies ...`
-in cli/policies.py; `admin tables ...` in cli/tables.py). Every leaf sets `run`, an async function of the parsed arguments that returns the
-summary to print (a dict of fields, an admin Listing of rows, or a bare string such as a token), and
-`what`, the words its error line starts with.
+in cli/policies.py; `admin tables ...` in cli/tables.py). Every leaf sets `run`, an async function of the
+parsed arguments that returns the summary to print (a dict of fields, an admin Listing of rows, or a bare
+string such as a token), and `what`, the words its error line starts with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
 one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
@@ -23,9 +23,9 @@ from danube_fast.cli import broker as broker_cli
 from danube_fast.cli import feedback
 from danube_fast.cli import messages as messages_cli
 from danube_fast.cli import policies as policies_cli
-from danube_fast.cli import tables as tables_cli
 from danube_fast.cli import schemas as schemas_cli
 from danube_fast.cli import security as security_cli
+from danube_fast.cli import tables as tables_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
 from danube_fast.meta import backup

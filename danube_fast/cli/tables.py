@@ -29,7 +29,7 @@ async def _status(args: argparse.Namespace) -> Listing:
                      "lag_ms": t.lag_ms, "files": t.files, "bytes": t.bytes, "dlq_records": t.dlq_records,
                      "skipped_records": t.skipped_records, "commits": t.commits,
                      "metadata_location": t.metadata_location, "error": t.error, "stopped": t.stopped,
-                     "problem": t.stopped and f"stopped: {t.stopped}" or t.error})
+                     "problem": (t.stopped and f"stopped: {t.stopped}") or t.error})
     fields: dict[str, object] = {"catalog_uri": got.catalog_uri, "warehouse": got.warehouse}
     if len(rows) == 1:
         fields["table"] = rows[0]["table"]

@@ -32,17 +32,27 @@ CATALOG_NAME = "danube"
 
 
 def standalone_catalog(data_dir: str, uri: str = "", warehouse: str = "") -> TableCatalog:
-    """The catalog of a standalone broker: the settings, else a SQLite file and a folder under the data dir."""
+    """A standalone broker's catalog: the settings, else a SQLite file and a folder under the data dir."""
     root = os.path.abspath(os.path.join(data_dir, "tables"))
     return TableCatalog(uri=uri or f"sqlite:///{os.path.join(root, 'catalog.db')}",
                         warehouse=warehouse or f"file://{os.path.join(root, 'warehouse')}")
 
 
-def open_catalog(location: TableCatalog, **properties: str) -> Catalog:
+def open_catalog(location: TableCatalog, *, read_only: bool = False, **properties: str) -> Catalog:
     """pyiceberg's SQL catalog at `location` (its tables are created on first use); `properties` add FileIO
-    settings (S3 endpoint and keys)."""
+    settings (S3 endpoint and keys). `read_only`, for readers: nothing is created, and a SQLite file is
+    opened with SQLite's read-only mode, safely next to the broker that writes it."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    if read_only:
+        uri = location.uri
+        if uri.startswith("sqlite:///"):
+            path = uri.removeprefix("sqlite:///")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"the table catalog {path} does not exist (no table was written yet)")
+            uri = f"sqlite:///file:{path}?mode=ro&uri=true"
+        return SqlCatalog(CATALOG_NAME, uri=uri, warehouse=location.warehouse, init_catalog_tables="false",
+                          **properties)
     if location.uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(location.uri.removeprefix("sqlite:///")) or ".", exist_ok=True)
     if location.warehouse.startswith("file://"):
@@ -88,11 +98,12 @@ def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitione
 
 
 def committed_offsets(table: Table) -> dict[str, int]:
-    """{stored topic: next offset the table lacks} as of the table's current snapshot ({} before the first)."""
+    """{stored topic: next offset the table lacks} as of the current snapshot ({} before the first)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return {}
-    return parse_offsets(snapshot.summary.additional_properties.get(OFFSETS))
+    summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    return parse_offsets(summary.get(OFFSETS))
 
 
 def parse_offsets(text: str | None) -> dict[str, int]:

@@ -16,6 +16,7 @@ Runs in a worker thread: pyiceberg is synchronous (Parquet encoding and zstd rel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,15 +45,17 @@ class Committed:
 
 def state(table: Table) -> Committed:
     snapshot = table.current_snapshot()
-    summary = snapshot.summary.additional_properties if snapshot is not None else {}
+    summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     return Committed(committed_offsets(table), table.metadata_location,
                      int(summary.get("total-data-files", 0)), int(summary.get("total-files-size", 0)))
 
 
-def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table) -> Committed:
+def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table,
+                 before_commit: Callable[[], None] = lambda: None) -> Committed:
     """Commit `rows`, the records of `stored`'s offsets [start, end), to `table` as one snapshot. Raises
     OffsetsMoved when the table (as loaded) does not end `stored` at `start`, and pyiceberg's
-    CommitFailedException when another commit landed since it was loaded (reload it and call again)."""
+    CommitFailedException when another commit landed since it was loaded (reload it and call again).
+    `before_commit` runs once the data files are written (a crash point for the tests)."""
     offsets = committed_offsets(table)
     held = offsets.get(stored)
     if held is not None and held != start:
@@ -60,4 +63,5 @@ def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table
     offsets[stored] = end
     tx = table.transaction()
     tx.append(rows, snapshot_properties={OFFSETS: dump_offsets(offsets)})
+    before_commit()
     return state(tx.commit_transaction())

@@ -75,7 +75,7 @@ PARTITION_FIELD_ID = 1000  # Iceberg's first partition field id
 
 def partition_spec(partitioned: bool, hourly: bool) -> PartitionSpec:
     """hour(timestamp) when `hourly`, then identity(partition) for a partitioned topic."""
-    fields = []
+    fields: list[PartitionField] = []
     if hourly:
         fields.append(PartitionField(source_id=6, field_id=PARTITION_FIELD_ID + len(fields),
                                      transform=HourTransform(), name="timestamp_hour"))

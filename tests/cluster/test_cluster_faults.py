@@ -1,6 +1,6 @@
 """Faults on a real cluster: etcd stopped under traffic, a broker paused past its lease (SIGSTOP), S3 down,
 and crashes at the two steps of a move. Brokers are processes, etcd and moto S3 are real servers; the one
-injected fault is the crash at an exact step (danube_fast/broker/cluster/crashpoints.py)."""
+injected fault is the crash at an exact step (danube_fast/broker/crashpoints.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import uvloop
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early, unload
 
-from danube_fast.broker.cluster import crashpoints
+from danube_fast.broker import crashpoints
 from danube_fast.broker.cluster.handoff import uploaded_through
 from danube_fast.meta import keys
 from danube_fast.proto import DanubeApi_pb2 as pb

@@ -21,7 +21,8 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-from danube_fast.broker.cluster import crashpoints, handoff
+from danube_fast.broker import crashpoints
+from danube_fast.broker.cluster import handoff
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership

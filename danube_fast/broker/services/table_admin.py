@@ -35,8 +35,8 @@ class TableAdminService:
         now = time.time()
         found = [_view(s, status[s], now) for s in here if s in status]
         if not found:
-            raise precondition(f"topic {name.full} has no table (its tableMode is none, or the writer has not "
-                               f"seen the change yet): admin policies set {name.full} --table envelope")
+            raise precondition(f"topic {name.full} has no table (its tableMode is none, or the writer has "
+                               f"not seen the change yet): admin policies set {name.full} --table envelope")
         return pb.TableStatusResponse(tables=found, catalog_uri=writer.location.uri,
                                       warehouse=writer.location.warehouse)
 

@@ -1,6 +1,6 @@
 """Named points where a test may have the broker die on the spot (SIGKILL to itself), to check that a crash
-at that exact step of a topic move is recovered. A real crash cannot be placed between two writes on demand;
-this is the one fault the tests inject instead of producing it.
+at that exact step (of a topic move, of a table commit) is recovered. A real crash cannot be placed
+between two writes on demand; this is the one fault the tests inject instead of producing it.
 
 Armed by the environment: DANUBE_FAST_CRASH_AT=<point>. Unset (always, outside tests), `reach` is a dict
 lookup.
@@ -12,10 +12,11 @@ import logging
 import os
 import signal
 
-log = logging.getLogger("danube_fast.cluster")
+log = logging.getLogger("danube_fast.broker")
 
 AFTER_SEAL = "after_seal"  # the old owner wrote the sealed state, before deleting its WAL
 MID_LOAD = "mid_load"  # the new owner wrote its reservation and opened its WAL, before serving
+TABLE_BEFORE_COMMIT = "table_before_commit"  # a table's Parquet files are written, its commit not made
 
 ENV = "DANUBE_FAST_CRASH_AT"
 _ARMED = os.environ.get(ENV, "")

@@ -1,0 +1,121 @@
+"""`read_table(spark, topic, **options)`: a topic as one DataFrame, its Iceberg table (docs/TABLES.md) scanned
+by Spark's own Parquet reader, plus the records the table does not hold yet from `format("danube")`.
+
+Planning, on the driver: the metadata store (read-only) names the catalog; the table's current snapshot gives
+the data files (pyiceberg's scan planning: never a folder listing, which would see uncommitted or
+compacted-away files) and, in its summary, the next offset the table lacks for each stored topic. The
+DataFrame is the union of
+- `spark.read.parquet(files)`: every row of the snapshot, columnar, with Spark's column pruning and
+  Parquet row-group skipping on `offset` and `timestamp` filters, no Python per row;
+- `format("danube")` from those offsets to the committed offset when the query runs (startingOffsets JSON),
+  i.e. what reached the topic after the snapshot.
+Each offset is in exactly one side, so every acknowledged record appears once. The snapshot is fixed when
+`read_table` is called; the tail is planned at each action (a later action sees newer records, as a
+`format("danube")` DataFrame does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyspark_danube import columns, options
+from pyspark_danube.plan import PlanError, Stored, stored_topics
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Options that choose rows: read_table reads a whole topic; filter the DataFrame instead (Spark pushes
+# offset and timestamp filters into the Parquet scan).
+NOT_FOR_TABLES = ("topic", "topics", "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
+                  "endingTimestamp", "valueFormat")
+
+
+class TableError(ValueError):
+    """The topic has no table, or its catalog cannot be read."""
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    files: list[str]  # the current snapshot's data files
+    offsets: dict[str, int]  # stored topic -> next offset the table lacks
+    stored: list[Stored]  # every stored topic of the topic (partitions expanded)
+    metadata_location: str
+
+
+def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
+    """The topic's records: its table's snapshot plus the newer records (module docstring). `opts` are
+    format('danube')'s store, S3, TLS and timeout options (metadataStore and objectStore at least)."""
+    chosen = sorted(k for k in opts if k.lower() in {n.lower() for n in NOT_FOR_TABLES})
+    if chosen:
+        raise options.OptionError(f"read_table reads the whole topic; option(s) {', '.join(chosen)} do not "
+                                  "apply (filter the DataFrame on offset or timestamp instead)")
+    parsed = options.parse({**opts, "topic": topic})
+    plan = asyncio.run(plan_table(parsed, topic))
+    schema = columns.SCHEMA
+    if plan.files:
+        table = spark.read.schema(schema).parquet(*plan.files)
+    else:
+        table = spark.createDataFrame([], schema)
+    starting: dict[str, dict[str, int]] = {}
+    for s in plan.stored:
+        starting.setdefault(s.topic, {})[str(s.partition)] = plan.offsets.get(s.name, options.EARLIEST)
+    tail = (spark.read.format("danube").options(**opts).option("topic", topic)
+            .option("startingOffsets", json.dumps(starting)).option("endingOffsets", "latest").load())
+    return table.unionByName(tail)
+
+
+def create_table_view(spark: SparkSession, topic: str, view: str, **opts: str) -> None:
+    """`read_table(...)` as a temporary view `view`, for SQL: `SELECT ... FROM view`."""
+    read_table(spark, topic, **opts).createOrReplaceTempView(view)
+
+
+async def plan_table(opts: options.Options, topic: str) -> TablePlan:
+    from danube_fast.meta import keys
+    from danube_fast.meta.reader import open_reader
+    from danube_fast.meta.resources_storage import TableCatalog
+
+    meta = await open_reader(opts.metadata_store)
+    try:
+        stored = await stored_topics(meta, opts)
+        kv = await meta.get(keys.tables_catalog())
+    finally:
+        await meta.close()
+    if kv is None:
+        raise TableError(f"no broker has written a table catalog to {opts.metadata_store}: turn tables on "
+                         f"with `danube-fast admin policies set {topic} --table envelope`")
+    location = TableCatalog.from_json(kv.value, key=kv.key)
+    return await asyncio.to_thread(_snapshot, location, opts, topic, stored)
+
+
+def _snapshot(location: object, opts: options.Options, topic: str, stored: list[Stored]) -> TablePlan:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from danube_fast.meta.resources_storage import TableCatalog
+    from danube_fast.tables.catalog import committed_offsets, open_catalog
+
+    assert isinstance(location, TableCatalog)
+    namespace, base = topic.split("/")[1:]
+    try:
+        catalog = open_catalog(location, read_only=True, **_file_io(opts))
+        table = catalog.load_table((namespace, base))
+    except NoSuchTableError:
+        raise TableError(f"topic {topic} has no table yet: turn it on with `danube-fast admin policies set "
+                         f"{topic} --table envelope`, and wait for the first commit") from None
+    except Exception as e:
+        raise TableError(f"cannot read the table catalog {location.uri}: {e}") from e
+    snapshot = table.current_snapshot()
+    files = [] if snapshot is None else [task.file.file_path for task in table.scan().plan_files()]
+    if not stored:
+        raise PlanError(f"topic {topic} does not exist")
+    return TablePlan(files, committed_offsets(table), stored, table.metadata_location)
+
+
+def _file_io(opts: options.Options) -> dict[str, str]:
+    """pyiceberg FileIO settings for a warehouse on S3, from the source's S3 options."""
+    s3 = opts.s3
+    given = {"s3.endpoint": s3.endpoint, "s3.region": s3.region, "s3.access-key-id": s3.access_key,
+             "s3.secret-access-key": s3.secret_key}
+    return {k: v for k, v in given.items() if v}

@@ -1,0 +1,169 @@
+"""Topic tables on a real standalone broker (docs/TABLES.md): a topic that already holds records (in objects
+and in its WAL) turns its table on through the CLI and is backfilled, later records follow within the lag,
+the broker killed between writing Parquet and committing (and killed with -9 under load) resumes with every
+offset in the table exactly once; pyiceberg and DuckDB read the same rows; the status command and the
+metrics say what the table holds; bad requests get a clear refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import duckdb
+import pytest
+
+from danube_fast.broker import crashpoints
+from danube_fast.client import FastProducer
+from danube_fast.meta.resources_storage import TableCatalog
+from danube_fast.tables.catalog import open_catalog
+from danube_fast.testing.broker import Broker, BrokerFactory
+from tests.compat.compat_support import scrape
+
+CLI = [sys.executable, "-m", "danube_fast.cli.main"]
+CONFIG = ("[wal]\nsegment_bytes = 65536\n[cluster]\nupload_interval_ms = 300\n"
+          "[tables]\nlag_ms = 500\npolicy_check_ms = 200\n")
+WAIT = 60.0
+
+
+def admin(broker: Broker, *args: str, code: int = 0) -> Any:
+    done = subprocess.run([*CLI, "admin", *args, "--admin-addr", f"127.0.0.1:{broker.admin_port}",
+                           "--output", "json"], capture_output=True, timeout=60, check=False)
+    assert done.returncode == code, f"{args}: exit {done.returncode}\n{done.stdout!r}\n{done.stderr.decode()}"
+    return json.loads(done.stdout) if code == 0 else done.stderr.decode()
+
+
+def until(what: str, check: Any, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.2)
+
+
+def produce(broker: Broker, topic: str, first: int, count: int, per_batch: int = 100) -> None:
+    async def run() -> None:
+        producer = await FastProducer.connect(broker.target, topic, "p", linger_ms=1)
+        for low in range(first, first + count, per_batch):
+            await producer.send_batch([b"record-%d" % i for i in range(low, min(low + per_batch,
+                                                                                 first + count))])
+        await producer.flush()
+        await producer.close()
+
+    asyncio.run(run())
+
+
+def caught_up(broker: Broker, topic: str, offset: int) -> dict[str, Any] | None:
+    got = subprocess.run([*CLI, "admin", "tables", "status", topic, "--admin-addr",
+                          f"127.0.0.1:{broker.admin_port}", "--output", "json"], capture_output=True,
+                         timeout=60, check=False)
+    if got.returncode != 0:
+        return None
+    status: dict[str, Any] = json.loads(got.stdout)
+    return status if status["tables"][0]["committed_offset"] >= offset else None
+
+
+def table_rows(broker: Broker, table: str) -> list[tuple[int, bytes]]:
+    """(offset, value) of every row of the table's current snapshot, read through pyiceberg."""
+    cat = open_catalog(catalog_of(broker), read_only=True)
+    got = cat.load_table(tuple(table.split("."))).scan(selected_fields=("offset", "value")).to_arrow()
+    return sorted(zip(got.column("offset").to_pylist(), got.column("value").to_pylist(), strict=True))
+
+
+def catalog_of(broker: Broker) -> TableCatalog:
+    root = broker.data_dir.resolve() / "tables"
+    return TableCatalog(uri=f"sqlite:///{root / 'catalog.db'}", warehouse=f"file://{root / 'warehouse'}")
+
+
+def expected(first: int, count: int) -> list[tuple[int, bytes]]:
+    return [(i, b"record-%d" % i) for i in range(first, first + count)]
+
+
+def duckdb_count(metadata_location: str) -> tuple[int, int, int, int]:
+    # The iceberg and avro extensions from PyPI (duckdb-ext-*): DuckDB downloads nothing.
+    folder = os.path.join(os.path.dirname(os.path.dirname(duckdb.__file__)), "duckdb_ext", "extensions")
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "extension_directory": folder})
+    row = con.execute(f"""SELECT count(*), count(DISTINCT "offset"), min("offset"), max("offset")
+                          FROM iceberg_scan('{metadata_location}')""").fetchone()
+    assert row is not None
+    return row
+
+
+def test_a_topic_with_records_is_backfilled_then_followed_and_every_reader_sees_each_offset_once(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG)
+    topic = "/default/orders"
+    produce(broker, topic, 0, 3000)  # several segments: some records in objects, some in the WAL
+    objects = broker.data_dir / "objects" / "default" / "orders"
+    until("objects uploaded", lambda: list(objects.glob("*.dnb1")))
+    admin(broker, "tables", "status", topic, code=1)  # no table yet: FAILED_PRECONDITION
+    shown = admin(broker, "policies", "set", topic, "--table", "envelope")
+    assert shown["tableMode"] == "envelope"
+    status = until("the backfill", lambda: caught_up(broker, topic, 3000))
+    row = status["tables"][0]
+    assert row["table"] == "default.orders" and row["mode"] == "envelope" and row["files"] >= 1
+    assert row["bytes"] > 0 and row["error"] == "" and row["stopped"] == ""
+    assert table_rows(broker, "default.orders") == expected(0, 3000)
+    produce(broker, topic, 3000, 500)
+    started = time.monotonic()
+    status = until("the new records", lambda: caught_up(broker, topic, 3500))
+    assert time.monotonic() - started < 20  # lag_ms 500 on a busy machine: well under this
+    assert table_rows(broker, "default.orders") == expected(0, 3500)
+    assert duckdb_count(status["metadata_location"]) == (3500, 3500, 0, 3499)
+    assert status["tables"][0]["lag_ms"] == 0
+    metrics = scrape(broker)
+    assert metrics[f'danube_table_committed_offset{{topic="{topic}"}}'] == 3500
+    assert metrics[f'danube_table_failing{{topic="{topic}"}}'] == 0
+
+
+def test_killed_between_parquet_and_commit_then_killed_under_load_the_table_holds_each_offset_once(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.add(CONFIG + "[policy]\ntable_mode = \"envelope\"\n")
+    broker.env[crashpoints.ENV] = crashpoints.TABLE_BEFORE_COMMIT
+    broker.start()
+    topic = "/default/crashy"
+    produce(broker, topic, 0, 1000)
+    until("the crash point", lambda: not broker.running)
+    assert "crash point table_before_commit" in broker.log_tail()
+    del broker.env[crashpoints.ENV]
+    broker.start()
+    until("the table after the crash", lambda: caught_up(broker, topic, 1000))
+    assert table_rows(broker, "default.crashy") == expected(0, 1000)
+    warehouse = broker.data_dir / "tables" / "warehouse" / "default" / "crashy" / "data"
+    assert len(list(warehouse.rglob("*.parquet"))) > caught_up(broker, topic, 1000)["tables"][0]["files"]
+    # kill -9 while records and commits flow, then again on restart
+    for round_ in range(2):
+        first = 1000 + round_ * 2000
+        produce(broker, topic, first, 2000, per_batch=50)
+        time.sleep(0.3 * (round_ + 1))
+        broker.kill()
+        broker.start()
+    until("the table after the kills", lambda: caught_up(broker, topic, 5000))
+    assert table_rows(broker, "default.crashy") == expected(0, 5000)
+
+
+def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG)
+    produce(broker, "/default/plain", 0, 10)
+    assert "tableMode schema" in admin(broker, "policies", "set", "/default/plain", "--table", "schema",
+                                       code=1)
+    assert "NOT_FOUND" in admin(broker, "tables", "status", "/default/missing", code=1)
+    assert "has no table" in admin(broker, "tables", "status", "/default/plain", code=1)
+    bad = subprocess.run([*CLI, "admin", "policies", "set", "/default/plain", "--table", "parquet"],
+                         capture_output=True, timeout=60, check=False)
+    assert bad.returncode == 2 and b"invalid choice" in bad.stderr
+
+
+@pytest.mark.parametrize("setting, message", [("lag_ms = 10", "lag_ms must be at least 100"),
+                                              ("row_group_rows = 5", "row_group_rows must be at least")])
+def test_a_bad_tables_setting_stops_the_start_with_its_name(broker_factory: BrokerFactory, setting: str,
+                                                            message: str) -> None:
+    broker = broker_factory.add(f"[tables]\n{setting}\n")
+    done = subprocess.run(broker.command(), capture_output=True, timeout=60, check=False)
+    assert done.returncode != 0 and message in done.stderr.decode()

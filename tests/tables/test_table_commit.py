@@ -1,0 +1,108 @@
+"""The exactly-once append of a topic table (danube_fast/tables/commit.py) on a real pyiceberg SQL catalog
+(SQLite) and real Parquet files: a commit based on a stale snapshot is refused, a writer that planned from
+offsets another writer already committed is refused, every stored topic's offsets are carried forward, and
+files written by a commit that never happened are in no scan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+
+from danube_fast.tables import catalog, commit, envelope
+
+TOPIC = "/default/orders"
+
+
+def rows(topic: str, partition: int, start: int, end: int) -> pa.Table:
+    n = end - start
+    batch = pa.RecordBatch.from_arrays([
+        pa.array([b"k"] * n, pa.binary()),
+        pa.array([b"v%d" % i for i in range(start, end)], pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(range(start, end), pa.int64()),
+        pa.array([1_700_000_000_000_000 + i * 1000 for i in range(start, end)], pa.timestamp("us", tz="UTC")),
+        pa.array([0] * n, pa.int32()),
+        pa.array(["p"] * n, pa.string()),
+        pa.array([[("a", "b")]] * n, pa.map_(pa.string(), pa.string())),
+        pa.array([None] * n, pa.int64()),
+        pa.array([None] * n, pa.int64()),
+    ], schema=envelope.ARROW_SCHEMA)
+    return pa.Table.from_batches([batch])
+
+
+@pytest.fixture
+def cat(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return catalog.open_catalog(catalog.standalone_catalog(str(tmp_path)))
+
+
+def offsets_in(table) -> list[int]:  # type: ignore[no-untyped-def]
+    return sorted(table.scan(selected_fields=("offset",)).to_arrow().column("offset").to_pylist())
+
+
+def test_a_stale_writer_is_refused_and_every_offset_is_in_the_table_once(cat) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    first = commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
+    assert first.offsets == {TOPIC: 100} and first.files == 1 and first.bytes > 0
+    a = cat.load_table(("default", "orders"))
+    b = cat.load_table(("default", "orders"))
+    commit.append_range(a, TOPIC, 100, 200, rows(TOPIC, -1, 100, 200))
+    with pytest.raises(CommitFailedException):  # b planned from the snapshot a replaced
+        commit.append_range(b, TOPIC, 100, 200, rows(TOPIC, -1, 100, 200))
+    again = cat.load_table(("default", "orders"))
+    with pytest.raises(commit.OffsetsMoved):  # reloaded, it sees that 100..199 are there already
+        commit.append_range(again, TOPIC, 100, 200, rows(TOPIC, -1, 100, 200))
+    assert offsets_in(cat.load_table(("default", "orders"))) == list(range(200))
+    assert catalog.committed_offsets(cat.load_table(("default", "orders"))) == {TOPIC: 200}
+
+
+def test_partitions_share_a_table_and_each_keeps_its_offsets(cat) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "clicks", True, True, 1 << 20)
+    p0, p1 = "/default/clicks-part-0", "/default/clicks-part-1"
+    commit.append_range(table, p0, 0, 10, rows("/default/clicks", 0, 0, 10))
+    commit.append_range(table, p1, 0, 5, rows("/default/clicks", 1, 0, 5))
+    state = commit.append_range(table, p0, 10, 20, rows("/default/clicks", 0, 10, 20))
+    assert state.offsets == {p0: 20, p1: 5}
+    got = cat.load_table(("default", "clicks")).scan().to_arrow()
+    pairs = sorted(zip(got.column("partition").to_pylist(), got.column("offset").to_pylist(), strict=True))
+    assert pairs == [(0, i) for i in range(20)] + [(1, i) for i in range(5)]
+    # identity(partition) under hour(timestamp): a file holds one partition's records
+    for task in cat.load_table(("default", "clicks")).scan().plan_files():
+        assert "/partition=" in task.file.file_path
+
+
+def test_files_of_a_commit_that_never_happened_are_in_no_scan(cat) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    commit.append_range(table, TOPIC, 0, 50, rows(TOPIC, -1, 0, 50))
+
+    class Crash(Exception):
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    with pytest.raises(Crash):
+        commit.append_range(cat.load_table(("default", "orders")), TOPIC, 50, 100, rows(TOPIC, -1, 50, 100),
+                            before_commit=crash)
+    table = cat.load_table(("default", "orders"))
+    written = {str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    planned = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+    assert len(written) == 2 and len(planned) == 1  # the crashed commit's file is on disk, in no snapshot
+    assert offsets_in(table) == list(range(50))
+    commit.append_range(table, TOPIC, 50, 100, rows(TOPIC, -1, 50, 100))  # the writer resumes from the table
+    assert offsets_in(cat.load_table(("default", "orders"))) == list(range(100))
+
+
+def test_a_reader_opens_the_catalog_read_only(cat, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "orders", False, False, 1 << 20)
+    commit.append_range(table, TOPIC, 0, 10, rows(TOPIC, -1, 0, 10))
+    location = catalog.standalone_catalog(str(tmp_path))
+    reader = catalog.open_catalog(location, read_only=True)
+    assert offsets_in(reader.load_table(("default", "orders"))) == list(range(10))
+    with pytest.raises(Exception, match="readonly"):
+        reader.create_namespace("other")
+    with pytest.raises(FileNotFoundError, match="no table was written yet"):
+        catalog.open_catalog(catalog.standalone_catalog(str(tmp_path / "none")), read_only=True)
