@@ -1,0 +1,119 @@
+"""`read_table` (spark/pyspark_danube/tables.py, docs/TABLES.md) on a real broker, real Iceberg tables and a
+real local[2] Spark: the table's snapshot scanned by Spark's Parquet reader plus the records the table lacks
+from format("danube") give exactly format("danube")'s rows, column for column, for a plain and a partitioned
+topic; filters and SQL work on it; a topic without a table is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark_danube import create_table_view, read_table
+from pyspark_danube.tables import TableError
+
+from danube_fast.testing.broker import Broker
+from tests.spark.spark_support import produce_fast, produce_rich, reader_options
+
+pytestmark = pytest.mark.spark
+
+BROKER_CONFIG = """
+[cluster]
+upload_interval_ms = 200
+[wal]
+segment_bytes = 65536
+[tables]
+lag_ms = 400
+policy_check_ms = 200
+"""
+PLAIN, PARTS = "/default/tplain", "/default/tparts"
+CLI = [sys.executable, "-m", "danube_fast.cli.main"]
+COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "producer_name",
+           "attributes", "schema_id", "schema_version"]
+
+
+def admin(broker: Broker, *args: str) -> Any:
+    done = subprocess.run([*CLI, "admin", *args, "--admin-addr", f"127.0.0.1:{broker.admin_port}",
+                           "--output", "json"], capture_output=True, timeout=60, check=False)
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def wait_table(broker: Broker, topic: str, offsets: dict[str, int]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        got = admin(broker, "tables", "status", topic)
+        held = {t["stored_topic"]: t["committed_offset"] for t in got["tables"]} if got else {}
+        if all(held.get(k, -1) >= v for k, v in offsets.items()):
+            return
+        assert time.monotonic() < deadline, f"{topic}: the table holds {held}, waiting for {offsets}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def data(shared_broker: Broker) -> dict[str, Any]:
+    b = shared_broker
+    asyncio.run(produce_fast(b, PLAIN, 3000))
+    parts = asyncio.run(produce_rich(b, PARTS, 30, partitions=2))
+    stored = [PLAIN, f"{PARTS}-part-0", f"{PARTS}-part-1"]  # a policy is per stored topic
+    for topic in stored:
+        assert admin(b, "policies", "set", topic, "--table", "envelope") is not None
+    per_part = {f"{PARTS}-part-{i}": sum(1 for j in range(30) if j % 2 == i) for i in range(2)}
+    wait_table(b, PLAIN, {PLAIN: 3000})
+    wait_table(b, PARTS, {k: 1 for k in per_part})
+    # The table stops following (policy none): what comes next is the tail read_table takes from the broker.
+    for topic in stored:
+        assert admin(b, "policies", "set", topic, "--table", "none") is not None
+    time.sleep(1.0)
+    asyncio.run(produce_fast(b, PLAIN, 500, start=3000))
+    return {"parts": parts}
+
+
+def rows(df: DataFrame) -> list[tuple[Any, ...]]:
+    return sorted((tuple(r) for r in df.select(*COLUMNS).collect()), key=lambda r: (r[3], r[4]))
+
+
+def test_the_table_and_its_tail_are_exactly_the_topic(spark: SparkSession, shared_broker: Broker,
+                                                      data: dict[str, Any]) -> None:
+    opts = reader_options(shared_broker)
+    table = read_table(spark, PLAIN, **opts)
+    direct = spark.read.format("danube").options(**opts).option("topic", PLAIN).load()
+    got = rows(table)
+    assert [r[4] for r in got] == list(range(3500))  # 3,000 from the table's files, 500 from the broker
+    assert got == rows(direct)
+    assert [(f.name, f.dataType) for f in table.schema] == [(f.name, f.dataType) for f in direct.schema]
+
+
+def test_a_partitioned_topic_reads_as_one_table(spark: SparkSession, shared_broker: Broker,
+                                                data: dict[str, Any]) -> None:
+    opts = reader_options(shared_broker)
+    table = read_table(spark, PARTS, **opts)
+    direct = spark.read.format("danube").options(**opts).option("topic", PARTS).load()
+    got = rows(table)
+    assert len(got) == 30 and got == rows(direct)
+    assert sorted(r[1] for r in got) == sorted(s["value"] for s in data["parts"])
+
+
+def test_filters_and_sql_on_the_table(spark: SparkSession, shared_broker: Broker,
+                                      data: dict[str, Any]) -> None:
+    opts = reader_options(shared_broker)
+    df = read_table(spark, PLAIN, **opts)
+    assert df.where("offset >= 100 AND offset < 200").count() == 100
+    assert df.where("offset >= 2990 AND offset < 3010").count() == 20  # across the table and the tail
+    create_table_view(spark, PLAIN, "tplain", **opts)
+    got = spark.sql("SELECT count(*), count(DISTINCT offset), max(offset) FROM tplain").collect()[0]
+    assert tuple(got) == (3500, 3500, 3499)
+
+
+def test_a_topic_without_a_table_and_row_options_are_refused(spark: SparkSession, shared_broker: Broker,
+                                                             data: dict[str, Any]) -> None:
+    asyncio.run(produce_fast(shared_broker, "/default/notable", 5))
+    opts = reader_options(shared_broker)
+    with pytest.raises(TableError, match="/default/notable has no table"):
+        read_table(spark, "/default/notable", **opts)
+    with pytest.raises(ValueError, match="startingOffsets do not apply"):
+        read_table(spark, PLAIN, startingOffsets="earliest", **opts)
