@@ -75,6 +75,11 @@ row_group_rows = 1048576          # Parquet row group size, in rows
 hour_partitions = true            # partition tables by hour(timestamp) (and partition)
 fail_on_data_loss = true          # records deleted before the table got them stop it (false: skip them)
 policy_check_ms = 5000            # how often the writer reads which topics want a table
+maintenance_ms = 60000            # how often each table is compacted, expired and swept
+target_file_bytes = 134217728     # compaction joins files under half this into files of about this
+compact_min_files = 8             # small files a partition needs before it is compacted
+snapshot_keep_ms = 3600000        # snapshots, and the files only they name, kept this long for readers
+orphan_grace_ms = 600000          # files no snapshot names (a crashed commit's) are deleted this old
 
 [security]                        # TLS, mTLS, JWT and RBAC: see danube_fast/security/config.py and
 mode = "none"                     # docs/SECURITY.md (none | tls | tls_jwt)

@@ -70,6 +70,7 @@ class TableStatus:
     dlq_records: int = 0
     skipped_records: int = 0  # lost before the table got them (fail_on_data_loss false)
     metadata_location: str = ""
+    compacted_files: int = 0  # replaced by compaction, by this broker since the topic was loaded here
     error: str = ""  # the last pass's error, "" when it went well
     stopped: str = ""  # data loss with fail_on_data_loss: the table waits for an operator
 
@@ -95,6 +96,7 @@ class TableWriter:
         self._tables: dict[str, _Table] = {}  # by stored topic
         self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
         self._modes_read = 0.0
+        self._maintained: dict[str, float] = {}  # table identifier -> when it was last maintained
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -153,7 +155,10 @@ class TableWriter:
             if entry.status.stopped:
                 continue
             try:
-                behind |= await self._write(topic, entry)
+                more = await self._write(topic, entry)
+                behind |= more
+                if not more:
+                    await self._maintain(entry)
                 entry.status.error = ""
             except DataLost as e:
                 entry.status.stopped = str(e)
@@ -219,6 +224,30 @@ class TableWriter:
         if not more:
             status.behind_since = None
         return more
+
+    async def _maintain(self, entry: _Table) -> None:
+        """Compact, expire and sweep the entry's table when it is due (each table once per maintenance_ms,
+        whichever of its stored topics comes first)."""
+        table = entry.table
+        now = self._clock()
+        if table is None or now - self._maintained.get(entry.status.table, 0.0) < \
+                self._config.maintenance_ms / 1000:
+            return
+        self._maintained[entry.status.table] = now
+        from danube_fast.tables import commit, maintenance
+
+        c = self._config
+        done = await asyncio.to_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
+                                       c.snapshot_keep_ms, c.orphan_grace_ms)
+        if done.compacted_files or done.expired_snapshots or done.swept_files:
+            log.info("%s: compacted %d files into %d, expired %d snapshots, swept %d files",
+                     entry.status.table, done.compacted_files, done.written_files, done.expired_snapshots,
+                     done.swept_files)
+        entry.table = table = await asyncio.to_thread(self._reload, table)
+        state = commit.state(table)
+        entry.status.compacted_files += done.compacted_files
+        entry.status.metadata_location, entry.status.files, entry.status.bytes = (
+            state.metadata_location, state.files, state.bytes)
 
     async def _read(self, topic: ReliableTopic, start: int, end: int,
                     status: TableStatus) -> tuple[list[memoryview], int]:

@@ -28,6 +28,7 @@ async def _status(args: argparse.Namespace) -> Listing:
                      "committed_offset": t.committed_offset, "topic_offset": t.topic_offset,
                      "lag_ms": t.lag_ms, "files": t.files, "bytes": t.bytes, "dlq_records": t.dlq_records,
                      "skipped_records": t.skipped_records, "commits": t.commits,
+                     "compacted_files": t.compacted_files,
                      "metadata_location": t.metadata_location, "error": t.error, "stopped": t.stopped,
                      "problem": (t.stopped and f"stopped: {t.stopped}") or t.error})
     fields: dict[str, object] = {"catalog_uri": got.catalog_uri, "warehouse": got.warehouse}

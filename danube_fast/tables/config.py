@@ -16,6 +16,11 @@ class TablesConfig:
     hour_partitions: bool = True  # partition by hour(timestamp) (and the topic's partition, when it has them)
     fail_on_data_loss: bool = True  # records gone before they reached the table stop it (false: skip, count)
     policy_check_ms: int = 5000  # how often the writer reads which topics want a table
+    maintenance_ms: int = 60_000  # how often a table is compacted, expired and swept
+    target_file_bytes: int = 128 * 1024 * 1024  # compaction joins the files under half this into files of it
+    compact_min_files: int = 8  # small files a partition needs before it is compacted
+    snapshot_keep_ms: int = 3_600_000  # snapshots (and the files only they name) kept this long for readers
+    orphan_grace_ms: int = 600_000  # files no snapshot names are deleted once this old
 
     def check(self) -> None:
         if self.lag_ms < 100:
@@ -24,5 +29,13 @@ class TablesConfig:
             raise ValueError(f"[tables] commit_bytes must be at least 1 MiB, not {self.commit_bytes}")
         if self.row_group_rows < 1024:
             raise ValueError(f"[tables] row_group_rows must be at least 1024, not {self.row_group_rows}")
+        if self.compact_min_files < 2:
+            raise ValueError(f"[tables] compact_min_files must be at least 2, not {self.compact_min_files}")
+        if self.target_file_bytes < 1024 * 1024:
+            raise ValueError(f"[tables] target_file_bytes must be at least 1 MiB, not "
+                             f"{self.target_file_bytes}")
+        if self.orphan_grace_ms < 60_000:
+            raise ValueError("[tables] orphan_grace_ms must be at least 60000: a commit in progress must not "
+                             "lose its files to a sweep")
         if self.policy_check_ms < 100:
             raise ValueError(f"[tables] policy_check_ms must be at least 100, not {self.policy_check_ms}")

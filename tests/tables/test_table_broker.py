@@ -167,3 +167,18 @@ def test_a_bad_tables_setting_stops_the_start_with_its_name(broker_factory: Brok
     broker = broker_factory.add(f"[tables]\n{setting}\n")
     done = subprocess.run(broker.command(), capture_output=True, timeout=60, check=False)
     assert done.returncode != 0 and message in done.stderr.decode()
+
+
+def test_small_commits_are_compacted_and_old_files_swept_keeping_every_row(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG + "maintenance_ms = 300\ncompact_min_files = 4\n"
+                                  "snapshot_keep_ms = 0\n[policy]\ntable_mode = \"envelope\"\n")
+    topic = "/default/compacted"
+    for round_ in range(8):  # a commit each: eight small files in the current hour
+        produce(broker, topic, round_ * 100, 100)
+        until(f"commit {round_}", lambda r=round_: caught_up(broker, topic, (r + 1) * 100))
+    status = until("the compaction", lambda: (lambda s: s if s and s["tables"][0]["compacted_files"] >= 4
+                                              else None)(caught_up(broker, topic, 800)))
+    assert status["tables"][0]["files"] < 8
+    assert table_rows(broker, "default.compacted") == expected(0, 800)
+    assert duckdb_count(status["metadata_location"])[:2] == (800, 800)

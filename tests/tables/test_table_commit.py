@@ -106,3 +106,58 @@ def test_a_reader_opens_the_catalog_read_only(cat, tmp_path: Path) -> None:  # t
         reader.create_namespace("other")
     with pytest.raises(FileNotFoundError, match="no table was written yet"):
         catalog.open_catalog(catalog.standalone_catalog(str(tmp_path / "none")), read_only=True)
+
+
+def test_compaction_keeps_every_row_and_offsets_then_expiry_and_the_sweep_free_the_old_files(
+        cat) -> None:  # type: ignore[no-untyped-def]
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    for low in range(0, 1000, 100):  # ten small commits: ten small files in one hour partition
+        commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
+    before = {t.file.file_path for t in table.scan().plan_files()}
+    assert len(before) == 10
+    groups = maintenance.small_groups(table, 64 << 20, 8)
+    assert [len(g) for g in groups] == [10]
+    assert maintenance.compact(table, groups[0]) == 1
+    table = cat.load_table(("default", "orders"))
+    after = [t.file for t in table.scan().plan_files()]
+    assert len(after) == 1 and after[0].record_count == 1000
+    assert offsets_in(table) == list(range(1000))
+    assert catalog.committed_offsets(table) == {TOPIC: 1000}  # the offsets survive the rewrite
+    # A writer that planned before the compaction is refused, and resumes after it.
+    commit.append_range(table, TOPIC, 1000, 1100, rows(TOPIC, -1, 1000, 1100))
+    # Nothing is old enough yet: the compacted-away files stay for the readers of older snapshots.
+    assert maintenance.expire(table, keep_ms=3_600_000) == 0
+    assert maintenance.sweep(table, grace_ms=3_600_000) == 0
+    on_disk = {str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    assert {p.removeprefix("file://") for p in before} <= on_disk
+    # Later: every snapshot but the current expires, and the files only they named go.
+    table = cat.load_table(("default", "orders"))
+    snapshots = len(table.metadata.snapshots)
+    assert snapshots == 12 and maintenance.expire(table, keep_ms=0) == snapshots - 1
+    table = cat.load_table(("default", "orders"))
+    assert len(table.metadata.snapshots) == 1
+    assert maintenance.sweep(table, grace_ms=0) >= 10
+    left = {str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")}
+    assert left == {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+    assert offsets_in(table) == list(range(1100))
+    assert catalog.committed_offsets(table) == {TOPIC: 1100}
+
+
+def test_a_compaction_that_lost_a_race_changes_nothing(cat) -> None:  # type: ignore[no-untyped-def]
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    for low in range(0, 500, 100):
+        commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
+    stale = cat.load_table(("default", "orders"))
+    commit.append_range(table, TOPIC, 500, 600, rows(TOPIC, -1, 500, 600))  # lands first
+    group = maintenance.small_groups(stale, 64 << 20, 2)[0]
+    with pytest.raises((CommitFailedException, ValidationException)):
+        maintenance.compact(stale, group)
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(600))
+    assert len(list(table.scan().plan_files())) == 6

@@ -1,0 +1,163 @@
+"""Keeping a topic table fast to read and bounded on disk (docs/TABLES.md, "Maintenance"): compaction of small
+files, snapshot expiry and the orphan sweep.
+
+A table committed every few seconds gets a few small files per commit (one per hour partition it touches),
+and a scan pays per file. pyiceberg 0.12 expires snapshots but has neither a compaction (Iceberg's
+rewrite_data_files) nor an orphan-file removal, so both are written here over its public transaction API:
+
+- **Compaction**: in one partition, the files smaller than half the target are read back (pyarrow), joined,
+  sorted by offset and written as files of about the target size, and one overwrite commit deletes the old
+  files from the table and adds the new ones. The commit carries `danube.offsets` unchanged and, like every
+  commit here, is refused if another landed since it was planned (commit.retry.num-retries = 0): a writer's
+  append and a compaction never both win over the same snapshot. Readers of the old snapshot keep their
+  files until the snapshot expires.
+- **Expiry**: snapshots older than `snapshot_keep_ms` go from the metadata (never the current one).
+- **Orphan sweep**: files under the table's location that no remaining snapshot or metadata file names and
+  that are older than `orphan_grace_ms` are deleted: the files of expired snapshots (compacted away) and
+  those of commits that never happened (a writer killed between Parquet and commit, a refused commit). The
+  grace keeps a commit in progress from losing its files to a sweep.
+
+Runs in a worker thread (synchronous pyiceberg and pyarrow I/O).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
+
+if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table
+
+
+@dataclass(frozen=True)
+class Done:
+    compacted_files: int  # files replaced
+    written_files: int  # files that replaced them
+    expired_snapshots: int
+    swept_files: int
+
+
+def small_groups(table: Table, target_bytes: int, min_files: int) -> list[list[DataFile]]:
+    """Per partition of the current snapshot, the files under half `target_bytes` when there are at least
+    `min_files` of them, cut into groups of at most about `target_bytes`, each of two files or more."""
+    by_partition: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
+    for task in table.scan().plan_files():
+        f = task.file
+        if f.file_size_in_bytes < target_bytes // 2:
+            by_partition[(f.spec_id, repr(f.partition))].append(f)  # Record: equal partitions, equal repr
+    groups = []
+    for files in by_partition.values():
+        if len(files) < min_files:
+            continue
+        group: list[DataFile] = []
+        size = 0
+        for f in sorted(files, key=lambda f: f.file_path):
+            if group and size + f.file_size_in_bytes > target_bytes:
+                if len(group) > 1:
+                    groups.append(group)
+                group, size = [], 0
+            group.append(f)
+            size += f.file_size_in_bytes
+        if len(group) > 1:
+            groups.append(group)
+    return groups
+
+
+def compact(table: Table, files: list[DataFile]) -> int:
+    """Replace `files` (one partition's) with their rows in offset order, in one commit; the files written.
+    Raises pyiceberg's CommitFailedException (or ValidationException) when another commit landed first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    parts = []
+    for f in files:
+        with table.io.new_input(f.file_path).open() as stream:
+            parts.append(pq.read_table(stream))
+    rows = pa.concat_tables(parts).sort_by([("partition", "ascending"), ("offset", "ascending")])
+    offsets = committed_offsets(table)
+    written = 0
+    with table.transaction() as tx:
+        update = tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)})
+        with update.overwrite() as overwrite:
+            for f in files:
+                overwrite.delete_data_file(f)
+            for new in _dataframe_to_data_files(table_metadata=tx.table_metadata, df=rows, io=table.io,
+                                                write_uuid=overwrite.commit_uuid):
+                overwrite.append_data_file(new)
+                written += 1
+    return written
+
+
+def expire(table: Table, keep_ms: int, now: float | None = None) -> int:
+    """Expire the snapshots older than `keep_ms` (the current one stays); how many went."""
+    cutoff_ms = int(((time.time() if now is None else now) * 1000) - keep_ms)
+    current = table.current_snapshot()
+    old = [s.snapshot_id for s in table.metadata.snapshots
+           if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id)]
+    if not old:
+        return 0
+    table.maintenance.expire_snapshots().older_than(
+        datetime.datetime.fromtimestamp(cutoff_ms / 1000, tz=datetime.UTC)).commit()
+    return len(old)
+
+
+def referenced(table: Table) -> set[str]:
+    """Every file the table's metadata names: metadata files, manifest lists, manifests, data files."""
+    names = {table.metadata_location, *(e.metadata_file for e in table.metadata.metadata_log)}
+    for snapshot in table.metadata.snapshots:
+        names.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            names.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                names.add(entry.data_file.file_path)
+    return {_key(n) for n in names}
+
+
+def sweep(table: Table, grace_ms: int, now: float | None = None) -> int:
+    """Delete the files under the table's location that its metadata does not name, older than `grace_ms`;
+    how many. Only for tables on a file system pyarrow opens from the location's URI."""
+    from pyarrow import fs
+
+    keep = referenced(table)
+    filesystem, root = fs.FileSystem.from_uri(table.location())
+    cutoff = (time.time() if now is None else now) - grace_ms / 1000
+    deleted = 0
+    for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type != fs.FileType.File or _key(info.path) in keep:
+            continue
+        if info.mtime is not None and info.mtime.timestamp() < cutoff:
+            filesystem.delete_file(info.path)
+            deleted += 1
+    return deleted
+
+
+def _key(name: str) -> str:
+    """A file's name without its scheme: `file:///a/b` and `/a/b` are one file, `s3://b/k` and `b/k` too."""
+    parsed = urlparse(name)
+    return (parsed.netloc + parsed.path) if parsed.scheme else name
+
+
+def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grace_ms: int,
+             max_groups: int = 4) -> Done:
+    """One maintenance round: compact up to `max_groups` groups of small files, expire, sweep. A compaction
+    that lost a race to another commit is left for the next round."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    compacted = written = 0
+    for group in small_groups(table, target_bytes, min_files)[:max_groups]:
+        try:
+            written += compact(table, group)
+            compacted += len(group)
+        except (CommitFailedException, ValidationException):
+            table = table.refresh()
+            break
+    expired = expire(table, keep_ms)
+    return Done(compacted, written, expired, sweep(table, grace_ms))
