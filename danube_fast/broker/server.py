@@ -62,7 +62,7 @@ from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
 from danube_fast.security.rbac import Authorizer
 from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
-from danube_fast.tables.catalog import standalone_catalog
+from danube_fast.tables.catalog import cluster_catalog, file_io, standalone_catalog
 
 log = logging.getLogger("danube_fast.broker")
 
@@ -127,8 +127,9 @@ class Broker:
         tier = topics.tier
         self.retention = Retention(topics, tier.objects, store, config.retention_check_ms / 1000) \
             if isinstance(tier, Tier) else None
-        location = table_catalog(config)
-        self.tables = TableWriter(topics, store, location, config.tables) if location is not None else None
+        c = config.cluster
+        self.tables = TableWriter(topics, store, table_catalog(config), config.tables,
+                                  file_io(c.s3_endpoint, c.s3_region, c.s3_access_key, c.s3_secret_key))
         self._metrics = MetricsServer(topics, self.retention, self.tables) if config.prom_exporter else None
         self.stall_dump = StallDump(config.stall_dump_ms / 1000) if config.stall_dump_ms else None
         self.gate: Gate | None = None
@@ -171,9 +172,8 @@ class Broker:
             broker.broker_admin.rebalancer = broker.cluster.load_manager
             if broker.retention is not None:
                 broker.retention.start()
-            if broker.tables is not None:
-                await broker.tables.publish_location()
-                broker.tables.start()
+            await broker.tables.publish_location()
+            broker.tables.start()
             if broker.stall_dump is not None:
                 broker.stall_dump.start()
         except BaseException:
@@ -285,8 +285,7 @@ class Broker:
             await self.cluster.drain()
         if self.retention is not None:
             await self.retention.close()
-        if self.tables is not None:
-            await self.tables.close()
+        await self.tables.close()
         if self.stall_dump is not None:
             await self.stall_dump.close()
         self.topics.stop_streams()
@@ -304,15 +303,12 @@ class Broker:
             await self.store.close()
 
 
-def table_catalog(config: BrokerConfig) -> TableCatalog | None:
-    """Where topic tables are committed: in standalone mode the settings or a SQLite catalog under the data
-    dir; in cluster mode only the settings, since every broker and reader must reach the same catalog (None:
-    no tables)."""
+def table_catalog(config: BrokerConfig) -> TableCatalog:
+    """Where topic tables are committed (docs/TABLES.md): standalone, the settings or a SQLite catalog under
+    the data dir; a cluster, the settings or the catalog on the metadata store, files beside the objects."""
     tables = config.tables
     if config.clustered:
-        if not tables.catalog_uri or not tables.warehouse:
-            return None
-        return TableCatalog(uri=tables.catalog_uri, warehouse=tables.warehouse)
+        return cluster_catalog(config.object_store, tables.catalog_uri, tables.warehouse)
     return standalone_catalog(config.data_dir, tables.catalog_uri, tables.warehouse)
 
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("danube_fast.tables")
 
 READ_BYTES = 4 * 1024 * 1024  # one log read
+STORE_TIMEOUT = 30.0  # seconds a catalog call on the metadata store may take
 
 
 class DataLost(Exception):
@@ -86,11 +87,13 @@ class _Table:
 
 class TableWriter:
     def __init__(self, topics: Topics, store: MetadataStore, location: TableCatalog, config: TablesConfig,
-                 clock: Callable[[], float] = time.time) -> None:
+                 file_io: dict[str, str] | None = None, clock: Callable[[], float] = time.time) -> None:
         self._topics = topics
         self._store = store
         self.location = location
         self._config = config
+        self._file_io = file_io or {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._clock = clock
         self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
@@ -112,7 +115,13 @@ class TableWriter:
             await self._store.put(key, self.location.to_json())
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="tables")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="tables")
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the broker's loop from a worker thread (the catalog on the metadata store)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(STORE_TIMEOUT)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -165,8 +174,10 @@ class TableWriter:
                 log.error("%s: table stopped: %s", topic.full, e)
             except Exception as e:  # the catalog, the object store or a disk away: the next pass retries
                 entry.table = None  # reload: a failed commit may have left it stale
-                entry.status.error = f"{type(e).__name__}: {e}"
-                log.warning("%s: table commit failed, retrying next pass: %s", topic.full, e)
+                error = f"{type(e).__name__}: {e}"
+                if error != entry.status.error:  # once per cause, not once per pass
+                    log.warning("%s: table commit failed, retrying each pass: %s", topic.full, error)
+                entry.status.error = error
         self.passes += 1
         return behind
 
@@ -294,7 +305,7 @@ class TableWriter:
         from danube_fast.tables.catalog import load_or_create, open_catalog
 
         if self._catalog is None:
-            self._catalog = open_catalog(self.location)
+            self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
         base, partition = _stored(topic)
         return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
                               self._config.hour_partitions, self._config.row_group_rows)

@@ -31,7 +31,8 @@ async def _status(args: argparse.Namespace) -> Listing:
                      "compacted_files": t.compacted_files,
                      "metadata_location": t.metadata_location, "error": t.error, "stopped": t.stopped,
                      "problem": (t.stopped and f"stopped: {t.stopped}") or t.error})
-    fields: dict[str, object] = {"catalog_uri": got.catalog_uri, "warehouse": got.warehouse}
+    fields: dict[str, object] = {"catalog": got.catalog_kind, "catalog_uri": got.catalog_uri,
+                                 "warehouse": got.warehouse}
     if len(rows) == 1:
         fields["table"] = rows[0]["table"]
         fields["metadata_location"] = rows[0]["metadata_location"]

@@ -437,9 +437,28 @@ def _storage(namespace: str, topic: str) -> tuple[str, ...]:
     return "danube-data", "storage", "topics", _name(namespace, "namespace"), _name(topic, "topic")
 
 
+_TABLE: _Shape = ("danube-data", "tables", "by-topic", _ANY, _ANY)
+
+
 def tables_catalog() -> str:
     """`/danube-data/tables/catalog`: where the Iceberg catalog of topic tables is (docs/TABLES.md)."""
     return _key("danube-data", "tables", "catalog")
+
+
+def table_pointer(namespace: str, table: str) -> str:
+    """`/danube-data/tables/by-topic/{namespace}/{table}`: a topic table's current Iceberg metadata file, in
+    the catalog on the metadata store (danube_fast/tables/meta_catalog.py)."""
+    return _key("danube-data", "tables", "by-topic", _name(namespace, "namespace"), _name(table, "table"))
+
+
+def table_pointers_prefix(namespace: str | None = None) -> str:
+    base = ("danube-data", "tables", "by-topic")
+    return _prefix(*base) if namespace is None else _prefix(*base, _name(namespace, "namespace"))
+
+
+def parse_table_pointer(key: str) -> tuple[str, str]:
+    namespace, table = _match(key, _TABLE, "table pointer")
+    return namespace, table
 
 
 def storage_prefix() -> str:

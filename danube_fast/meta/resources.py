@@ -29,6 +29,7 @@ Which key holds what:
 | sealed_state                                 | SealedState                           |
 | retention_state                              | RetentionState                        |
 | tables_catalog                               | TableCatalog                          |
+| table_pointer                                | TablePointer                          |
 
 The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (upstream shows
 none) and nothing here writes it, so it has no resource.
@@ -63,6 +64,7 @@ from danube_fast.meta.resources_storage import (
     RetentionState,
     SealedState,
     TableCatalog,
+    TablePointer,
 )
 from danube_fast.meta.resources_topics import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -116,6 +118,7 @@ __all__ = [
     "SubscriptionType",
     "SystemLoad",
     "TableCatalog",
+    "TablePointer",
     "TopicDelivery",
     "TopicRoot",
     "TopicSchemaConfig",

@@ -136,19 +136,44 @@ class RetentionState(Resource):
 @dataclass(frozen=True)
 class TableCatalog(Resource):
     """`/danube-data/tables/catalog`: the Iceberg catalog every topic table is committed to (docs/TABLES.md):
-    a SQLAlchemy URI (`sqlite:////abs/path/catalog.db`) and the warehouse under which tables are laid out
+    `kind` "sql" with a SQLAlchemy URI (`sqlite:////abs/path/catalog.db`), or "metadata" (the table pointers
+    under /danube-data/tables/by-topic/, uri ""); and the warehouse under which tables are laid out
     (`file:///abs/path` or `s3://bucket/prefix`). Written by the brokers; readers find their tables here."""
 
     RESOURCE = "table catalog"
+    KINDS = ("sql", "metadata")
 
     uri: str
     warehouse: str
+    kind: str = "sql"
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
         f = Fields(value, where)
-        return cls(uri=f.string("uri"), warehouse=f.string("warehouse"), extra=f.extra())
+        kind = f.optional_str("kind") or "sql"
+        if kind not in cls.KINDS:
+            raise bad(where, f.name("kind"), " or ".join(cls.KINDS), kind)
+        return cls(uri=f.string("uri"), warehouse=f.string("warehouse"), kind=kind, extra=f.extra())
 
     def to_obj(self) -> JSON:
-        return with_extra({"uri": self.uri, "warehouse": self.warehouse}, self.extra)
+        return with_extra({"kind": self.kind, "uri": self.uri, "warehouse": self.warehouse}, self.extra)
+
+
+@dataclass(frozen=True)
+class TablePointer(Resource):
+    """`/danube-data/tables/by-topic/{namespace}/{table}`: the current metadata file of a topic table in the
+    catalog on the metadata store; swapped by compare-and-swap on every commit."""
+
+    RESOURCE = "table pointer"
+
+    metadata_location: str
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(metadata_location=f.string("metadata_location"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"metadata_location": self.metadata_location}, self.extra)

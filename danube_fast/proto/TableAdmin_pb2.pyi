@@ -49,11 +49,13 @@ class TableStatus(_message.Message):
     def __init__(self, stored_topic: _Optional[str] = ..., mode: _Optional[str] = ..., table: _Optional[str] = ..., committed_offset: _Optional[int] = ..., topic_offset: _Optional[int] = ..., lag_ms: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., dlq_records: _Optional[int] = ..., skipped_records: _Optional[int] = ..., commits: _Optional[int] = ..., metadata_location: _Optional[str] = ..., error: _Optional[str] = ..., stopped: _Optional[str] = ..., compacted_files: _Optional[int] = ...) -> None: ...
 
 class TableStatusResponse(_message.Message):
-    __slots__ = ("tables", "catalog_uri", "warehouse")
+    __slots__ = ("tables", "catalog_uri", "warehouse", "catalog_kind")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CATALOG_URI_FIELD_NUMBER: _ClassVar[int]
     WAREHOUSE_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_KIND_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableStatus]
     catalog_uri: str
     warehouse: str
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableStatus, _Mapping]]] = ..., catalog_uri: _Optional[str] = ..., warehouse: _Optional[str] = ...) -> None: ...
+    catalog_kind: str
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableStatus, _Mapping]]] = ..., catalog_uri: _Optional[str] = ..., warehouse: _Optional[str] = ..., catalog_kind: _Optional[str] = ...) -> None: ...

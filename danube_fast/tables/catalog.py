@@ -1,10 +1,11 @@
 """The catalog of topic tables, the table of a topic, and the offsets a table holds (docs/TABLES.md).
 
-Where the catalog is: the metadata store's `/danube-data/tables/catalog` key (`TableCatalog`: a SQLAlchemy URI
-and a warehouse), written by the brokers, so that a reader that knows the metadata store (the Spark source's
-`metadataStore` option) finds every table without another setting. Standalone's catalog is pyiceberg's SQL
-catalog on a SQLite file under the data dir. pyiceberg is imported on first use (it costs a broker start
-0.4 s otherwise).
+Where the catalog is: the metadata store's `/danube-data/tables/catalog` key (`TableCatalog`: its kind, a
+SQLAlchemy URI and a warehouse), written by the brokers, so that a reader that knows the metadata store (the
+Spark source's `metadataStore` option) finds every table without another setting. Standalone's catalog is
+pyiceberg's SQL catalog on a SQLite file under the data dir; a cluster's is the catalog on the metadata store
+(meta_catalog.py) unless a SQL catalog URI is given. pyiceberg is imported on first use (it costs a broker
+start 0.4 s otherwise).
 
 A topic's table is `{namespace}.{topic}` (a partitioned topic's base name: its partitions share one table).
 What the table holds is written in every snapshot's summary under `danube.offsets`: a JSON object from stored
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 from danube_fast.meta.resources_storage import TableCatalog
+from danube_fast.meta.store import MetadataStore
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+Call = Callable[[Coroutine[Any, Any, Any]], Any]
 
 OFFSETS = "danube.offsets"  # snapshot summary: {stored topic: next offset the table lacks}
 TOPIC_PROPERTY = "danube.topic"  # table property: the topic the table keeps
@@ -35,13 +39,41 @@ def standalone_catalog(data_dir: str, uri: str = "", warehouse: str = "") -> Tab
     """A standalone broker's catalog: the settings, else a SQLite file and a folder under the data dir."""
     root = os.path.abspath(os.path.join(data_dir, "tables"))
     return TableCatalog(uri=uri or f"sqlite:///{os.path.join(root, 'catalog.db')}",
-                        warehouse=warehouse or f"file://{os.path.join(root, 'warehouse')}")
+                        warehouse=warehouse or f"file://{os.path.join(root, 'warehouse')}", kind="sql")
 
 
-def open_catalog(location: TableCatalog, *, read_only: bool = False, **properties: str) -> Catalog:
-    """pyiceberg's SQL catalog at `location` (its tables are created on first use); `properties` add FileIO
-    settings (S3 endpoint and keys). `read_only`, for readers: nothing is created, and a SQLite file is
-    opened with SQLite's read-only mode, safely next to the broker that writes it."""
+def cluster_catalog(object_store: str, uri: str = "", warehouse: str = "") -> TableCatalog:
+    """A cluster's catalog: a SQL catalog when `uri` is set, else the one on the metadata store; files under
+    `warehouse`, else under the object store (`s3://bucket/prefix/tables`, or a shared folder's `tables`)."""
+    if not warehouse:
+        warehouse = (object_store.rstrip("/") + "/tables" if object_store.startswith("s3://")
+                     else f"file://{os.path.join(os.path.abspath(object_store), 'tables')}")
+    return TableCatalog(uri=uri, warehouse=warehouse, kind="sql" if uri else "metadata")
+
+
+def file_io(endpoint: str | None = None, region: str | None = None, access_key: str | None = None,
+            secret_key: str | None = None) -> dict[str, str]:
+    """pyiceberg FileIO settings for a warehouse on S3 (the object store's endpoint and keys)."""
+    given = {"s3.endpoint": endpoint, "s3.region": region, "s3.access-key-id": access_key,
+             "s3.secret-access-key": secret_key}
+    return {k: v for k, v in given.items() if v}
+
+
+def open_catalog(location: TableCatalog, *, read_only: bool = False, store: MetadataStore | None = None,
+                 call: Call | None = None, io: Mapping[str, str] | None = None) -> Catalog:
+    """The catalog at `location`; `io` adds FileIO settings (S3 endpoint and keys, file_io()).
+
+    - kind "sql": pyiceberg's SQL catalog (its tables are created on first use). `read_only`, for readers:
+      nothing is created, and a SQLite file is opened with SQLite's read-only mode, safely next to the broker
+      that writes it.
+    - kind "metadata": the catalog on the metadata store (meta_catalog.py), for a broker: `store` and `call`
+      (which runs a coroutine on the store's loop and returns its result) are required."""
+    if location.kind == "metadata":
+        from danube_fast.tables.meta_catalog import MetaCatalog
+
+        if store is None or call is None:
+            raise ValueError("the catalog on the metadata store needs the store and its event loop")
+        return MetaCatalog(CATALOG_NAME, store, call, warehouse=location.warehouse, **(io or {}))
     from pyiceberg.catalog.sql import SqlCatalog
 
     if read_only:
@@ -52,12 +84,12 @@ def open_catalog(location: TableCatalog, *, read_only: bool = False, **propertie
                 raise FileNotFoundError(f"the table catalog {path} does not exist (no table was written yet)")
             uri = f"sqlite:///file:{path}?mode=ro&uri=true"
         return SqlCatalog(CATALOG_NAME, uri=uri, warehouse=location.warehouse, init_catalog_tables="false",
-                          **properties)
+                          **(io or {}))
     if location.uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(location.uri.removeprefix("sqlite:///")) or ".", exist_ok=True)
     if location.warehouse.startswith("file://"):
         os.makedirs(location.warehouse.removeprefix("file://"), exist_ok=True)
-    return SqlCatalog(CATALOG_NAME, uri=location.uri, warehouse=location.warehouse, **properties)
+    return SqlCatalog(CATALOG_NAME, uri=location.uri, warehouse=location.warehouse, **(io or {}))
 
 
 def identifier(namespace: str, base_topic: str) -> tuple[str, str]:

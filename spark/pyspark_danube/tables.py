@@ -75,37 +75,56 @@ def create_table_view(spark: SparkSession, topic: str, view: str, **opts: str) -
 async def plan_table(opts: options.Options, topic: str) -> TablePlan:
     from danube_fast.meta import keys
     from danube_fast.meta.reader import open_reader
-    from danube_fast.meta.resources_storage import TableCatalog
+    from danube_fast.meta.resources_storage import TableCatalog, TablePointer
 
+    namespace, base = topic.split("/")[1:]
     meta = await open_reader(opts.metadata_store)
     try:
         stored = await stored_topics(meta, opts)
         kv = await meta.get(keys.tables_catalog())
+        if kv is None:
+            raise TableError(f"no broker has written a table catalog to {opts.metadata_store}: turn tables "
+                             f"on with `danube-fast admin policies set {topic} --table envelope`")
+        location = TableCatalog.from_json(kv.value, key=kv.key)
+        pointer = None
+        if location.kind == "metadata":
+            got = await meta.get(keys.table_pointer(namespace, base))
+            if got is None:
+                raise _no_table(topic)
+            pointer = TablePointer.from_json(got.value, key=got.key).metadata_location
     finally:
         await meta.close()
-    if kv is None:
-        raise TableError(f"no broker has written a table catalog to {opts.metadata_store}: turn tables on "
-                         f"with `danube-fast admin policies set {topic} --table envelope`")
-    location = TableCatalog.from_json(kv.value, key=kv.key)
-    return await asyncio.to_thread(_snapshot, location, opts, topic, stored)
+    return await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored)
 
 
-def _snapshot(location: object, opts: options.Options, topic: str, stored: list[Stored]) -> TablePlan:
+def _no_table(topic: str) -> TableError:
+    return TableError(f"topic {topic} has no table yet: turn it on with `danube-fast admin policies set "
+                      f"{topic} --table envelope`, and wait for the first commit")
+
+
+def _snapshot(location: object, pointer: str | None, opts: options.Options, topic: str,
+              stored: list[Stored]) -> TablePlan:
+    """The table's current snapshot: from the catalog (sql), or from the metadata file the metadata store
+    points at (metadata)."""
     from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.table import StaticTable, Table
 
     from danube_fast.meta.resources_storage import TableCatalog
     from danube_fast.tables.catalog import committed_offsets, open_catalog
 
     assert isinstance(location, TableCatalog)
     namespace, base = topic.split("/")[1:]
+    table: Table
     try:
-        catalog = open_catalog(location, read_only=True, **_file_io(opts))
-        table = catalog.load_table((namespace, base))
+        if pointer is not None:
+            table = StaticTable.from_metadata(pointer, properties=_file_io(opts))
+        else:
+            table = open_catalog(location, read_only=True, io=_file_io(opts)).load_table((namespace, base))
     except NoSuchTableError:
-        raise TableError(f"topic {topic} has no table yet: turn it on with `danube-fast admin policies set "
-                         f"{topic} --table envelope`, and wait for the first commit") from None
+        raise _no_table(topic) from None
     except Exception as e:
-        raise TableError(f"cannot read the table catalog {location.uri}: {e}") from e
+        raise TableError(f"cannot read the table of {topic} ({location.kind} catalog "
+                         f"{location.uri or 'on the metadata store'}): {e}") from e
     snapshot = table.current_snapshot()
     files = [] if snapshot is None else [task.file.file_path for task in table.scan().plan_files()]
     if not stored:
@@ -115,7 +134,7 @@ def _snapshot(location: object, opts: options.Options, topic: str, stored: list[
 
 def _file_io(opts: options.Options) -> dict[str, str]:
     """pyiceberg FileIO settings for a warehouse on S3, from the source's S3 options."""
+    from danube_fast.tables.catalog import file_io
+
     s3 = opts.s3
-    given = {"s3.endpoint": s3.endpoint, "s3.region": s3.region, "s3.access-key-id": s3.access_key,
-             "s3.secret-access-key": s3.secret_key}
-    return {k: v for k, v in given.items() if v}
+    return file_io(s3.endpoint, s3.region, s3.access_key, s3.secret_key)

@@ -1,16 +1,24 @@
-"""The exactly-once append of a topic table (danube_fast/tables/commit.py) on a real pyiceberg SQL catalog
-(SQLite) and real Parquet files: a commit based on a stale snapshot is refused, a writer that planned from
-offsets another writer already committed is refused, every stored topic's offsets are carried forward, and
-files written by a commit that never happened are in no scan."""
+"""The exactly-once append of a topic table (danube_fast/tables/commit.py) and its maintenance, on both
+catalogs: pyiceberg's SQL catalog (SQLite) and ours on the metadata store (tables/meta_catalog.py, over a real
+embedded store on its own event loop, as a broker runs it), with real Parquet files: a commit based on a
+stale snapshot is refused, a writer that planned from offsets another writer already committed is refused,
+every stored topic's offsets are carried forward, files written by a commit that never happened are in no
+scan, and compaction keeps every row."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 
+from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.tables import catalog, commit, envelope
 
 TOPIC = "/default/orders"
@@ -34,9 +42,26 @@ def rows(topic: str, partition: int, start: int, end: int) -> pa.Table:
     return pa.Table.from_batches([batch])
 
 
-@pytest.fixture
-def cat(tmp_path: Path):  # type: ignore[no-untyped-def]
-    return catalog.open_catalog(catalog.standalone_catalog(str(tmp_path)))
+@pytest.fixture(params=["sql", "metadata"])
+def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
+    if request.param == "sql":
+        yield catalog.open_catalog(catalog.standalone_catalog(str(tmp_path)))
+        return
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def call(coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+    store = call(EmbeddedStore.open(str(tmp_path / "metadata.db")))
+    try:
+        yield catalog.open_catalog(catalog.cluster_catalog(str(tmp_path / "objects")), store=store, call=call)
+    finally:
+        call(store.close())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
 
 def offsets_in(table) -> list[int]:  # type: ignore[no-untyped-def]
@@ -96,7 +121,8 @@ def test_files_of_a_commit_that_never_happened_are_in_no_scan(cat) -> None:  # t
     assert offsets_in(cat.load_table(("default", "orders"))) == list(range(100))
 
 
-def test_a_reader_opens_the_catalog_read_only(cat, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_reader_opens_the_sql_catalog_read_only(tmp_path: Path) -> None:
+    cat = catalog.open_catalog(catalog.standalone_catalog(str(tmp_path)))
     table = catalog.load_or_create(cat, "default", "orders", False, False, 1 << 20)
     commit.append_range(table, TOPIC, 0, 10, rows(TOPIC, -1, 0, 10))
     location = catalog.standalone_catalog(str(tmp_path))

@@ -14,7 +14,7 @@ from danube_fast.proto import TableAdmin_pb2 as pb
 
 
 class TableAdminService:
-    def __init__(self, topics: Topics, writer: TableWriter | None) -> None:
+    def __init__(self, topics: Topics, writer: TableWriter) -> None:
         self._topics = topics
         self._writer = writer
 
@@ -25,9 +25,6 @@ class TableAdminService:
         if not stored:
             raise not_found(f"topic {name.full} does not exist (as a topic or as a partitioned topic)")
         writer = self._writer
-        if writer is None:
-            raise precondition("this broker writes no tables: in cluster mode set [tables] catalog_uri and "
-                               "warehouse (docs/TABLES.md)")
         here = [s for s in stored if self._topics.find(s) is not None]
         if not here:
             raise ApiError("UNAVAILABLE", f"topic {name.full} is served by another broker: ask its owner")
@@ -38,7 +35,7 @@ class TableAdminService:
             raise precondition(f"topic {name.full} has no table (its tableMode is none, or the writer has "
                                f"not seen the change yet): admin policies set {name.full} --table envelope")
         return pb.TableStatusResponse(tables=found, catalog_uri=writer.location.uri,
-                                      warehouse=writer.location.warehouse)
+                                      warehouse=writer.location.warehouse, catalog_kind=writer.location.kind)
 
 
 def _view(stored: str, st: TableStatus, now: float) -> pb.TableStatus:
