@@ -7,22 +7,22 @@ compacted-away files) and, in its summary, the next offset the table lacks for e
 DataFrame is the union of
 - `spark.read.parquet(files)`: every row of the snapshot, columnar, with Spark's column pruning and
   Parquet row-group skipping on `offset` and `timestamp` filters, no Python per row;
-- `format("danube")` from those offsets to the committed offset when the query runs (startingOffsets JSON),
-  i.e. what reached the topic after the snapshot.
-Each offset is in exactly one side, so every acknowledged record appears once. The snapshot is fixed when
-`read_table` is called; the tail is planned at each action (a later action sees newer records, as a
-`format("danube")` DataFrame does).
+- `format("danube")` from those offsets to each stored topic's committed offset, asked of its broker right
+  after the snapshot was read (startingOffsets and endingOffsets JSON): what reached the topic after the
+  snapshot; left out when the table holds everything.
+Each offset is in exactly one side, so every acknowledged record appears once, in one consistent view fixed
+when `read_table` is called (call it again to see newer records).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pyspark_danube import columns, options
-from pyspark_danube.plan import PlanError, Stored, stored_topics
+from pyspark_danube.plan import CommittedOffsets, PlanError, Stored, owners, stored_topics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -43,6 +43,21 @@ class TablePlan:
     offsets: dict[str, int]  # stored topic -> next offset the table lacks
     stored: list[Stored]  # every stored topic of the topic (partitions expanded)
     metadata_location: str
+    committed: dict[str, int] = field(default_factory=dict)  # stored topic -> its committed offset after
+
+    def tail(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]] | None:
+        """startingOffsets and endingOffsets (JSON objects) of the records after the table's, up to the
+        committed offsets; None when the table holds them all."""
+        starting: dict[str, dict[str, int]] = {}
+        ending: dict[str, dict[str, int]] = {}
+        newer = False
+        for s in self.stored:
+            start = self.offsets.get(s.name, options.EARLIEST)
+            end = self.committed[s.name]
+            newer |= end > max(start, 0)
+            starting.setdefault(s.topic, {})[str(s.partition)] = min(start, end) if start >= 0 else start
+            ending.setdefault(s.topic, {})[str(s.partition)] = end
+        return (starting, ending) if newer else None
 
 
 def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
@@ -59,11 +74,12 @@ def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
         table = spark.read.schema(schema).parquet(*plan.files)
     else:
         table = spark.createDataFrame([], schema)
-    starting: dict[str, dict[str, int]] = {}
-    for s in plan.stored:
-        starting.setdefault(s.topic, {})[str(s.partition)] = plan.offsets.get(s.name, options.EARLIEST)
+    bounds = plan.tail()
+    if bounds is None:
+        return table
     tail = (spark.read.format("danube").options(**opts).option("topic", topic)
-            .option("startingOffsets", json.dumps(starting)).option("endingOffsets", "latest").load())
+            .option("startingOffsets", json.dumps(bounds[0])).option("endingOffsets", json.dumps(bounds[1]))
+            .load())
     return table.unionByName(tail)
 
 
@@ -94,7 +110,30 @@ async def plan_table(opts: options.Options, topic: str) -> TablePlan:
             pointer = TablePointer.from_json(got.value, key=got.key).metadata_location
     finally:
         await meta.close()
-    return await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored)
+    plan = await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored)
+    return await _with_committed(plan, opts)
+
+
+async def _with_committed(plan: TablePlan, opts: options.Options) -> TablePlan:
+    """`plan` with each stored topic's committed offset, asked of its broker after the snapshot was read (so
+    it is at least the table's): where the tail ends."""
+    from danube_fast.meta.reader import open_reader
+
+    meta = await open_reader(opts.metadata_store)
+    try:
+        brokers = await owners(meta, plan.stored)
+    finally:
+        await meta.close()
+    committed_of = CommittedOffsets(opts.broker_timeout, opts.credentials)
+    committed = {}
+    for s in plan.stored:
+        broker = brokers.get(s.name)
+        got = await committed_of(broker, s.name) if broker else None
+        if got is None:
+            raise PlanError(f"{s.name}: no broker serving it could be reached for its committed offset, so "
+                            "the records after the table's cannot be bounded")
+        committed[s.name] = got[1]
+    return replace(plan, committed=committed)
 
 
 def _no_table(topic: str) -> TableError:
