@@ -16,6 +16,8 @@ Runs in a worker thread: pyiceberg is synchronous (Parquet encoding and zstd rel
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,7 +27,12 @@ import pyarrow as pa
 from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
 
 if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+    from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+
+US_PER_HOUR = 3_600_000_000
 
 
 class OffsetsMoved(Exception):
@@ -62,6 +69,51 @@ def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table
         raise OffsetsMoved(f"{stored}: the table holds offsets up to {held}, not {start}")
     offsets[stored] = end
     tx = table.transaction()
-    tx.append(rows, snapshot_properties={OFFSETS: dump_offsets(offsets)})
+    with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
+        for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
+            append.append_data_file(data_file)
     before_commit()
     return state(tx.commit_transaction())
+
+
+def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid.UUID) -> list[DataFile]:
+    """`rows` written as Parquet data files of the table, one per partition they fall in.
+
+    pyiceberg's own path (`Table.append`, `_dataframe_to_data_files`) partitions any table by filtering it
+    once per partition and copying each part (combine_chunks): for 64 MB of 256 B records in one hour it
+    took 0.5 of its 0.65 s. Here rows of one stored topic fall in one `partition` and, but for an hour
+    boundary, one hour: the hours are computed once, and a chunk within one hour is written as it is. The
+    files, their names, metrics and partition values are pyiceberg's (write_file, WriteTask, PartitionKey).
+    """
+    import pyarrow.compute as pc
+    from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
+    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+    from pyiceberg.table import WriteTask
+    from pyiceberg.transforms import HourTransform
+
+    spec, schema = metadata.spec(), metadata.schema()
+    task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping,
+                                    format_version=metadata.format_version)
+    if spec.is_unpartitioned() or rows.num_rows == 0:
+        parts: list[tuple[PartitionKey | None, pa.Table]] = [(None, rows)]
+    else:
+        hours = pc.divide(rows.column("timestamp").cast(pa.int64()), US_PER_HOUR)
+        by_hour: list[tuple[int, pa.Table]]
+        first, last = pc.min(hours).as_py(), pc.max(hours).as_py()
+        if first == last:
+            by_hour = [(first, rows)]
+        else:
+            by_hour = [(h, rows.filter(pc.equal(hours, h))) for h in pc.unique(hours).to_pylist()]
+        parts = []
+        for hour, part in by_hour:
+            values = []
+            for field in spec.fields:
+                if isinstance(field.transform, HourTransform):
+                    values.append(PartitionFieldValue(field, hour))
+                else:  # identity(partition): one stored topic, one value
+                    values.append(PartitionFieldValue(field, part.column("partition")[0].as_py()))
+            parts.append((PartitionKey(values, spec, schema), part))
+    counter = itertools.count()
+    tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), schema=task_schema,
+                       record_batches=part.to_batches(), partition_key=key) for key, part in parts)
+    return list(write_file(io, metadata, tasks))

@@ -75,7 +75,8 @@ def compact(table: Table, files: list[DataFile]) -> int:
     Raises pyiceberg's CommitFailedException (or ValidationException) when another commit landed first."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    from danube_fast.tables.commit import data_files
 
     parts = []
     for f in files:
@@ -89,8 +90,7 @@ def compact(table: Table, files: list[DataFile]) -> int:
         with update.overwrite() as overwrite:
             for f in files:
                 overwrite.delete_data_file(f)
-            for new in _dataframe_to_data_files(table_metadata=tx.table_metadata, df=rows, io=table.io,
-                                                write_uuid=overwrite.commit_uuid):
+            for new in data_files(tx.table_metadata, table.io, rows, overwrite.commit_uuid):
                 overwrite.append_data_file(new)
                 written += 1
     return written
