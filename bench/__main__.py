@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|spark|e2e|cluster|topics|chaos [--json] [--runs N]
-[--quick] [--dir DIR] [--write-results]`.
+"""`python -m bench storage|meta|broker|fast|security|spark|tables|e2e|cluster|topics|chaos [--json]
+[--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
 progress and machine facts go to stderr, so `--json` output can be piped as is."""
@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
                                        "1 run unless --runs says otherwise", default_runs=None)
     sp.add_argument("--records", type=_positive_int, help=f"records to produce (default {SPARK_RECORDS:,})")
+    ta = suites.add_parser("tables", help="what writing topic tables costs the broker (publish-ack p99, CPU "
+                                          "per MB) and how fresh they are, against no tables in the same run")
+    _common_options(ta, TABLES_SECTION, "200 batches instead of 10,000, and 1 run unless --runs says "
+                                        "otherwise", default_runs=None)
     _e2e_options(suites.add_parser(
         "e2e", help="the same workload against our broker, NATS JetStream, Redis Streams and RabbitMQ "
                     "Streams: throughput, latency at a fixed rate, CPU per side, throughput by record size"))
@@ -151,6 +155,7 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
 FAST_SECTION = "Fast API"
 SPARK_SECTION = "Spark"
 SECURITY_SECTION = "Security"
+TABLES_SECTION = "Topic tables"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
 BROKER_SECTION = "Broker (Danube API)"
@@ -236,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         records = args.records or (QUICK_SPARK_RECORDS if args.quick else SPARK_RECORDS)
         extra.append(spark.load_line(records))
         found = spark.run_spark(Options(args.runs, args.quick, args.dir), records)
+    elif args.suite == "tables":
+        from bench import tables
+
+        title = TABLES_SECTION
+        extra.append(tables.load_line(tables.QUICK_COUNT if args.quick else tables.COUNT))
+        found = tables.run_tables(Options(args.runs, args.quick, args.dir))
     else:
         from bench.micro import meta  # here: the storage suite needs neither gRPC nor an etcd binary
 

@@ -1,0 +1,207 @@
+"""`python -m bench tables`: what writing topic tables (docs/TABLES.md) costs the broker, and how fresh the
+tables are, against the same broker without tables in the same run.
+
+Per run, two fresh standalone brokers in turn (which goes first alternates between runs): `off` (tableMode
+none) and `on` (tableMode envelope, [tables] lag_ms at its default, 10 s). Each gets bench/fast.py's
+workload at full speed: COUNT batches of 1,000 records of 256 B through FastProducer to a Reliable topic,
+acks read concurrently. Figures:
+- `produce_{off,on}`: records/s; `ack_p99_{off,on}`, `ack_p50_on`: ms from send_batch to the ack.
+  Target (the issue's): tables hurt the publish-ack p99 by at most 10% (`ack_p99_on` / `ack_p99_off`).
+- `freshness_p50`, `freshness_p99`: per batch, seconds from its ack until the table's committed offset (the
+  TableAdmin status, polled every POLL_S) covers it. Target: p99 within lag_ms.
+- `writer_cpu_ms_per_mb`: the `on` broker's CPU from the first batch until its table caught up, less the
+  `off` broker's from the first batch until its uploads went quiet, per MB of record batches (what the
+  table writer costs: decoding, Parquet, zstd, commits).
+- `table_catch_up_s`: from the last ack until the table held every record.
+- `half_rate_*`: then, on another topic of the same brokers, once they are quiet, the same batches offered
+  at half the rate the run's first broker reached (one batch every BATCH_RECORDS / rate seconds, for
+  HALF_RATE_S): the ack p99 measured from when each batch was due, with and without tables, and the
+  freshness: what an operator sees when the broker has headroom, where the full-speed figures show a
+  machine both processes saturate (2 cores: the client, the broker and the writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.broker import percentile
+from bench.common import MB, Options, Result, Target, median, paired_ratio, process_cpu, progress
+from bench.fast import BATCH_RECORDS, RECORD_BYTES, quiet
+from danube_fast.client import FastProducer
+from danube_fast.proto import TableAdmin_pb2 as table_pb
+from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
+from danube_fast.testing.broker import Broker
+
+HALF_RATE_S = 20.0
+QUICK_HALF_RATE_S = 2.0
+HALF_TOPIC = "/default/tables_bench_half"
+COUNT = 10_000  # batches per run: 10 M records, 2.56 GB: the produce outlasts a writer pass (lag_ms / 2)
+QUICK_COUNT = 200
+TOPIC = "/default/tables_bench"
+POLL_S = 0.05
+LAG_S = 10.0  # [tables] lag_ms's default
+ON = '[policy]\ntable_mode = "envelope"\n'
+ACK_TARGET = Target("<= 1.10x without tables", "<=", 1.10, of="ratio")
+FRESHNESS_TARGET = Target(f"<= lag_ms ({LAG_S:g} s)", "<=", LAG_S)
+
+
+class Run:
+    def __init__(self) -> None:
+        self.rate = 0.0
+        self.acks: list[float] = []  # seconds, per batch
+        self.freshness: list[float] = []  # seconds, per batch (on only)
+        self.cpu = 0.0  # broker CPU seconds
+        self.catch_up = 0.0
+        self.half: Run | None = None  # the half-rate phase
+
+
+async def _committed(channel: grpc.aio.Channel, topic: str = TOPIC) -> int:
+    stub: Any = table_grpc.TableAdminStub(channel)  # type: ignore[no-untyped-call]
+    try:
+        got = await stub.Status(table_pb.TableStatusRequest(topic=topic), timeout=5)
+    except grpc.aio.AioRpcError:
+        return 0  # no table yet: the writer has not seen the topic
+    return int(got.tables[0].committed_offset)
+
+
+async def _one(broker: Broker, count: int, tables: bool, topic: str = TOPIC,
+               rate: float | None = None) -> Run:
+    """`count` batches to `topic` at full speed, or offered at `rate` records/s (latency from when due)."""
+    run = Run()
+    producer = await FastProducer.connect(broker.target, topic, "bench", max_inflight_bytes=64 << 20)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}")
+    acked: list[tuple[float, int]] = []  # (ack time, offset after the batch)
+    visible: list[tuple[float, int]] = []  # (poll time, table committed offset)
+    done = asyncio.Event()
+
+    async def poll() -> None:
+        while not done.is_set():
+            visible.append((time.perf_counter(), await _committed(channel, topic)))
+            await asyncio.sleep(POLL_S)
+
+    payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+    poller = asyncio.create_task(poll()) if tables else None
+    try:
+        cpu0, start = process_cpu(broker.pid), time.perf_counter()
+
+        def on_ack(sent: float) -> object:
+            def record(future: asyncio.Future[tuple[int, int]]) -> None:
+                now = time.perf_counter()
+                run.acks.append(now - sent)
+                acked.append((now, future.result()[1] + 1))
+            return record
+
+        for i in range(count):
+            due = time.perf_counter()
+            if rate is not None:
+                due = start + i * BATCH_RECORDS / rate
+                if (wait := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait)
+            future = await producer.send_batch(payloads)
+            future.add_done_callback(on_ack(due))  # type: ignore[arg-type]
+        await producer.flush()
+        last_ack = time.perf_counter()
+        run.rate = count * BATCH_RECORDS / (last_ack - start)
+        end = max(offset for _, offset in acked)
+        if tables:
+            while await _committed(channel, topic) < end:
+                await asyncio.sleep(POLL_S)
+            run.catch_up = time.perf_counter() - last_ack
+        await quiet(broker.pid)
+        run.cpu = process_cpu(broker.pid) - cpu0
+    finally:
+        done.set()
+        if poller is not None:
+            await poller
+        await producer.close()
+        await channel.close()
+    if tables:
+        visible.append((time.perf_counter(), end))
+        i = 0
+        for at, offset in sorted(acked, key=lambda a: a[1]):
+            while visible[i][1] < offset or visible[i][0] < at:
+                i += 1
+            run.freshness.append(visible[i][0] - at)
+    run.acks.sort()
+    run.freshness.sort()
+    return run
+
+
+def run_tables(options: Options) -> list[Result]:
+    count = QUICK_COUNT if options.quick else COUNT
+    half_s = QUICK_HALF_RATE_S if options.quick else HALF_RATE_S
+    scratch = Path(tempfile.mkdtemp(prefix="danube-bench-tables-", dir=options.parent_dir))
+    offs: list[Run] = []
+    ons: list[Run] = []
+    try:
+        for r in range(options.runs):
+            half_rate = None
+            for tables in ((False, True) if r % 2 == 0 else (True, False)):
+                progress(f"run {r + 1}/{options.runs}: tables {'on' if tables else 'off'}")
+                broker = Broker(scratch / f"run{r}-{'on' if tables else 'off'}", ON if tables else None,
+                                die_with_parent=True)
+                broker.start()
+                try:
+                    got = asyncio.run(_one(broker, count, tables))
+                    half_rate = half_rate or got.rate / 2
+                    got.half = asyncio.run(_one(broker, int(half_s * half_rate / BATCH_RECORDS), tables,
+                                                HALF_TOPIC, half_rate))
+                finally:
+                    broker.stop()
+                (ons if tables else offs).append(got)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return summarise(offs, ons, count)
+
+
+def summarise(offs: list[Run], ons: list[Run], count: int) -> list[Result]:
+    runs = len(ons)
+    mb = count * BATCH_RECORDS * RECORD_BYTES / MB
+    p99_off = [percentile(r.acks, 0.99) * 1e3 for r in offs]
+    p99_on = [percentile(r.acks, 0.99) * 1e3 for r in ons]
+    rate_off, rate_on = [r.rate for r in offs], [r.rate for r in ons]
+    return [
+        Result("produce_off", "records/s", median(rate_off), runs),
+        Result("produce_on", "records/s", median(rate_on), runs, median(rate_off),
+               paired_ratio(rate_on, rate_off)),
+        Result("ack_p99_off", "ms", median(p99_off), runs),
+        Result("ack_p99_on", "ms", median(p99_on), runs, median(p99_off), paired_ratio(p99_on, p99_off),
+               ACK_TARGET),
+        Result("ack_p50_on", "ms", median([percentile(r.acks, 0.5) * 1e3 for r in ons]), runs),
+        Result("freshness_p50", "s", median([percentile(r.freshness, 0.5) for r in ons]), runs),
+        Result("freshness_p99", "s", median([percentile(r.freshness, 0.99) for r in ons]), runs,
+               target=FRESHNESS_TARGET),
+        Result("table_catch_up_s", "s", median([r.catch_up for r in ons]), runs),
+        Result("writer_cpu_ms_per_mb", "ms/MB",
+               median([(on.cpu - off.cpu) * 1e3 / mb for on, off in zip(ons, offs, strict=True)]), runs),
+        *_half([r.half for r in offs if r.half], [r.half for r in ons if r.half]),
+    ]
+
+
+def _half(offs: list[Run], ons: list[Run]) -> list[Result]:
+    runs = len(ons)
+    p99_off = [percentile(r.acks, 0.99) * 1e3 for r in offs]
+    p99_on = [percentile(r.acks, 0.99) * 1e3 for r in ons]
+    return [
+        Result("half_rate_records_per_s", "records/s", median([r.rate for r in ons]), runs),
+        Result("half_rate_ack_p99_off", "ms", median(p99_off), runs),
+        Result("half_rate_ack_p99_on", "ms", median(p99_on), runs, median(p99_off),
+               paired_ratio(p99_on, p99_off), ACK_TARGET),
+        Result("half_rate_freshness_p50", "s", median([percentile(r.freshness, 0.5) for r in ons]), runs),
+        Result("half_rate_freshness_p99", "s", median([percentile(r.freshness, 0.99) for r in ons]), runs,
+               target=FRESHNESS_TARGET),
+    ]
+
+
+def load_line(count: int) -> str:
+    return (f"- Load: {count * BATCH_RECORDS:,} records of {RECORD_BYTES} B in batches of {BATCH_RECORDS} "
+            "through FastProducer to a Reliable topic at full speed, one fresh standalone broker per figure "
+            "pair (off: tableMode none; on: envelope, lag_ms 10 s); the table's committed offset polled "
+            f"every {POLL_S * 1000:g} ms")
