@@ -10,13 +10,27 @@ publish times), to its object folder; then the same records written as Parquet b
 - `one_object`: `where timestamp between` the first and last publish time of one object in the middle.
 Systems: `danube` (format("danube"), endingOffsets=uploaded, filterPushdown=true: each query loads its own
 DataFrame, every column), `danube_projected` (the same with `.schema(PROJECTED)`: only the columns the queries
-use are built and shipped to Spark, as Parquet's scan reads only those), `parquet` (spark.read.parquet) and,
-for `full` only, `codec`: this process reading each object file and decoding it with frames.decode_arrow into
-pyarrow (one core; Spark runs two tasks at once).
+use are built and shipped to Spark, as Parquet's scan reads only those), `parquet` (spark.read.parquet),
+`table` (pyspark_danube.read_table: the topic's Iceberg table, which the broker wrote as the records came
+(policy tableMode envelope, [tables] lag_ms 1000; no compaction: TABLES_CONFIG), scanned by Spark's Parquet
+reader, plus the records past the table's committed offset from format("danube"), none here, so left out;
+read_table is called afresh for each query, so its planning, a catalog read and one call to the broker for
+the committed offset, is timed too) and, for `full` only, `codec`: this process reading each object file and
+decoding it with frames.decode_arrow into pyarrow (one core; Spark runs two tasks at once). The broker runs
+until the queries end: read_table asks it for the topic's committed offset.
 
 Figures are seconds per query, the median of --runs timed rounds after one warm-up round; the ratio is the
-median of the per-round danube / parquet (or danube / codec) time ratios, so below 1 is ours faster. Targets
-(issue 11): `full` within 1.25x of Parquet's time (0.8x its speed); the pruned queries faster than Parquet.
+median of the per-round danube / parquet (or danube / codec, table / parquet, table / danube) time ratios, so
+below 1 is ours faster. Targets: issue 11: `full` within 1.25x of Parquet's time (0.8x its speed); the pruned
+queries faster than Parquet. Issue "topic tables": read_table's `full` at least 0.95x Parquet's speed (time
+ratio <= 1/0.95) and at least 3x the data source's (`table_full_vs_source`: table / danube time <= 1/3); its
+offset and time range queries faster than Parquet.
+
+The table writer, measured once while producing: `table_catch_up_s` is the seconds from the last batch's
+acknowledgement (the end of producing) until the table's committed offset reached the record count (polled
+every 0.2 s on the broker's TableAdmin service); `table_catch_up_rate` is the record batches the table still
+lacked at that moment (offsets, at the object files' bytes per record) over that time, in MB/s (10^6 B).
+The writer appended the rest while the records were being produced, so this rate is only of the backlog.
 """
 
 from __future__ import annotations
@@ -46,8 +60,17 @@ TOPIC = "/default/spark_bench"
 QUERIES = ("full", "offset5", "one_object")
 FULL_TARGET = Target("<= 1.25x Parquet's time", "<=", 1.25, of="ratio")
 PRUNED_TARGET = Target("< Parquet's time", "<=", 0.999, of="ratio")
+TABLE_FULL_TARGET = Target(">= 0.95x Parquet's speed", "<=", 1 / 0.95, of="ratio")
+TABLE_SOURCE_TARGET = Target(">= 3x the data source's speed", "<=", 1 / 3, of="ratio")
 AGGREGATE = "count(*) AS n, sum(length(value)) AS bytes"
-SYSTEMS = ("danube", "projected", "parquet")
+SYSTEMS = ("danube", "projected", "parquet", "table")
+# Every topic gets a table, at most about a second behind, and no compaction: with the defaults the writer's
+# first maintenance (the first time it has caught up, mid-production) rewrote 8 of its files, into the
+# catch-up time, and the next one, 60 s later, rewrote more while the queries ran, on the same two cores. The
+# queries read the table as the writer committed it: files of up to commit_bytes (64 MiB) of batches.
+TABLES_CONFIG = ('[policy]\ntable_mode = "envelope"\n'
+                 "[tables]\nlag_ms = 1000\nmaintenance_ms = 86400000\ncompact_min_files = 1000000\n")
+TABLE_WAIT_S = 1800.0  # for the table writer to catch up after producing
 PROJECTED = "offset long, timestamp timestamp, value binary"  # the columns the three queries use
 
 
@@ -55,33 +78,77 @@ def run_spark(options: Options, records: int | None = None) -> list[Result]:
     count = max(records or (QUICK_RECORDS if options.quick else RECORDS), OBJECTS * BATCH_RECORDS)
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-", dir=options.parent_dir))
     try:
-        data_dir, objects = _produce(scratch, count)
-        return _measure(data_dir, objects, scratch, count, options.runs)
+        segment = max(1 << 20, count * (RECORD_BYTES + 16) // OBJECTS)  # local WAL segments go once uploaded
+        config = (f"[wal]\nsegment_bytes = {segment}\nretain_bytes = 0\n[cluster]\nupload_interval_ms = 300\n"
+                  + TABLES_CONFIG)
+        broker = Broker(scratch / "broker", config, metrics=False, die_with_parent=True)
+        try:
+            broker.start()
+            objects, writer = _produce(broker, count)
+            return _measure(broker, objects, scratch, count, options.runs) + writer
+        finally:
+            broker.stop()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _produce(scratch: Path, count: int) -> tuple[Path, list[Path]]:
-    """The records in the broker's object folder: its data dir, and the object files in offset order."""
-    segment = max(1 << 20, count * (RECORD_BYTES + 16) // OBJECTS)  # local WAL segments go once uploaded
-    config = f"[wal]\nsegment_bytes = {segment}\nretain_bytes = 0\n[cluster]\nupload_interval_ms = 300\n"
-    broker = Broker(scratch / "broker", config, metrics=False, die_with_parent=True)
+def _produce(broker: Broker, count: int) -> tuple[list[Path], list[Result]]:
+    """The records in the broker's object folder and its topic table: the object files in offset order, and
+    the table writer's catch-up figures."""
     data_dir = broker.data_dir
-    try:
-        broker.start()
-        progress(f"producing {count:,} records of {RECORD_BYTES} B in {OBJECTS} rounds, each uploaded")
-        per_round = count // OBJECTS
-        for k in range(OBJECTS):
-            asyncio.run(_send(broker.target, per_round if k < OBJECTS - 1 else count - k * per_round))
-            deadline = time.monotonic() + 600
-            while asyncio.run(_uploaded(data_dir)) < min(count, (k + 1) * per_round):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the broker did not upload the records within 600 s")
-                time.sleep(0.2)
-    finally:
-        broker.stop()
+    progress(f"producing {count:,} records of {RECORD_BYTES} B in {OBJECTS} rounds, each uploaded")
+    per_round = count // OBJECTS
+    produced, behind = 0.0, 0  # when the last batch was acknowledged, and the records the table lacked then
+    for k in range(OBJECTS):
+        asyncio.run(_send(broker.target, per_round if k < OBJECTS - 1 else count - k * per_round))
+        if k == OBJECTS - 1:
+            produced = time.monotonic()
+            behind = count - (_table_status(broker.admin_port) or (0, 0, 0))[0]
+        deadline = time.monotonic() + 600
+        while asyncio.run(_uploaded(data_dir)) < min(count, (k + 1) * per_round):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the broker did not upload the records within 600 s")
+            time.sleep(0.2)
+    deadline = produced + TABLE_WAIT_S
+    while (status := _table_status(broker.admin_port)) is None or status[0] < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the table holds {status and status[0]} of {count} records "
+                               f"{TABLE_WAIT_S:.0f} s after producing ended")
+        time.sleep(0.2)
+    caught_up = time.monotonic() - produced
+    if status[0] != count:
+        raise RuntimeError(f"the table's committed offset is {status[0]}, {count} records were produced")
     folder = data_dir / "objects" / TOPIC.split("/")[1] / TOPIC.split("/")[2]
-    return data_dir, sorted(folder.glob("*.dnb1"), key=lambda p: int(p.name.split("-")[1]))
+    objects = sorted(folder.glob("*.dnb1"), key=lambda p: int(p.name.split("-")[1]))
+    per_record = sum(p.stat().st_size for p in objects) / count  # record batches' bytes per record
+    progress(f"the table caught up {caught_up:.2f} s after producing ended ({behind:,} records behind then); "
+             f"it has {status[1]} data files, {status[2] / 1e6:.1f} MB")
+    return objects, [Result("table_catch_up_s", "s", caught_up, 1),
+                     Result("table_catch_up_rate", "MB/s", behind * per_record / 1e6 / caught_up, 1)]
+
+
+def _table_status(admin_port: int) -> tuple[int, int, int] | None:
+    """(committed offset, data files, bytes) of TOPIC's table from the broker's TableAdmin service; None while
+    the writer has no table for it yet."""
+    import grpc
+
+    from danube_fast.proto import TableAdmin_pb2 as pb
+
+    service = pb.DESCRIPTOR.services_by_name["TableAdmin"].full_name
+    with grpc.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
+        call = channel.unary_unary(f"/{service}/Status",
+                                   request_serializer=pb.TableStatusRequest.SerializeToString,
+                                   response_deserializer=pb.TableStatusResponse.FromString)
+        try:
+            got = call(pb.TableStatusRequest(topic=TOPIC), timeout=30)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # no table yet
+                return None
+            raise
+    row = got.tables[0]
+    if row.stopped:
+        raise RuntimeError(f"the table writer stopped: {row.stopped}")
+    return row.committed_offset, row.files, row.bytes
 
 
 async def _send(target: str, count: int) -> None:
@@ -124,10 +191,12 @@ def _codec_scan(objects: list[Path]) -> tuple[int, int]:
     return n, size
 
 
-def _measure(data_dir: Path, objects: list[Path], scratch: Path, count: int, runs: int) -> list[Result]:
+def _measure(broker: Broker, objects: list[Path], scratch: Path, count: int, runs: int) -> list[Result]:
+    data_dir = broker.data_dir
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+    from pyspark_danube import read_table
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
              .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
@@ -136,9 +205,9 @@ def _measure(data_dir: Path, objects: list[Path], scratch: Path, count: int, run
              .config("spark.local.dir", str(scratch / "spark")).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        options = {"metadataStore": f"embedded:{data_dir / 'metadata.db'}",
-                   "objectStore": str(data_dir / "objects"), "topic": TOPIC, "endingOffsets": "uploaded",
-                   "filterPushdown": "true"}
+        stores = {"metadataStore": f"embedded:{data_dir / 'metadata.db'}",
+                  "objectStore": str(data_dir / "objects")}
+        options = {**stores, "topic": TOPIC, "endingOffsets": "uploaded", "filterPushdown": "true"}
         parquet_dir = str(scratch / "parquet")
         progress(f"{len(objects)} objects; writing the same records as Parquet")
         spark.read.format("danube").options(**options).load().write.parquet(parquet_dir)
@@ -157,12 +226,12 @@ def _measure(data_dir: Path, objects: list[Path], scratch: Path, count: int, run
                 for system in SYSTEMS:
                     if system == "parquet":
                         reader = spark.read.format("parquet").option("path", parquet_dir)
-                    else:
+                    elif system != "table":
                         reader = spark.read.format("danube").options(**options)
                         if system == "projected":
                             reader = reader.schema(PROJECTED)
                     started = time.perf_counter()
-                    df = reader.load()
+                    df = read_table(spark, TOPIC, **stores) if system == "table" else reader.load()
                     if condition is not None:
                         df = df.where(condition)
                     row = df.selectExpr(*AGGREGATE.split(", ")).collect()[0]
@@ -185,6 +254,11 @@ def _measure(data_dir: Path, objects: list[Path], scratch: Path, count: int, run
             raise RuntimeError(f"the full scan counted {full_n} records, {count} were produced")
     finally:
         spark.stop()
+    warehouse = data_dir / "tables" / "warehouse"
+    files = list(warehouse.rglob("*.parquet"))
+    size = sum(f.stat().st_size for f in files) / 1e6
+    progress(f"the table's warehouse: {len(files)} Parquet files, {size:.1f} MB; the Parquet baseline: "
+             f"{len(list((scratch / 'parquet').glob('*.parquet')))} files")
     return _results(times, runs, count)
 
 
@@ -199,6 +273,13 @@ def _results(times: dict[str, list[float]], runs: int, count: int) -> list[Resul
         projected = times[f"projected_{query}"]
         out.append(Result(f"danube_projected_{query}", "s", median(projected), runs, median(theirs),
                           paired_ratio(projected, theirs), target))
+        table = times[f"table_{query}"]
+        table_target = TABLE_FULL_TARGET if query == "full" else PRUNED_TARGET
+        out.append(Result(f"table_{query}", "s", median(table), runs, median(theirs),
+                          paired_ratio(table, theirs), table_target))
+    table, source = times["table_full"], times["danube_full"]
+    out.append(Result("table_full_vs_source", "s", median(table), runs, median(source),
+                      paired_ratio(table, source), TABLE_SOURCE_TARGET))
     codec = times["codec_full"]
     out.append(Result("codec_full", "s", median(codec), runs))
     out.append(Result("danube_full_vs_codec", "s", median(times["danube_full"]), runs, median(codec),
@@ -209,5 +290,7 @@ def _results(times: dict[str, list[float]], runs: int, count: int) -> list[Resul
 
 
 def load_line(count: int) -> str:
-    return (f"- Load: {count:,} records of {RECORD_BYTES} B in {OBJECTS}+ objects on the local folder store; "
-            "Spark local[2] (driver 4g), filter pushdown on; each query on a freshly loaded DataFrame")
+    return (f"- Load: {count:,} records of {RECORD_BYTES} B in {OBJECTS}+ objects on the local folder store, "
+            "and in the topic's Iceberg table the broker wrote meanwhile (tableMode envelope, [tables] "
+            "lag_ms 1000, not compacted); Spark local[2] (driver 4g), filter pushdown on; each query on a "
+            "freshly loaded DataFrame (read_table called afresh); the broker runs during the queries")
