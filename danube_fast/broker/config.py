@@ -93,6 +93,7 @@ max_consumers_per_subscription = 0
 retention_time_minutes = 0        # retentionTimeInMinutes: records older than this go; 0 = keep them
 retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
 table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
+table_retention_minutes = 0       # tableRetentionInMinutes: the table keeps rows this long; 0 = as the topic
 ```
 """
 

@@ -98,6 +98,7 @@ class TableWriter:
         self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
         self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
+        self._retention: dict[str, int] = {}  # stored topic -> its table's retention (ms; 0: none)
         self._modes_read = 0.0
         self._maintained: dict[str, float] = {}  # table identifier -> when it was last maintained
         self._task: asyncio.Task[None] | None = None
@@ -151,8 +152,9 @@ class TableWriter:
         if now - self._modes_read >= self._config.policy_check_ms / 1000 or \
                 any(t.full not in self._modes for t in served):
             own = await own_policies(self._store, served)
-            self._modes = {t.full: self._topics.policy_from(t.name, own.get(t.full)).table_mode
-                           for t in served}
+            policies = {t.full: self._topics.policy_from(t.name, own.get(t.full)) for t in served}
+            self._modes = {name: p.table_mode for name, p in policies.items()}
+            self._retention = {name: p.table_retention_ms for name, p in policies.items()}
             self._modes_read = now
         wanted = [t for t in served if self._modes.get(t.full, "none") != "none"]
         for gone in set(self._tables) - {t.full for t in wanted}:
@@ -167,7 +169,7 @@ class TableWriter:
                 more = await self._write(topic, entry)
                 behind |= more
                 if not more:
-                    await self._maintain(entry)
+                    await self._maintain(entry, self._retention.get(topic.full, 0))
                 entry.status.error = ""
             except DataLost as e:
                 entry.status.stopped = str(e)
@@ -236,9 +238,9 @@ class TableWriter:
             status.behind_since = None
         return more
 
-    async def _maintain(self, entry: _Table) -> None:
-        """Compact, expire and sweep the entry's table when it is due (each table once per maintenance_ms,
-        whichever of its stored topics comes first)."""
+    async def _maintain(self, entry: _Table, retention_ms: int) -> None:
+        """Retention, compaction, expiry and the sweep of the entry's table when it is due (each table once
+        per maintenance_ms, whichever of its stored topics comes first)."""
         table = entry.table
         now = self._clock()
         if table is None or now - self._maintained.get(entry.status.table, 0.0) < \
@@ -249,11 +251,11 @@ class TableWriter:
 
         c = self._config
         done = await asyncio.to_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
-                                       c.snapshot_keep_ms, c.orphan_grace_ms)
-        if done.compacted_files or done.expired_snapshots or done.swept_files:
-            log.info("%s: compacted %d files into %d, expired %d snapshots, swept %d files",
-                     entry.status.table, done.compacted_files, done.written_files, done.expired_snapshots,
-                     done.swept_files)
+                                       c.snapshot_keep_ms, c.orphan_grace_ms, retention_ms)
+        if done.compacted_files or done.expired_snapshots or done.swept_files or done.retained_files:
+            log.info("%s: retention removed %d files, compacted %d files into %d, expired %d snapshots, "
+                     "swept %d files", entry.status.table, done.retained_files, done.compacted_files,
+                     done.written_files, done.expired_snapshots, done.swept_files)
         entry.table = table = await asyncio.to_thread(self._reload, table)
         state = commit.state(table)
         entry.status.compacted_files += done.compacted_files

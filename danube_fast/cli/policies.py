@@ -3,7 +3,7 @@ namespace policy reads of danube_admin.
 
     admin policies show NS | /NS/TOPIC
     admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--table MODE]
-                                      [--set KEY=N ...]
+                                      [--table-retention-minutes N] [--set KEY=N ...]
     admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
 
 A name starting with "/" is a topic, anything else a namespace. Output: the policy's keys, one a line (or a
@@ -56,13 +56,16 @@ def _changes(args: argparse.Namespace) -> str:
         changes["retentionSizeInMB"] = args.retention_mb
     if args.table is not None:
         changes[Policy.TABLE_MODE] = args.table
+    if args.table_retention_minutes is not None:
+        changes["tableRetentionInMinutes"] = args.table_retention_minutes
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not value.isdigit():
             raise BadChanges(f"--set {item!r}: give KEY=N, N a non-negative integer")
         changes[key] = int(value)
     if not changes:
-        raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table or --set")
+        raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
+                         "--table-retention-minutes or --set")
     return json.dumps(changes)
 
 
@@ -103,6 +106,9 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--table", choices=Policy.TABLE_MODES, metavar="MODE",
                    help="tableMode: keep the records as an Iceberg table too: none, envelope or schema "
                         "(docs/TABLES.md)")
+    s.add_argument("--table-retention-minutes", type=count, metavar="N",
+                   help="tableRetentionInMinutes: the table keeps rows N minutes, by publish time, whole "
+                        "hours (0: as long as --retention-minutes)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=N",
                    help="any other policy key, e.g. max_message_size=1048576 (repeatable)")
     command("clear", _clear, "remove a topic's own policy: it follows its namespace's again", "/NS/TOPIC")

@@ -30,8 +30,9 @@ class Policy(Resource):
     kept under the names upstream Danube's layout and Pulsar use, `retentionTimeInMinutes` and
     `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
     says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
-    `schema`. A topic's own policy, when it has one, is the whole policy of that topic (the namespace's does
-    not apply to it).
+    `schema`; `tableRetentionInMinutes` how long the table keeps them (absent or 0: as long as
+    `retentionTimeInMinutes` says). A topic's own policy, when it has one, is the whole policy of that topic
+    (the namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -46,6 +47,7 @@ class Policy(Resource):
     retention_time_minutes: int = 0
     retention_size_mb: int = 0
     table_mode: str = "none"
+    table_retention_minutes: int = 0
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
@@ -53,7 +55,8 @@ class Policy(Resource):
         "max_producers_per_topic", "max_publish_rate", "max_subscription_dispatch_rate",
         "max_subscriptions_per_topic")
     RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
-                                           "retentionSizeInMB": "retention_size_mb"}
+                                           "retentionSizeInMB": "retention_size_mb",
+                                           "tableRetentionInMinutes": "table_retention_minutes"}
     TABLE_MODE: ClassVar[str] = "tableMode"
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
     KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION, TABLE_MODE)  # every JSON key a policy may set
@@ -77,6 +80,11 @@ class Policy(Resource):
         if self.table_mode != "none":
             obj[self.TABLE_MODE] = self.table_mode
         return with_extra(obj, self.extra)
+
+    @property
+    def table_retention_ms(self) -> int:
+        """How long the topic's table keeps a record (by publish time); 0: for ever."""
+        return (self.table_retention_minutes or self.retention_time_minutes) * 60_000
 
     def merged(self, changes: JSON, where: str) -> Self:
         """This policy with the fields `changes` (an object of some of its JSON keys) sets; BadValue naming

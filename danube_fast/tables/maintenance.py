@@ -11,6 +11,9 @@ rewrite_data_files) nor an orphan-file removal, so both are written here over it
   commit here, is refused if another landed since it was planned (commit.retry.num-retries = 0): a writer's
   append and a compaction never both win over the same snapshot. Readers of the old snapshot keep their
   files until the snapshot expires.
+- **Retention**: rows published before the table's retention (the policy's; rounded down to the hour, so that
+  hour partitions go whole: a metadata-only delete, no file rewritten) are deleted in one commit that
+  carries `danube.offsets` unchanged.
 - **Expiry**: snapshots older than `snapshot_keep_ms` go from the metadata (never the current one).
 - **Orphan sweep**: files under the table's location that no remaining snapshot or metadata file names and
   that are older than `orphan_grace_ms` are deleted: the files of expired snapshots (compacted away) and
@@ -36,12 +39,31 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 
+US_PER_HOUR = 3_600_000_000
+
+
 @dataclass(frozen=True)
 class Done:
     compacted_files: int  # files replaced
     written_files: int  # files that replaced them
     expired_snapshots: int
     swept_files: int
+    retained_files: int = 0  # files retention removed from the table
+
+
+def retain(table: Table, retention_ms: int, now: float | None = None) -> int:
+    """Delete the rows published before `retention_ms` ago, rounded down to the hour; the files removed.
+    Raises pyiceberg's CommitFailedException when another commit landed first."""
+    cutoff_us = int(((time.time() if now is None else now) * 1000 - retention_ms) * 1000)
+    cutoff_us -= cutoff_us % US_PER_HOUR
+    older = f"timestamp < '{datetime.datetime.fromtimestamp(cutoff_us / 1e6, tz=datetime.UTC).isoformat()}'"
+    doomed = [t.file for t in table.scan(row_filter=older).plan_files()]
+    if not doomed:
+        return 0
+    offsets = committed_offsets(table)
+    with table.transaction() as tx:
+        tx.delete(older, snapshot_properties={OFFSETS: dump_offsets(offsets)})
+    return len(doomed)
 
 
 def small_groups(table: Table, target_bytes: int, min_files: int) -> list[list[DataFile]]:
@@ -146,11 +168,17 @@ def _key(name: str) -> str:
 
 
 def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grace_ms: int,
-             max_groups: int = 4) -> Done:
-    """One maintenance round: compact up to `max_groups` groups of small files, expire, sweep. A compaction
-    that lost a race to another commit is left for the next round."""
+             retention_ms: int = 0, max_groups: int = 4) -> Done:
+    """One maintenance round: retention (when `retention_ms`), compact up to `max_groups` groups of small
+    files, expire, sweep. A step that lost a race to another commit is left for the next round."""
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
+    retained = 0
+    if retention_ms:
+        try:
+            retained = retain(table, retention_ms)
+        except (CommitFailedException, ValidationException):
+            table = table.refresh()
     compacted = written = 0
     for group in small_groups(table, target_bytes, min_files)[:max_groups]:
         try:
@@ -160,4 +188,4 @@ def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grac
             table = table.refresh()
             break
     expired = expire(table, keep_ms)
-    return Done(compacted, written, expired, sweep(table, grace_ms))
+    return Done(compacted, written, expired, sweep(table, grace_ms), retained)

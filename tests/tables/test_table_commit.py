@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,20 @@ def test_a_compaction_that_lost_a_race_changes_nothing(cat) -> None:  # type: ig
     table = cat.load_table(("default", "orders"))
     assert offsets_in(table) == list(range(600))
     assert len(list(table.scan().plan_files())) == 6
+
+
+def test_retention_drops_whole_old_hours_and_keeps_the_offsets(cat) -> None:  # type: ignore[no-untyped-def]
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    old = rows(TOPIC, -1, 0, 100)  # published in 2023
+    now_us = int(time.time() * 1_000_000)
+    recent = rows(TOPIC, -1, 100, 200)
+    recent = recent.set_column(5, "timestamp", pa.array([now_us - 1000] * 100, pa.timestamp("us", tz="UTC")))
+    commit.append_range(table, TOPIC, 0, 100, old)
+    commit.append_range(table, TOPIC, 100, 200, recent)
+    assert maintenance.retain(table, retention_ms=24 * 3_600_000) == 1  # the 2023 hour's file
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(100, 200))
+    assert catalog.committed_offsets(table) == {TOPIC: 200}  # the writer goes on from the table's end
+    assert maintenance.retain(table, retention_ms=24 * 3_600_000) == 0  # nothing more is that old
