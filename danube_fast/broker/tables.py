@@ -55,6 +55,10 @@ class DataLost(Exception):
     """Records the table lacks are no longer stored ([tables] fail_on_data_loss)."""
 
 
+class TableAhead(Exception):
+    """The table holds offsets the topic has not: it belongs to an earlier topic of the same name."""
+
+
 @dataclass
 class TableStatus:
     """What the writer knows of one stored topic's table (admin `tables status`, metrics)."""
@@ -171,7 +175,7 @@ class TableWriter:
                 if not more:
                     await self._maintain(entry, self._retention.get(topic.full, 0))
                 entry.status.error = ""
-            except DataLost as e:
+            except (DataLost, TableAhead) as e:
                 entry.status.stopped = str(e)
                 log.error("%s: table stopped: %s", topic.full, e)
             except Exception as e:  # the catalog, the object store or a disk away: the next pass retries
@@ -204,6 +208,10 @@ class TableWriter:
         end = log_.committed_offset
         status.topic_offset = end
         status.committed_offset = start
+        if held is not None and held > end:
+            raise TableAhead(f"the table holds offsets up to {held} but the topic's committed offset is "
+                             f"{end}: the topic was deleted and created again (or lost acknowledged records "
+                             f"under sync none); drop or rename the table {status.table} to start a new one")
         if start >= end:
             status.behind_since = None
             return False

@@ -184,3 +184,23 @@ def test_small_commits_are_compacted_and_old_files_swept_keeping_every_row(
     assert status["tables"][0]["files"] < 8
     assert table_rows(broker, "default.compacted") == expected(0, 800)
     assert duckdb_count(status["metadata_location"])[:2] == (800, 800)
+
+
+def test_a_topic_deleted_and_created_again_stops_its_old_table_instead_of_mixing_records(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG + '[policy]\ntable_mode = "envelope"\n')
+    topic = "/default/reborn"
+    produce(broker, topic, 0, 500)
+    until("the table", lambda: caught_up(broker, topic, 500))
+    admin(broker, "topics", "delete", topic)
+    produce(broker, topic, 0, 10)  # the new topic's offsets start at 0 again
+
+    def stopped() -> str | None:
+        got = subprocess.run([*CLI, "admin", "tables", "status", topic, "--admin-addr",
+                              f"127.0.0.1:{broker.admin_port}", "--output", "json"], capture_output=True,
+                             timeout=60, check=False)
+        row = json.loads(got.stdout)["tables"][0] if got.returncode == 0 else {}
+        return row.get("stopped") or None
+
+    assert "deleted and created again" in until("the stop", stopped)
+    assert table_rows(broker, "default.reborn") == expected(0, 500)  # the old records, untouched
