@@ -2,17 +2,19 @@
 asks for a table (`tableMode`) appended to their Iceberg tables, exactly once, at most about `[tables]
 lag_ms` behind the committed offset.
 
-One task per broker. Every `lag_ms / 2` a pass goes over the served topics that want a table (which ones is
-read from the policies every `policy_check_ms`: a policy change applies without a restart) and, per topic,
-reads what the table lacks through the topic's `log` (object tier, then WAL, then the committed tail: what a
-consumer would read) and commits it (danube_fast/tables/commit.py), at most `commit_bytes` of batches per
+One task per broker. Every TICK_S a pass goes over the served topics that want a table (which ones is read
+from the policies every `policy_check_ms`: a policy change applies without a restart) and, per topic due a
+commit (its last was `lag_ms / 2` ago, or a whole commit's worth is waiting), reads what the table lacks
+through the topic's `log` (object tier, then WAL, then the committed tail: what a consumer would read) and
+commits it (danube_fast/tables/commit.py), at most `commit_bytes` of batches per
 commit. A topic that turns a table on is backfilled from the first offset it keeps. The table itself says
 where to resume (its current snapshot's `danube.offsets`), so a restart, a crash or a move to another broker
 continues where the last commit ended, and a writer that lost a race to another plans again.
 
-Decoding, Parquet encoding and the catalog commit run in a worker thread (pyiceberg is synchronous; Arrow
-and zstd release the GIL), one commit at a time per broker, so the writer takes at most one core's share
-from the event loop's neighbours.
+Decoding, Parquet encoding and the catalog commit run in the writer's own thread (pyiceberg is synchronous;
+Arrow and zstd release the GIL), one commit at a time per broker, and pyiceberg's file writes in its pool;
+those threads run at a lower CPU priority (nice WRITER_NICE: Linux sets it per thread), so that when the
+cores are busy the event loop and the WAL's threads go first and the table waits.
 
 Owner: the broker's event loop. `status` (what each table holds and what went wrong) is written only by the
 pass; the admin service and the metrics read it.
@@ -22,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from danube_fast.broker import crashpoints, names
 from danube_fast.broker.retention import own_policies
@@ -41,13 +47,15 @@ from danube_fast.storage.tiered import TopicLog, records_between
 from danube_fast.tables.config import TablesConfig
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
 log = logging.getLogger("danube_fast.tables")
+T = TypeVar("T")
 
 READ_BYTES = 4 * 1024 * 1024  # one log read
+WRITER_NICE = 10
+TICK_S = 0.25  # how often the writer looks for topics due a commit
 STORE_TIMEOUT = 30.0  # seconds a catalog call on the metadata store may take
 
 
@@ -87,6 +95,8 @@ class TableStatus:
 class _Table:
     table: Table | None = None
     status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
+    last_commit: float = 0.0  # when this broker last committed to it (the writer's clock)
+    bytes_per_record: float = 0.0  # of the record batches of the last commit: to size what is pending
 
 
 class TableWriter:
@@ -98,6 +108,7 @@ class TableWriter:
         self._config = config
         self._file_io = file_io or {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = ThreadPoolExecutor(1, "tables", initializer=_background)
         self._clock = clock
         self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
@@ -123,6 +134,9 @@ class TableWriter:
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name="tables")
 
+    def _in_thread(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the broker's loop from a worker thread (the catalog on the metadata store)."""
         assert self._loop is not None
@@ -133,9 +147,10 @@ class TableWriter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._executor.shutdown(wait=False)
 
     async def _run(self) -> None:
-        interval = self._config.lag_ms / 2000
+        tick = min(self._config.lag_ms / 2000, TICK_S)
         while True:
             started = self._clock()
             try:
@@ -147,7 +162,7 @@ class TableWriter:
                 log.exception("table pass failed")
                 behind = False
             # A topic with more to write than one commit takes goes on at once; the others wait.
-            await asyncio.sleep(0 if behind else max(0.0, interval - (self._clock() - started)))
+            await asyncio.sleep(0 if behind else max(0.0, tick - (self._clock() - started)))
 
     async def run_pass(self) -> bool:
         """One pass over the served topics that want a table; whether any is still behind after it."""
@@ -189,14 +204,17 @@ class TableWriter:
 
     async def _write(self, topic: ReliableTopic, entry: _Table) -> bool:
         """Commit up to commit_bytes of what the table lacks; whether more is left."""
+        status = entry.status
+        loaded = entry.table is None
+        if entry.table is None:
+            # The first load imports pyiceberg (0.7 s of imports): in the writer's thread, not the loop's.
+            entry.table = await self._in_thread(self._load, topic)
         from pyiceberg.exceptions import CommitFailedException
 
         from danube_fast.tables import commit
         from danube_fast.tables.catalog import committed_offsets
 
-        status = entry.status
-        if entry.table is None:
-            entry.table = await asyncio.to_thread(self._load, topic)
+        if loaded:
             state = commit.state(entry.table)
             status.table = ".".join(entry.table.name())
             status.metadata_location, status.files, status.bytes = (
@@ -215,8 +233,14 @@ class TableWriter:
         if start >= end:
             status.behind_since = None
             return False
+        now = self._clock()
         if status.behind_since is None:
-            status.behind_since = self._clock()
+            status.behind_since = now
+        # Commit every lag_ms / 2, or at once when a whole commit's worth is waiting: a busy topic is read
+        # while its batches are still in the WAL's tail cache, not from the device after they left it.
+        pending = (end - start) * entry.bytes_per_record
+        if now - entry.last_commit < self._config.lag_ms / 2000 and pending < self._config.commit_bytes:
+            return False
         if start < log_.start_offset:
             lost = records_between(log_, start, log_.start_offset)
             if lost and self._config.fail_on_data_loss:
@@ -229,7 +253,7 @@ class TableWriter:
             return False
         base, partition = _stored(topic)
         try:
-            state = await asyncio.to_thread(self._commit, table, topic.full, start, next_offset, data, base,
+            state = await self._in_thread(self._commit, table, topic.full, start, next_offset, data, base,
                                             partition)
         except (CommitFailedException, commit.OffsetsMoved) as e:
             log.info("%s: another commit landed first (%s): planning again from the table", topic.full, e)
@@ -240,7 +264,9 @@ class TableWriter:
         status.metadata_location, status.files, status.bytes = (
             state.metadata_location, state.files, state.bytes)
         status.commits += 1
-        entry.table = await asyncio.to_thread(self._reload, table)
+        entry.last_commit = now
+        entry.bytes_per_record = sum(len(d) for d in data) / max(1, next_offset - start)
+        entry.table = await self._in_thread(self._reload, table)
         more = status.committed_offset < end
         if not more:
             status.behind_since = None
@@ -258,13 +284,13 @@ class TableWriter:
         from danube_fast.tables import commit, maintenance
 
         c = self._config
-        done = await asyncio.to_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
+        done = await self._in_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
                                        c.snapshot_keep_ms, c.orphan_grace_ms, retention_ms)
         if done.compacted_files or done.expired_snapshots or done.swept_files or done.retained_files:
             log.info("%s: retention removed %d files, compacted %d files into %d, expired %d snapshots, "
                      "swept %d files", entry.status.table, done.retained_files, done.compacted_files,
                      done.written_files, done.expired_snapshots, done.swept_files)
-        entry.table = table = await asyncio.to_thread(self._reload, table)
+        entry.table = table = await self._in_thread(self._reload, table)
         state = commit.state(table)
         entry.status.compacted_files += done.compacted_files
         entry.status.metadata_location, entry.status.files, entry.status.bytes = (
@@ -293,6 +319,7 @@ class TableWriter:
             chunks.append(chunk)
             size += len(chunk)
             offset = after
+            await asyncio.sleep(0)  # a read the tail cache answers does not wait: let the loop serve others
         return chunks, offset
 
     def _skip_unreadable(self, topic: ReliableTopic, offset: int, error: Exception,
@@ -315,6 +342,7 @@ class TableWriter:
         from danube_fast.tables.catalog import load_or_create, open_catalog
 
         if self._catalog is None:
+            _background_pool()
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
         base, partition = _stored(topic)
         return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
@@ -326,10 +354,27 @@ class TableWriter:
     def _commit(self, table: Table, stored: str, start: int, end: int, data: list[memoryview], base: str,
                 partition: int) -> Any:
         from danube_fast.tables import commit
+        from danube_fast.tables.envelope import rows_of
 
-        rows = _rows(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
+        rows = rows_of(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
         return commit.append_range(table, stored, start, end, rows,
                                    lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT))
+
+
+def _background() -> None:
+    """Initializer of the table threads: a lower CPU priority for this thread."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+
+
+def _background_pool() -> None:
+    """pyiceberg writes data files on its shared pool (ExecutorFactory): make it one of background threads
+    before it is first used."""
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    if ExecutorFactory._instance is None or ExecutorFactory._instance_pid != os.getpid():
+        ExecutorFactory._instance_pid = os.getpid()
+        ExecutorFactory._instance = ThreadPoolExecutor(2, "tables-io", initializer=_background)
 
 
 def _stored(topic: ReliableTopic) -> tuple[str, int]:
@@ -337,22 +382,3 @@ def _stored(topic: ReliableTopic) -> tuple[str, int]:
     short = topic.name.topic
     base = names.partition_base(short)
     return (short, -1) if base is None else (base, names.partition_index(short))
-
-
-def _rows(data: list[memoryview], start: int, end: int, topic: str, partition: int) -> pa.Table:
-    """The records of offsets [start, end) of `data` (whole batches, which may begin before `start`) in the
-    envelope's columns."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from danube_fast import frames
-    from danube_fast.tables.envelope import ARROW_SCHEMA, envelope
-
-    batches = []
-    for chunk in data:
-        decoded = frames.decode_arrow(chunk, verify=True)
-        offsets = decoded.column("offset")
-        if decoded.num_rows and (offsets[0].as_py() < start or offsets[-1].as_py() >= end):
-            decoded = decoded.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
-        batches.append(envelope(decoded, topic, partition))
-    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)

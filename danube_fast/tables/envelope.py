@@ -102,3 +102,20 @@ def envelope(decoded: pa.RecordBatch, topic: str, partition: int) -> pa.RecordBa
         decoded.column("schema_version"),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def rows_of(data: list[memoryview], start: int, end: int, topic: str, partition: int) -> pa.Table:
+    """The records of offsets [start, end) of `data` (whole batches, which may begin before `start`) in the
+    envelope's columns: decoded by the native codec, batch by batch."""
+    import pyarrow.compute as pc
+
+    from danube_fast import frames
+
+    batches = []
+    for chunk in data:
+        decoded = frames.decode_arrow(chunk, verify=True)
+        offsets = decoded.column("offset")
+        if decoded.num_rows and (offsets[0].as_py() < start or offsets[-1].as_py() >= end):
+            decoded = decoded.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
+        batches.append(envelope(decoded, topic, partition))
+    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
