@@ -149,8 +149,8 @@ def run_tables(options: Options) -> list[Result]:
             half_rate = None
             for tables in ((False, True) if r % 2 == 0 else (True, False)):
                 progress(f"run {r + 1}/{options.runs}: tables {'on' if tables else 'off'}")
-                broker = Broker(scratch / f"run{r}-{'on' if tables else 'off'}", ON if tables else None,
-                                die_with_parent=True)
+                workdir = scratch / f"run{r}-{'on' if tables else 'off'}"
+                broker = Broker(workdir, ON if tables else None, die_with_parent=True)
                 broker.start()
                 try:
                     got = asyncio.run(_one(broker, count, tables))
@@ -159,6 +159,7 @@ def run_tables(options: Options) -> list[Result]:
                                                 HALF_TOPIC, half_rate))
                 finally:
                     broker.stop()
+                    shutil.rmtree(workdir, ignore_errors=True)  # 3.5 GB a broker: one at a time on disk
                 (ons if tables else offs).append(got)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
