@@ -43,7 +43,7 @@ test: install
 	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
 	$(MAKE) test-debug
 
-# The edit loop, about 110 s on this 2-core machine (1,455 of 1,910 tests): the suite without the tests marked
+# The edit loop, about 90-110 s on this 2-core machine (1,523 of 1,990 tests): the suite without the tests marked
 # (pyproject.toml) slow (crash and kill tests, the benchmark runs), spark (PySpark and a JVM), cluster
 # (cluster mode: broker processes or nodes on etcd), etcd (a real etcd: the etcd half of the metadata
 # contract suite, election, backup, local cache) and broker_process (standalone broker subprocesses: most of
