@@ -204,3 +204,31 @@ def test_a_topic_deleted_and_created_again_stops_its_old_table_instead_of_mixing
 
     assert "deleted and created again" in until("the stop", stopped)
     assert table_rows(broker, "default.reborn") == expected(0, 500)  # the old records, untouched
+
+
+def test_a_partitioned_topic_gets_its_table_from_its_base_name(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG)
+    admin(broker, "topics", "create", "/default/parted", "--partitions", "2", "--reliable")
+    shown = admin(broker, "policies", "set", "/default/parted", "--table", "envelope")
+    assert shown["tableMode"] == "envelope"
+    for part in (0, 1):  # every partition got the change
+        assert admin(broker, "policies", "show", f"/default/parted-part-{part}")["tableMode"] == "envelope"
+    produce(broker, "/default/parted-part-0", 0, 300)
+    produce(broker, "/default/parted-part-1", 0, 200)
+
+    def both() -> dict[str, Any] | None:
+        got = subprocess.run([*CLI, "admin", "tables", "status", "/default/parted", "--admin-addr",
+                              f"127.0.0.1:{broker.admin_port}", "--output", "json"], capture_output=True,
+                             timeout=60, check=False)
+        if got.returncode != 0:
+            return None
+        rows = {t["stored_topic"]: t["committed_offset"] for t in json.loads(got.stdout)["tables"]}
+        return rows if rows == {"/default/parted-part-0": 300, "/default/parted-part-1": 200} else None
+
+    until("both partitions in the table", both)
+    cat = open_catalog(catalog_of(broker), read_only=True)
+    got = cat.load_table(("default", "parted")).scan(selected_fields=("partition", "offset")).to_arrow()
+    pairs = sorted(zip(got.column("partition").to_pylist(), got.column("offset").to_pylist(), strict=True))
+    assert pairs == [(0, i) for i in range(300)] + [(1, i) for i in range(200)]
+    cleared = admin(broker, "policies", "clear", "/default/parted")
+    assert cleared["source"] == "its namespace's" and "tableMode" not in cleared

@@ -1,6 +1,7 @@
 """PolicyAdmin on the admin port (proto/PolicyAdmin.proto): a namespace's policy changed in place, a topic
 given a policy of its own (docs/METADATA.md: it replaces the namespace's for that topic) or its own policy
-removed.
+removed. A partitioned topic's base name stands for its partitions: each gets the change (one compare-and-put
+each).
 
 Each change is one compare-and-put on the policy's key, conditioned on the revision it was computed from, so
 two admins changing different keys at once never lose one's change (the second gets ABORTED and calls again).
@@ -73,30 +74,36 @@ class PolicyAdminService:
 
     @unary
     async def GetTopicPolicy(self, request: pb.TopicPolicyRequest, context: Context) -> pb.PolicyView:
-        name = self._existing(request.topic)
+        name = self._stored(request.topic)[0]  # a partitioned topic's partitions are set together
         own = await self._store.get(keys.topic_policy(name.namespace, name.topic))
         return view(self._topics.policy_from(name, own), own is not None)
 
     @unary
     async def SetTopicPolicy(self, request: pb.SetTopicPolicyRequest, context: Context) -> pb.PolicyView:
-        name = self._existing(request.topic)
-        key = keys.topic_policy(name.namespace, name.topic)
-        own = await self._store.get(key)
-        policy = changed(self._topics.policy_from(name, own), request.changes, f"topic {name.full}")
-        await self._swap(own, key, policy)
+        policy = None
+        for name in self._stored(request.topic):
+            key = keys.topic_policy(name.namespace, name.topic)
+            own = await self._store.get(key)
+            policy = changed(self._topics.policy_from(name, own), request.changes, f"topic {name.full}")
+            await self._swap(own, key, policy)
+        assert policy is not None
         return view(policy, own=True)
 
     @unary
     async def ClearTopicPolicy(self, request: pb.TopicPolicyRequest, context: Context) -> pb.PolicyView:
-        name = self._existing(request.topic)
-        await self._store.delete(keys.topic_policy(name.namespace, name.topic))
-        return view(self._topics.policy_from(name, None))
+        stored = self._stored(request.topic)
+        for name in stored:
+            await self._store.delete(keys.topic_policy(name.namespace, name.topic))
+        return view(self._topics.policy_from(stored[0], None))
 
-    def _existing(self, topic: str) -> TopicName:
+    def _stored(self, topic: str) -> list[TopicName]:
+        """The topic, or a partitioned topic's partitions (its base name stands for all of them: a policy
+        is kept per stored topic); NOT_FOUND when it is neither."""
         name = parse_topic(topic)
-        if not self._topics.exists(name):
-            raise not_found(f"topic {name.full} does not exist")
-        return name
+        found = [parse_topic(full) for full in self._topics.partitions(name)]
+        if not found:
+            raise not_found(f"topic {name.full} does not exist (as a topic or as a partitioned topic)")
+        return found
 
     async def _swap(self, old: KeyValue | None, key: str, policy: Policy) -> int:
         """Put `policy` at `key` if the key still is what `old` read; the store's revision after it."""
