@@ -12,9 +12,8 @@ where to resume (its current snapshot's `danube.offsets`), so a restart, a crash
 continues where the last commit ended, and a writer that lost a race to another plans again.
 
 Decoding, Parquet encoding and the catalog commit run in the writer's own thread (pyiceberg is synchronous;
-Arrow and zstd release the GIL), one commit at a time per broker, and pyiceberg's file writes in its pool;
-those threads run at a lower CPU priority (nice WRITER_NICE: Linux sets it per thread), so that when the
-cores are busy the event loop and the WAL's threads go first and the table waits.
+Arrow and zstd release the GIL), one commit at a time per broker: not the default executor, which serves
+the WAL's reads.
 
 Owner: the broker's event loop. `status` (what each table holds and what went wrong) is written only by the
 pass; the admin service and the metrics read it.
@@ -26,8 +25,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +51,6 @@ log = logging.getLogger("danube_fast.tables")
 T = TypeVar("T")
 
 READ_BYTES = 4 * 1024 * 1024  # one log read
-WRITER_NICE = 10
 TICK_S = 0.25  # how often the writer looks for topics due a commit
 STORE_TIMEOUT = 30.0  # seconds a catalog call on the metadata store may take
 
@@ -78,7 +74,6 @@ class TableStatus:
     behind_since: float | None = None  # when the table last fell behind the topic (None: caught up)
     files: int = 0
     bytes: int = 0
-    records: int = 0  # appended by this broker since the topic was loaded here
     commits: int = 0
     dlq_records: int = 0
     skipped_records: int = 0  # lost before the table got them (fail_on_data_loss false)
@@ -108,7 +103,7 @@ class TableWriter:
         self._config = config
         self._file_io = file_io or {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = ThreadPoolExecutor(1, "tables", initializer=_background)
+        self._executor = ThreadPoolExecutor(1, "tables")
         self._clock = clock
         self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
@@ -259,14 +254,12 @@ class TableWriter:
             log.info("%s: another commit landed first (%s): planning again from the table", topic.full, e)
             entry.table = None
             return True
-        rows = state.offsets  # the table's offsets after the commit
-        status.committed_offset = rows[topic.full]
+        status.committed_offset = state.offsets[topic.full]
         status.metadata_location, status.files, status.bytes = (
             state.metadata_location, state.files, state.bytes)
         status.commits += 1
         entry.last_commit = now
         entry.bytes_per_record = sum(len(d) for d in data) / max(1, next_offset - start)
-        entry.table = await self._in_thread(self._reload, table)
         more = status.committed_offset < end
         if not more:
             status.behind_since = None
@@ -342,7 +335,6 @@ class TableWriter:
         from danube_fast.tables.catalog import load_or_create, open_catalog
 
         if self._catalog is None:
-            _background_pool()
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
         base, partition = _stored(topic)
         return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
@@ -359,22 +351,6 @@ class TableWriter:
         rows = rows_of(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
         return commit.append_range(table, stored, start, end, rows,
                                    lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT))
-
-
-def _background() -> None:
-    """Initializer of the table threads: a lower CPU priority for this thread."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
-
-
-def _background_pool() -> None:
-    """pyiceberg writes data files on its shared pool (ExecutorFactory): make it one of background threads
-    before it is first used."""
-    from pyiceberg.utils.concurrent import ExecutorFactory
-
-    if ExecutorFactory._instance is None or ExecutorFactory._instance_pid != os.getpid():
-        ExecutorFactory._instance_pid = os.getpid()
-        ExecutorFactory._instance = ThreadPoolExecutor(2, "tables-io", initializer=_background)
 
 
 def _stored(topic: ReliableTopic) -> tuple[str, int]:

@@ -27,6 +27,8 @@ from pyspark_danube.plan import CommittedOffsets, PlanError, Stored, owners, sto
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from danube_fast.meta.resources_storage import TableCatalog
+
 # Options that choose rows: read_table reads a whole topic; filter the DataFrame instead (Spark pushes
 # offset and timestamp filters into the Parquet scan).
 NOT_FOR_TABLES = ("topic", "topics", "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
@@ -96,7 +98,8 @@ async def plan_table(opts: options.Options, topic: str) -> TablePlan:
     namespace, base = topic.split("/")[1:]
     meta = await open_reader(opts.metadata_store)
     try:
-        stored = await stored_topics(meta, opts)
+        stored = await stored_topics(meta, opts)  # PlanError for a topic that does not exist
+        brokers = await owners(meta, stored)
         kv = await meta.get(keys.tables_catalog())
         if kv is None:
             raise TableError(f"no broker has written a table catalog to {opts.metadata_store}: turn tables "
@@ -111,19 +114,12 @@ async def plan_table(opts: options.Options, topic: str) -> TablePlan:
     finally:
         await meta.close()
     plan = await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored)
-    return await _with_committed(plan, opts)
+    return await _with_committed(plan, brokers, opts)
 
 
-async def _with_committed(plan: TablePlan, opts: options.Options) -> TablePlan:
-    """`plan` with each stored topic's committed offset, asked of its broker after the snapshot was read (so
-    it is at least the table's): where the tail ends."""
-    from danube_fast.meta.reader import open_reader
-
-    meta = await open_reader(opts.metadata_store)
-    try:
-        brokers = await owners(meta, plan.stored)
-    finally:
-        await meta.close()
+async def _with_committed(plan: TablePlan, brokers: dict[str, str], opts: options.Options) -> TablePlan:
+    """`plan` with each stored topic's committed offset, asked of its broker (`brokers`: host:port by stored
+    topic) after the snapshot was read (so it is at least the table's): where the tail ends."""
     committed_of = CommittedOffsets(opts.broker_timeout, opts.credentials)
     committed = {}
     for s in plan.stored:
@@ -141,17 +137,15 @@ def _no_table(topic: str) -> TableError:
                       f"{topic} --table envelope`, and wait for the first commit")
 
 
-def _snapshot(location: object, pointer: str | None, opts: options.Options, topic: str,
+def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options, topic: str,
               stored: list[Stored]) -> TablePlan:
     """The table's current snapshot: from the catalog (sql), or from the metadata file the metadata store
     points at (metadata)."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.table import StaticTable, Table
 
-    from danube_fast.meta.resources_storage import TableCatalog
     from danube_fast.tables.catalog import committed_offsets, open_catalog
 
-    assert isinstance(location, TableCatalog)
     namespace, base = topic.split("/")[1:]
     table: Table
     try:
@@ -166,8 +160,6 @@ def _snapshot(location: object, pointer: str | None, opts: options.Options, topi
                          f"{location.uri or 'on the metadata store'}): {e}") from e
     snapshot = table.current_snapshot()
     files = [] if snapshot is None else [task.file.file_path for task in table.scan().plan_files()]
-    if not stored:
-        raise PlanError(f"topic {topic} does not exist")
     return TablePlan(files, committed_offsets(table), stored, table.metadata_location)
 
 
