@@ -6,7 +6,7 @@ none) and `on` (tableMode envelope, [tables] lag_ms at its default, 10 s). Each 
 workload at full speed: COUNT batches of 1,000 records of 256 B through FastProducer to a Reliable topic,
 acks read concurrently. Figures:
 - `produce_{off,on}`: records/s; `ack_p99_{off,on}`, `ack_p50_on`: ms from send_batch to the ack.
-  Target (the issue's): tables hurt the publish-ack p99 by at most 10% (`ack_p99_on` / `ack_p99_off`).
+  Target: tables hurt the publish-ack p99 by at most 10% (`ack_p99_on` / `ack_p99_off`).
 - `freshness_p50`, `freshness_p99`: per batch, seconds from its ack until the table's committed offset (the
   TableAdmin status, polled every POLL_S) covers it. Target: p99 within lag_ms.
 - `writer_cpu_ms_per_mb`: the `on` broker's CPU from the first batch until its table caught up, less the

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark_danube import create_table_view, read_table
-from pyspark_danube.tables import TableError
+from pyspark_danube import create_table_view, options, read_table
+from pyspark_danube.tables import TableError, plan_table
 
 from danube_fast.testing.broker import Broker
 from tests.spark.spark_support import produce_fast, produce_rich, reader_options
@@ -68,7 +68,10 @@ def data(shared_broker: Broker) -> dict[str, Any]:
     # The table stops following (policy none): what comes next is the tail read_table takes from the broker.
     for topic in stored:
         assert admin(b, "policies", "set", topic, "--table", "none") is not None
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while any(admin(b, "tables", "status", topic) is not None for topic in (PLAIN, PARTS)):
+        assert time.monotonic() < deadline, "the writer still follows the topics 60 s after tableMode none"
+        time.sleep(0.2)
     asyncio.run(produce_fast(b, PLAIN, 500, start=3000))
     return {"parts": parts}
 
@@ -83,7 +86,9 @@ def test_the_table_and_its_tail_are_exactly_the_topic(spark: SparkSession, share
     table = read_table(spark, PLAIN, **opts)
     direct = spark.read.format("danube").options(**opts).option("topic", PLAIN).load()
     got = rows(table)
-    assert [r[4] for r in got] == list(range(3500))  # 3,000 from the table's files, 500 from the broker
+    assert [r[4] for r in got] == list(range(3500))
+    plan = asyncio.run(plan_table(options.parse({**opts, "topic": PLAIN}), PLAIN))
+    assert plan.offsets == {PLAIN: 3000} and plan.committed == {PLAIN: 3500}  # 3,000 from files, 500 tail
     assert got == rows(direct)
     assert [(f.name, f.dataType) for f in table.schema] == [(f.name, f.dataType) for f in direct.schema]
 
