@@ -244,7 +244,7 @@ class TableWriter:
                                "them")
             status.skipped_records += lost
         data, next_offset = await self._read(topic, start, end, status)
-        if not data:
+        if next_offset == start:
             return False
         base, partition = _stored(topic)
         try:
@@ -304,6 +304,11 @@ class TableWriter:
             except OffsetOutOfRange:
                 break  # retention moved the start meanwhile: the next pass sees it
             if got is None:
+                # Nothing readable at `offset`: not committed yet, or the rest of the range is a hole (a dead
+                # owner's unused reservation, declared empty). The table holds all of a hole: the commit
+                # moves its offsets past it even with no rows, or it would wait for records that never come.
+                if records_between(topic.log, offset, end) == 0:
+                    offset = end
                 break
             chunk, after = clip_batches(got[0], offset, end, self._config.commit_bytes - size,
                                         whole=not chunks)
