@@ -42,10 +42,13 @@ from danube_fast.meta.store import MetadataStore
 from danube_fast.storage.objects.format import clip_batches
 from danube_fast.storage.tiered import TopicLog, records_between
 from danube_fast.tables.config import TablesConfig
+from danube_fast.tables.errors import ModeMismatch, SchemaModeError
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+    from danube_fast.schema.arrow_values import Resolved
 
 log = logging.getLogger("danube_fast.tables")
 T = TypeVar("T")
@@ -61,6 +64,14 @@ class DataLost(Exception):
 
 class TableAhead(Exception):
     """The table holds offsets the topic has not: it belongs to an earlier topic of the same name."""
+
+
+class StaleSchema(Exception):
+    """Records carry a schema version newer than the writer's latest: read the registry again first."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"records of schema version {version}")
+        self.version = version
 
 
 @dataclass
@@ -92,6 +103,11 @@ class _Table:
     status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
     last_commit: float = 0.0  # when this broker last committed to it (the writer's clock)
     bytes_per_record: float = 0.0  # of the record batches of the last commit: to size what is pending
+    resolved: Resolved | None = None  # schema mode: the topic's subject as last read
+    resolved_at: float = 0.0  # when it was last read (or tried)
+    unresolved: SchemaModeError | None = None  # why it could not be, then
+    asked_version: int = 0  # the newest schema version records carried when the registry was last read
+    dead_letters: Table | None = None  # schema mode: the dead-letter table, once a record needed it
 
 
 class TableWriter:
@@ -175,8 +191,10 @@ class TableWriter:
             del self._tables[gone]
         behind = False
         for topic in wanted:
-            entry = self._tables.setdefault(topic.full, _Table())
-            entry.status.mode = self._modes[topic.full]
+            mode = self._modes[topic.full]
+            entry = self._tables.get(topic.full)
+            if entry is None or entry.status.mode != mode:  # a new mode starts over (and clears a stop)
+                entry = self._tables[topic.full] = _Table(status=TableStatus(mode, ""))
             if entry.status.stopped:
                 continue
             try:
@@ -185,9 +203,13 @@ class TableWriter:
                 if not more:
                     await self._maintain(entry, self._retention.get(topic.full, 0))
                 entry.status.error = ""
-            except (DataLost, TableAhead) as e:
+            except (DataLost, TableAhead, ModeMismatch) as e:
                 entry.status.stopped = str(e)
                 log.error("%s: table stopped: %s", topic.full, e)
+            except SchemaModeError as e:  # the registry or the topic's subject must change first
+                if str(e) != entry.status.error:
+                    log.warning("%s: table waits: %s", topic.full, e)
+                entry.status.error = str(e)
             except Exception as e:  # the catalog, the object store or a disk away: the next pass retries
                 entry.table = None  # reload: a failed commit may have left it stale
                 error = f"{type(e).__name__}: {e}"
@@ -196,6 +218,23 @@ class TableWriter:
                 entry.status.error = error
         self.passes += 1
         return behind
+
+    async def _resolve(self, topic: ReliableTopic, entry: _Table, force: bool = False) -> Resolved:
+        """Schema mode: the topic's subject, read again every policy_check_ms (or when `force`d); raises
+        SchemaModeError while it cannot type a table."""
+        now = self._clock()
+        if force or now - entry.resolved_at >= self._config.policy_check_ms / 1000:
+            from danube_fast.tables import typed
+
+            entry.resolved_at = now
+            entry.resolved = None
+            try:
+                entry.resolved = await typed.resolve(self._store, topic.name.namespace, topic.name.topic)
+            except SchemaModeError as e:
+                entry.unresolved = e
+        if entry.resolved is None:
+            raise entry.unresolved or SchemaModeError("the topic's schema subject was not read yet")
+        return entry.resolved
 
     async def _write(self, topic: ReliableTopic, entry: _Table) -> bool:
         """Commit up to commit_bytes of what the table lacks; whether more is left."""
@@ -214,6 +253,8 @@ class TableWriter:
             status.table = ".".join(entry.table.name())
             status.metadata_location, status.files, status.bytes = (
                 state.metadata_location, state.files, state.bytes)
+        if status.mode == "schema":
+            await self._resolve(topic, entry)
         table = entry.table
         held = committed_offsets(table).get(topic.full)
         log_ = topic.log
@@ -248,12 +289,20 @@ class TableWriter:
             return False
         base, partition = _stored(topic)
         try:
-            state = await self._in_thread(self._commit, table, topic.full, start, next_offset, data, base,
-                                            partition)
+            state, dead = await self._in_thread(self._commit, entry, topic, start, next_offset, data, base,
+                                                  partition)
         except (CommitFailedException, commit.OffsetsMoved) as e:
             log.info("%s: another commit landed first (%s): planning again from the table", topic.full, e)
-            entry.table = None
+            entry.table = entry.dead_letters = None
             return True
+        except StaleSchema as e:  # read the registry again; a version it still lacks does not decode
+            await self._resolve(topic, entry, force=True)
+            entry.asked_version = e.version
+            return True
+        if dead:
+            status.dlq_records += dead
+            log.warning("%s: %d records did not decode with their schema and went to the dead-letter table",
+                        topic.full, dead)
         status.committed_offset = state.offsets[topic.full]
         status.metadata_location, status.files, status.bytes = (
             state.metadata_location, state.files, state.bytes)
@@ -336,26 +385,49 @@ class TableWriter:
 
     # -- worker thread ----------------------------------------------------------------------------------
 
-    def _load(self, topic: ReliableTopic) -> Table:
-        from danube_fast.tables.catalog import load_or_create, open_catalog
+    def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:
+        from danube_fast.tables.catalog import dead_letter_name, load_or_create, open_catalog
 
         if self._catalog is None:
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
         base, partition = _stored(topic)
+        mode = "envelope" if dead_letters else self._modes.get(topic.full, "envelope")
+        if dead_letters:
+            base = dead_letter_name(base)
         return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
-                              self._config.hour_partitions, self._config.row_group_rows)
+                              self._config.hour_partitions, self._config.row_group_rows, mode)
 
     def _reload(self, table: Table) -> Table:
         return table.refresh()
 
-    def _commit(self, table: Table, stored: str, start: int, end: int, data: list[memoryview], base: str,
-                partition: int) -> Any:
-        from danube_fast.tables import commit
+    def _commit(self, entry: _Table, topic: ReliableTopic, start: int, end: int, data: list[memoryview],
+                base: str, partition: int) -> tuple[Any, int]:
+        """Append [start, end) to the topic's table; in schema mode the records that do not decode go to
+        the dead-letter table first (commit.append_dead_letters). The state after, and how many went there."""
+        from danube_fast.tables import commit, typed
         from danube_fast.tables.envelope import rows_of
 
-        rows = rows_of(data, start, end, f"/{stored.split('/')[1]}/{base}", partition)
-        return commit.append_range(table, stored, start, end, rows,
-                                   lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT))
+        table = entry.table
+        assert table is not None
+        rows = rows_of(data, start, end, f"/{topic.full.split('/')[1]}/{base}", partition)
+        dead = 0
+        if entry.resolved is not None:
+            resolved = entry.resolved
+            newest = typed.newest_version(rows)
+            if newest is not None and newest > max(resolved.version, entry.asked_version):
+                raise StaleSchema(newest)
+            commit.evolve(table, typed.value_columns(resolved), f"{resolved.subject}:{resolved.version}")
+            decoded = typed.split(rows, resolved)
+            if decoded.dead.num_rows:
+                if entry.dead_letters is None:
+                    entry.dead_letters = self._load(topic, dead_letters=True)
+                if commit.append_dead_letters(entry.dead_letters, topic.full, start, end, decoded.dead):
+                    dead = decoded.dead.num_rows
+            from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+            rows = typed.conform(decoded.typed, schema_to_pyarrow(table.schema(), include_field_ids=False))
+        return commit.append_range(table, topic.full, start, end, rows,
+                                   lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT)), dead
 
 
 def _stored(topic: ReliableTopic) -> tuple[str, int]:

@@ -4,6 +4,7 @@
 * `topic_schema`: a topic's subject and validation policy, and the gate that checks published messages.
 * `types`: type names, modes, policies, definitions and fingerprints; `compat`: compatibility by mode;
   `avro` and `jsonschema`: the two structured formats; `validators`: payload validation.
+* `arrow_values`: a subject's values decoded into a typed Arrow array (not imported here: it needs pyarrow).
 
 GetSchema and GetLatestSchema answer the definition **as registered** (its raw bytes), not v0.7.3's
 serialisation of its internal enum (`{"Avro":{"raw_schema":...,"fingerprint":...}}`, `"String"`, ...:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.meta.store import MetadataStore
+from danube_fast.tables.errors import ModeMismatch
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -32,6 +33,9 @@ Call = Callable[[Coroutine[Any, Any, Any]], Any]
 
 OFFSETS = "danube.offsets"  # snapshot summary: {stored topic: next offset the table lacks}
 TOPIC_PROPERTY = "danube.topic"  # table property: the topic the table keeps
+MODE_PROPERTY = "danube.table-mode"  # table property: the table mode its columns follow
+SCHEMA_PROPERTY = "danube.schema-version"  # schema mode: "{subject}:{version}" whose columns it has
+DEAD_LETTER_SUFFIX = "__dlq"
 CATALOG_NAME = "danube"
 
 
@@ -109,24 +113,39 @@ def table_properties(row_group_rows: int) -> dict[str, str]:
 
 
 def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitioned: bool, hourly: bool,
-                   row_group_rows: int) -> Table:
-    """The topic's table, created (with its namespace) when missing."""
+                   row_group_rows: int, mode: str = "envelope") -> Table:
+    """The topic's table, created (with its namespace) when missing. `mode` is the table mode its columns
+    follow: envelope (also the dead-letter table's form) or schema (the envelope without `value`; the value
+    columns are added by the writer, tables/typed.py). A table of another mode is refused (ModeMismatch)."""
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
     from danube_fast.tables.envelope import SCHEMA, partition_spec
 
     ident = identifier(namespace, base_topic)
     try:
-        return catalog.load_table(ident)
+        table = catalog.load_table(ident)
     except NoSuchTableError:
-        pass
-    catalog.create_namespace_if_not_exists(namespace)
-    try:
-        return catalog.create_table(
-            ident, schema=SCHEMA, partition_spec=partition_spec(partitioned, hourly),
-            properties={**table_properties(row_group_rows), TOPIC_PROPERTY: f"/{namespace}/{base_topic}"})
-    except TableAlreadyExistsError:  # another partition's writer created it meanwhile
-        return catalog.load_table(ident)
+        catalog.create_namespace_if_not_exists(namespace)
+        schema = SCHEMA if mode == "envelope" else SCHEMA.select(
+            *(f.name for f in SCHEMA.fields if f.name != "value"))
+        try:
+            table = catalog.create_table(
+                ident, schema=schema, partition_spec=partition_spec(partitioned, hourly),
+                properties={**table_properties(row_group_rows), TOPIC_PROPERTY: f"/{namespace}/{base_topic}",
+                            MODE_PROPERTY: mode})
+        except TableAlreadyExistsError:  # another partition's writer created it meanwhile
+            table = catalog.load_table(ident)
+    held = table.properties.get(MODE_PROPERTY, "envelope")
+    if held != mode:
+        raise ModeMismatch(f"table {'.'.join(ident)} was written in table mode {held}, and the topic's "
+                           f"policy now says {mode}: set the policy back, or drop the table (or rename it) "
+                           f"to start a {mode} table from the topic's first kept offset")
+    return table
+
+
+def dead_letter_name(base_topic: str) -> str:
+    """The schema-mode table's dead-letter table: `{topic}__dlq`, in envelope form."""
+    return f"{base_topic}{DEAD_LETTER_SUFFIX}"
 
 
 def committed_offsets(table: Table) -> dict[str, int]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
+from danube_fast.tables.catalog import OFFSETS, SCHEMA_PROPERTY, committed_offsets, dump_offsets
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -74,6 +74,46 @@ def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table
             append.append_data_file(data_file)
     before_commit()
     return state(tx.commit_transaction())
+
+
+def append_dead_letters(table: Table, stored: str, start: int, end: int, rows: pa.Table) -> Committed | None:
+    """Commit the records of [start, end) of `stored` that did not decode (`rows`) to the dead-letter table,
+    before the main table's commit of the same range; None when there is nothing to commit.
+
+    The dead-letter table's `danube.offsets` is a watermark: every dead record of `stored` below it is in
+    the table. Its writer commits a range before the main table does, so after a crash between the two (or
+    a race lost on the main table) the range is planned again with the watermark already past some of it:
+    only the records at or above the watermark are appended, and none when it is at `end` or past."""
+    import pyarrow.compute as pc
+
+    offsets = committed_offsets(table)
+    low = max(start, offsets.get(stored, start))
+    if low >= end:
+        return None
+    if low > start:
+        rows = rows.filter(pc.greater_equal(rows.column("offset"), low))
+    if rows.num_rows == 0:
+        return None
+    offsets[stored] = end
+    tx = table.transaction()
+    with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
+        for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
+            append.append_data_file(data_file)
+    return state(tx.commit_transaction())
+
+
+def evolve(table: Table, columns: pa.Schema, version: str) -> bool:
+    """Add `columns` (tables/typed.py: a schema version's value columns, optional) to the table's schema by
+    name, widening where Iceberg allows, unless the table says it has `version`'s columns already (table
+    property SCHEMA_PROPERTY); whether it changed. pyiceberg's ValidationError names what Iceberg refuses."""
+    if table.properties.get(SCHEMA_PROPERTY) == version:
+        return False
+    tx = table.transaction()
+    with tx.update_schema() as update:
+        update.union_by_name(columns)
+    tx.set_properties({SCHEMA_PROPERTY: version})
+    tx.commit_transaction()
+    return True
 
 
 def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid.UUID) -> list[DataFile]:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from danube_fast import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt, ObjectNotFound
+from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder
 from danube_fast.storage.objects.connect import open_object_store
 from danube_fast.storage.objects.format import check_header, parse_footer
 from danube_fast.storage.objects.store import ObjectStore, object_key
@@ -128,8 +129,7 @@ def _decode(data: memoryview | bytes, chunk: Chunk, schema: pa.Schema,
             yield columns.to_spark(batch, chunk.stored.topic, chunk.stored.partition, schema, value)
 
 
-def _values(decoder: values.AvroDecoder | values.JsonDecoder, batch: pa.RecordBatch, chunk: Chunk,
-            where: str) -> pa.Array:
+def _values(decoder: AvroDecoder | JsonDecoder, batch: pa.RecordBatch, chunk: Chunk, where: str) -> pa.Array:
     """The batch's values decoded; those that do not decode are null, counted in a warning."""
     decoded = decoder.decode(batch)
     if decoded.failed:

@@ -21,7 +21,7 @@ from danube import DispatchStrategy, SchemaType
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 from pyspark_danube import values
 from spark_support import produce_fast, reader_options
 
+from danube_fast.schema import arrow_values
 from danube_fast.testing.broker import Broker
 from tests.compat.compat_support import Session, bounded
 
@@ -344,20 +345,29 @@ def batch(payloads: list[bytes], schema_id: int | None = None, version: int | No
     ("string", StringType()),
 ])
 def test_avro_mapping(schema: Any, expected: DataType) -> None:
-    assert values.AvroMapping(schema).type == expected
+    assert from_arrow_type(arrow_values.AvroMapping(schema).type) == expected
+
+
+@pytest.mark.parametrize(("fmt", "definition", "expected"), [
+    ("avro", ORDER_V2, ORDER_TYPE), ("json", PEOPLE_SCHEMA, PEOPLE_TYPE), ("json", LOOSE_SCHEMA, LOOSE_TYPE)])
+def test_the_spark_type_is_the_arrow_type_converted(fmt: str, definition: Any, expected: DataType) -> None:
+    """Spark hands the decoders its Arrow form of the column's type: the very type the decoders map to."""
+    resolved = arrow_values.Resolved(fmt, "s", 1, 1, {1: json.dumps(definition)})
+    assert values.value_type(resolved) == expected
+    assert arrow(expected) == arrow_values.arrow_type(resolved)
 
 
 def test_avro_types_spark_cannot_hold_fail_resolution() -> None:
-    with pytest.raises(values.ValueSchemaError, match="contains itself"):
-        values.AvroMapping({"type": "record", "name": "Node", "fields": [
+    with pytest.raises(arrow_values.ValueSchemaError, match="contains itself"):
+        arrow_values.AvroMapping({"type": "record", "name": "Node", "fields": [
             {"name": "next", "type": ["null", "Node"]}]})
-    with pytest.raises(values.ValueSchemaError, match="precision"):
-        values.AvroMapping({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 0})
+    with pytest.raises(arrow_values.ValueSchemaError, match="precision"):
+        arrow_values.AvroMapping({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 0})
 
 
 def test_avro_decoder_counts_what_does_not_decode() -> None:
-    resolved = values.Resolved("avro", "s", 5, 2, {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2)})
-    decoder = values.AvroDecoder(resolved, arrow(values.value_type(resolved)))
+    resolved = arrow_values.Resolved("avro", "s", 5, 2, {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2)})
+    decoder = arrow_values.AvroDecoder(resolved, arrow(values.value_type(resolved)))
     good_v1, good_v2 = avro_bytes(ORDER_V1, order(1)), avro_bytes(ORDER_V2, order(2, channel="x"))
     cases = [
         (batch([good_v1], 5, 1), ["web"]),
@@ -374,8 +384,8 @@ def test_avro_decoder_counts_what_does_not_decode() -> None:
 
 
 def test_json_decoder_bisects_to_the_bad_values() -> None:
-    resolved = values.Resolved("json", "p", 1, 1, {1: json.dumps(PEOPLE_SCHEMA)})
-    decoder = values.JsonDecoder(resolved, arrow(PEOPLE_TYPE))
+    resolved = arrow_values.Resolved("json", "p", 1, 1, {1: json.dumps(PEOPLE_SCHEMA)})
+    decoder = arrow_values.JsonDecoder(resolved, arrow(PEOPLE_TYPE))
     good = b'{"name": "n", "age": 1}'
     bad = [b"", b"{", b'{"age": 1.5}', b'{"age": 1}{"age": 2}', b"[1]", b'{"name": "\xff"}', b"7"]
     payloads = [good] * 40
@@ -399,10 +409,10 @@ def test_json_decoder_bisects_to_the_bad_values() -> None:
     (True, StringType()),
 ])
 def test_json_mapping(schema: Any, expected: DataType) -> None:
-    assert values.json_mapping(schema)[0] == expected
+    assert from_arrow_type(arrow_values.json_mapping(schema)[0]) == expected
 
 
 def test_a_json_schema_without_a_spark_type_keeps_the_payload_text() -> None:
-    resolved = values.Resolved("json", "p", 1, 1, {1: json.dumps({"anyOf": [{"type": "string"}]})})
-    decoded = values.JsonDecoder(resolved, pa.string()).decode(batch([b' {"a": 1} ', b"nope", b"null"]))
+    resolved = arrow_values.Resolved("json", "p", 1, 1, {1: json.dumps({"anyOf": [{"type": "string"}]})})
+    decoded = arrow_values.JsonDecoder(resolved, pa.string()).decode(batch([b' {"a": 1} ', b"nope", b"null"]))
     assert decoded.values.to_pylist() == [' {"a": 1} ', None, None] and decoded.failed == 1

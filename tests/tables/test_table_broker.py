@@ -151,8 +151,6 @@ def test_killed_between_parquet_and_commit_then_killed_under_load_the_table_hold
 def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None:
     broker = broker_factory.start(CONFIG)
     produce(broker, "/default/plain", 0, 10)
-    assert "tableMode schema" in admin(broker, "policies", "set", "/default/plain", "--table", "schema",
-                                       code=1)
     assert "NOT_FOUND" in admin(broker, "tables", "status", "/default/missing", code=1)
     assert "has no table" in admin(broker, "tables", "status", "/default/plain", code=1)
     kept = admin(broker, "policies", "set", "/default/plain", "--table-retention-minutes", "1440")

@@ -40,9 +40,6 @@ def changed(current: Policy, changes: str, what: str) -> Policy:
     unknown = sorted(set(fields) - set(KNOWN_KEYS))
     if unknown:
         raise invalid(f"{what}: unknown policy keys {unknown}; known: {', '.join(KNOWN_KEYS)}")
-    if fields.get(Policy.TABLE_MODE) == "schema":
-        raise invalid(f"{what}: tableMode schema (typed columns from the topic's schema) is not available in "
-                      "this version; use envelope (docs/TABLES.md)")
     try:
         return current.merged(fields, what)
     except BadValue as e:

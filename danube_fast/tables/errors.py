@@ -1,0 +1,11 @@
+"""Why a topic's table waits or stops (its status shows the message): a module of its own so that the broker
+names them without importing pyarrow or pyiceberg at start."""
+
+
+class ModeMismatch(Exception):
+    """The topic's table was created in another table mode than its policy now asks for."""
+
+
+class SchemaModeError(ValueError):
+    """The topic's schema cannot type a table: no subject, a kind other than Avro or JSON Schema, or a type
+    the mapping or Iceberg cannot express. The table waits (its status says why) until that changes."""
