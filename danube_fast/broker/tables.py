@@ -315,28 +315,40 @@ class TableWriter:
         return more
 
     async def _maintain(self, entry: _Table, retention_ms: int) -> None:
-        """Retention, compaction, expiry and the sweep of the entry's table when it is due (each table once
-        per maintenance_ms, whichever of its stored topics comes first)."""
-        table = entry.table
+        """Retention, compaction, expiry and the sweep of the entry's table, and of its dead-letter table,
+        when due (each table once per maintenance_ms, whichever of its stored topics comes first)."""
+        from danube_fast.tables import commit
+
+        if entry.table is not None:
+            got = await self._maintain_table(entry.table, entry.status.table, retention_ms)
+            if got is not None:
+                entry.table, compacted = got
+                state = commit.state(entry.table)
+                entry.status.compacted_files += compacted
+                entry.status.metadata_location, entry.status.files, entry.status.bytes = (
+                    state.metadata_location, state.files, state.bytes)
+        if entry.dead_letters is not None:
+            got = await self._maintain_table(entry.dead_letters, ".".join(entry.dead_letters.name()),
+                                             retention_ms)
+            if got is not None:
+                entry.dead_letters = got[0]
+
+    async def _maintain_table(self, table: Table, name: str, retention_ms: int) -> tuple[Table, int] | None:
+        """`table` maintained and reloaded, with how many files compaction replaced; None when not due."""
         now = self._clock()
-        if table is None or now - self._maintained.get(entry.status.table, 0.0) < \
-                self._config.maintenance_ms / 1000:
-            return
-        self._maintained[entry.status.table] = now
-        from danube_fast.tables import commit, maintenance
+        if now - self._maintained.get(name, 0.0) < self._config.maintenance_ms / 1000:
+            return None
+        self._maintained[name] = now
+        from danube_fast.tables import maintenance
 
         c = self._config
         done = await self._in_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
                                        c.snapshot_keep_ms, c.orphan_grace_ms, retention_ms)
         if done.compacted_files or done.expired_snapshots or done.swept_files or done.retained_files:
             log.info("%s: retention removed %d files, compacted %d files into %d, expired %d snapshots, "
-                     "swept %d files", entry.status.table, done.retained_files, done.compacted_files,
-                     done.written_files, done.expired_snapshots, done.swept_files)
-        entry.table = table = await self._in_thread(self._reload, table)
-        state = commit.state(table)
-        entry.status.compacted_files += done.compacted_files
-        entry.status.metadata_location, entry.status.files, entry.status.bytes = (
-            state.metadata_location, state.files, state.bytes)
+                     "swept %d files", name, done.retained_files, done.compacted_files, done.written_files,
+                     done.expired_snapshots, done.swept_files)
+        return await self._in_thread(self._reload, table), done.compacted_files
 
     async def _read(self, topic: ReliableTopic, start: int, end: int,
                     status: TableStatus) -> tuple[list[memoryview], int]:
@@ -416,7 +428,8 @@ class TableWriter:
             newest = typed.newest_version(rows)
             if newest is not None and newest > max(resolved.version, entry.asked_version):
                 raise StaleSchema(newest)
-            commit.evolve(table, typed.value_columns(resolved), f"{resolved.subject}:{resolved.version}")
+            commit.evolve(table, typed.value_columns(resolved), f"{resolved.subject}:{resolved.version}",
+                          resolved.format)
             decoded = typed.split(rows, resolved)
             if decoded.dead.num_rows:
                 if entry.dead_letters is None:

@@ -35,6 +35,7 @@ OFFSETS = "danube.offsets"  # snapshot summary: {stored topic: next offset the t
 TOPIC_PROPERTY = "danube.topic"  # table property: the topic the table keeps
 MODE_PROPERTY = "danube.table-mode"  # table property: the table mode its columns follow
 SCHEMA_PROPERTY = "danube.schema-version"  # schema mode: "{subject}:{version}" whose columns it has
+FORMAT_PROPERTY = "danube.value-format"  # schema mode: avro or json, the subject's kind
 DEAD_LETTER_SUFFIX = "__dlq"
 CATALOG_NAME = "danube"
 

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from danube_fast.tables.catalog import OFFSETS, SCHEMA_PROPERTY, committed_offsets, dump_offsets
+from danube_fast.tables.catalog import (
+    FORMAT_PROPERTY,
+    OFFSETS,
+    SCHEMA_PROPERTY,
+    committed_offsets,
+    dump_offsets,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -102,16 +108,18 @@ def append_dead_letters(table: Table, stored: str, start: int, end: int, rows: p
     return state(tx.commit_transaction())
 
 
-def evolve(table: Table, columns: pa.Schema, version: str) -> bool:
+def evolve(table: Table, columns: pa.Schema, version: str, value_format: str) -> bool:
     """Add `columns` (tables/typed.py: a schema version's value columns, optional) to the table's schema by
     name, widening where Iceberg allows, unless the table says it has `version`'s columns already (table
-    property SCHEMA_PROPERTY); whether it changed. pyiceberg's ValidationError names what Iceberg refuses."""
+    property SCHEMA_PROPERTY); whether it changed. pyiceberg's ValidationError names what Iceberg refuses.
+    `value_format` (avro or json) is kept too (FORMAT_PROPERTY): how a reader decodes the records after the
+    table's."""
     if table.properties.get(SCHEMA_PROPERTY) == version:
         return False
     tx = table.transaction()
     with tx.update_schema() as update:
         update.union_by_name(columns)
-    tx.set_properties({SCHEMA_PROPERTY: version})
+    tx.set_properties({SCHEMA_PROPERTY: version, FORMAT_PROPERTY: value_format})
     tx.commit_transaction()
     return True
 

@@ -67,12 +67,15 @@ def value_columns(resolved: Resolved) -> pa.Schema:
         value = arrow_type(resolved)
     except ValueSchemaError as e:
         raise SchemaModeError(f"schema subject {resolved.subject!r} version {resolved.version}: {e}") from e
-    fields = list(value) if pa.types.is_struct(value) else [pa.field("value", value)]
-    columns = []
-    for f in fields:
-        name = f"value_{f.name}" if f.name in RESERVED and pa.types.is_struct(value) else f.name
-        columns.append(pa.field(name, _optional(f.type, f"{resolved.subject} field {f.name}")))
-    return pa.schema(columns)
+    if not pa.types.is_struct(value):
+        return pa.schema([pa.field("value", _optional(value, f"{resolved.subject}'s values"))])
+    return pa.schema([pa.field(column_name(f.name), _optional(f.type, f"{resolved.subject} field {f.name}"))
+                      for f in value])
+
+
+def column_name(field: str) -> str:
+    """The column of a record's field: its name, or `value_<name>` when an envelope column has that name."""
+    return f"value_{field}" if field in RESERVED else field
 
 
 def _optional(t: pa.DataType, where: str) -> pa.DataType:

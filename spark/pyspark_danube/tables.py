@@ -12,6 +12,11 @@ DataFrame is the union of
   snapshot; left out when the table holds everything.
 Each offset is in exactly one side, so every acknowledged record appears once, in one consistent view fixed
 when `read_table` is called (call it again to see newer records).
+
+A table of mode schema has the table's columns (its Iceberg schema: every version's fields); its tail is
+read with valueFormat (the subject's kind, a table property) and its value's fields become the same
+columns; a column of the table the tail's version lacks is null there. A tail record that does not decode is
+left out, as the writer leaves it out of the table (it goes to the dead-letter table).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import asyncio
 import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import StructType
 
 from pyspark_danube import columns, options
 from pyspark_danube.plan import CommittedOffsets, PlanError, Stored, owners, stored_topics
@@ -46,6 +55,9 @@ class TablePlan:
     stored: list[Stored]  # every stored topic of the topic (partitions expanded)
     metadata_location: str
     committed: dict[str, int] = field(default_factory=dict)  # stored topic -> its committed offset after
+    mode: str = "envelope"  # the table mode of the table (docs/TABLES.md)
+    columns: pa.Schema | None = None  # schema mode: the table's columns
+    value_format: str = ""  # schema mode: avro or json, how the tail's values are decoded
 
     def tail(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]] | None:
         """startingOffsets and endingOffsets (JSON objects) of the records after the table's, up to the
@@ -71,7 +83,7 @@ def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
                                   "apply (filter the DataFrame on offset or timestamp instead)")
     parsed = options.parse({**opts, "topic": topic})
     plan = asyncio.run(plan_table(parsed, topic))
-    schema = columns.SCHEMA
+    schema = columns.SCHEMA if plan.columns is None else _spark_schema(plan.columns)
     if plan.files:
         table = spark.read.schema(schema).parquet(*plan.files)
     else:
@@ -79,10 +91,36 @@ def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
     bounds = plan.tail()
     if bounds is None:
         return table
-    tail = (spark.read.format("danube").options(**opts).option("topic", topic)
-            .option("startingOffsets", json.dumps(bounds[0])).option("endingOffsets", json.dumps(bounds[1]))
-            .load())
-    return table.unionByName(tail)
+    reader = (spark.read.format("danube").options(**opts).option("topic", topic)
+              .option("startingOffsets", json.dumps(bounds[0]))
+              .option("endingOffsets", json.dumps(bounds[1])))
+    if plan.mode != "schema":
+        return table.unionByName(reader.load())
+    return table.unionByName(_typed(reader.option("valueFormat", plan.value_format).load()),
+                             allowMissingColumns=True)
+
+
+def _spark_schema(arrow: pa.Schema) -> StructType:
+    spark_type = from_arrow_type(pa.struct(list(arrow)))
+    assert isinstance(spark_type, StructType)
+    return spark_type
+
+
+def _typed(tail: DataFrame) -> DataFrame:
+    """The tail decoded by valueFormat in the schema table's columns (danube_fast/tables/typed.py): a
+    record's fields as columns, without the records that did not decode (the table's writer puts those in
+    the dead-letter table)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from danube_fast.tables.typed import column_name
+
+    value = tail.schema["value"].dataType
+    if not isinstance(value, StructType):
+        return tail
+    envelope = [F.col(f"`{c}`") for c in tail.columns if c != "value"]
+    fields = [F.col("value").getField(f.name).alias(column_name(f.name)) for f in value.fields]
+    return tail.where(F.col("value").isNotNull()).select(*envelope, *fields)
 
 
 def create_table_view(spark: SparkSession, topic: str, view: str, **opts: str) -> None:
@@ -142,9 +180,10 @@ def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options
     """The table's current snapshot: from the catalog (sql), or from the metadata file the metadata store
     points at (metadata)."""
     from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.table import StaticTable, Table
 
-    from danube_fast.tables.catalog import committed_offsets, open_catalog
+    from danube_fast.tables.catalog import FORMAT_PROPERTY, MODE_PROPERTY, committed_offsets, open_catalog
 
     namespace, base = topic.split("/")[1:]
     table: Table
@@ -160,7 +199,12 @@ def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options
                          f"{location.uri or 'on the metadata store'}): {e}") from e
     snapshot = table.current_snapshot()
     files = [] if snapshot is None else [task.file.file_path for task in table.scan().plan_files()]
-    return TablePlan(files, committed_offsets(table), stored, table.metadata_location)
+    mode = table.properties.get(MODE_PROPERTY, "envelope")
+    if mode != "schema":
+        return TablePlan(files, committed_offsets(table), stored, table.metadata_location)
+    return TablePlan(files, committed_offsets(table), stored, table.metadata_location, mode=mode,
+                     columns=schema_to_pyarrow(table.schema(), include_field_ids=False),
+                     value_format=table.properties.get(FORMAT_PROPERTY, ""))
 
 
 def _file_io(opts: options.Options) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Coroutine, Iterable, Sequence
@@ -163,16 +164,27 @@ class Session:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.channel.close(), RPC_TIMEOUT)
 
-    async def producer(self, topic: str, name: str, *, reliable: bool = False, partitions: int = 0) -> Any:
+    async def producer(self, topic: str, name: str, *, reliable: bool = False, partitions: int = 0,
+                       subject: str | None = None, version: int | None = None) -> Any:
+        """A producer; with `subject` its messages carry the subject's latest version, or `version`."""
         builder = self.client.new_producer().with_topic(topic).with_name(name)
         if reliable:
             builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
         if partitions:
             builder = builder.with_partitions(partitions)
+        if subject is not None:
+            builder = builder.with_schema_subject(subject) if version is None else \
+                builder.with_schema_version(subject, version)
         producer = builder.build()
         await bounded(producer.create(), f"create producer {name} on {topic}", CREATE_TIMEOUT)
         self._producers.append(producer)
         return producer
+
+    async def register_schema(self, subject: str, kind: Any, definition: Any) -> int:
+        """Register `definition` (JSON-serialisable) under `subject`; the subject's schema id."""
+        builder = self.client.schema().register_schema(subject).with_type(kind).with_schema_data(
+            json.dumps(definition).encode())
+        return int(await bounded(builder.execute(), f"register {subject}"))
 
     async def consumer(self, topic: str, name: str, subscription: str, sub_type: Any = SubType.EXCLUSIVE,
                        key_filters: Sequence[str] = (), settle: float = 0.2) -> ConsumerHandle:

@@ -6,18 +6,22 @@ topic; filters and SQL work on it; a topic without a table is refused by name.""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
 import time
 from typing import Any
 
+import fastavro
 import pytest
+from danube import SchemaType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark_danube import create_table_view, options, read_table
 from pyspark_danube.tables import TableError, plan_table
 
 from danube_fast.testing.broker import Broker
+from tests.compat.compat_support import Session, send_all
 from tests.spark.spark_support import produce_fast, produce_rich, reader_options
 
 pytestmark = pytest.mark.spark
@@ -31,7 +35,8 @@ segment_bytes = 65536
 lag_ms = 400
 policy_check_ms = 200
 """
-PLAIN, PARTS = "/default/tplain", "/default/tparts"
+PLAIN, PARTS, TYPED = "/default/tplain", "/default/tparts", "/default/ttyped"
+SUBJECT = "spark-table-orders"
 CLI = [sys.executable, "-m", "danube_fast.cli.main"]
 COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "producer_name",
            "attributes", "schema_id", "schema_version"]
@@ -65,15 +70,42 @@ def data(shared_broker: Broker) -> dict[str, Any]:
     per_part = {f"{PARTS}-part-{i}": sum(1 for j in range(30) if j % 2 == i) for i in range(2)}
     wait_table(b, PLAIN, {PLAIN: 3000})
     wait_table(b, PARTS, {k: 1 for k in per_part})
+    asyncio.run(produce_orders(b, ORDER_V1, 1, range(3)))
+    assert admin(b, "policies", "set", TYPED, "--table", "schema") is not None
+    wait_table(b, TYPED, {TYPED: 3})
     # The table stops following (policy none): what comes next is the tail read_table takes from the broker.
-    for topic in stored:
+    for topic in [*stored, TYPED]:
         assert admin(b, "policies", "set", topic, "--table", "none") is not None
     deadline = time.monotonic() + 60
-    while any(admin(b, "tables", "status", topic) is not None for topic in (PLAIN, PARTS)):
+    while any(admin(b, "tables", "status", topic) is not None for topic in (PLAIN, PARTS, TYPED)):
         assert time.monotonic() < deadline, "the writer still follows the topics 60 s after tableMode none"
         time.sleep(0.2)
     asyncio.run(produce_fast(b, PLAIN, 500, start=3000))
+    asyncio.run(produce_orders(b, ORDER_V2, 2, range(3, 5), bad=True))  # a new version, in the tail only
     return {"parts": parts}
+
+
+ORDER_V1: dict[str, Any] = {"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "long"}, {"name": "offset", "type": "int"},  # the column value_offset
+    {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+ORDER_V2: dict[str, Any] = {**ORDER_V1, "fields": [*ORDER_V1["fields"],
+                                                  {"name": "channel", "type": "string", "default": "web"}]}
+
+
+async def produce_orders(broker: Broker, schema: dict[str, Any], version: int, ids: range,
+                         bad: bool = False) -> None:
+    """Orders of `ids` written with `schema` (registered as `version` of the subject), and a record that
+    is not Avro after them when `bad`."""
+    async with Session(broker.url) as s:
+        await s.register_schema(SUBJECT, SchemaType.AVRO, schema)
+        producer = await s.producer(TYPED, f"orders-v{version}", reliable=True, subject=SUBJECT)
+        payloads = []
+        for i in ids:
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, fastavro.parse_schema(schema), {
+                "id": i, "offset": -i, "tags": ["t"] * i, "channel": f"ch{i}"})
+            payloads.append(out.getvalue())
+        await send_all(producer, payloads + [b"\xff\xff"] * bad)
 
 
 def rows(df: DataFrame) -> list[tuple[Any, ...]]:
@@ -112,6 +144,19 @@ def test_filters_and_sql_on_the_table(spark: SparkSession, shared_broker: Broker
     create_table_view(spark, PLAIN, "tplain", **opts)  # a view fixed now: what comes later is not in it
     got = spark.sql("SELECT count(*), count(DISTINCT offset), max(offset) FROM tplain").collect()[0]
     assert tuple(got) == (3500, 3500, 3499)
+
+
+def test_a_typed_table_and_its_tail_of_a_newer_version(spark: SparkSession, shared_broker: Broker,
+                                                       data: dict[str, Any]) -> None:
+    opts = reader_options(shared_broker)
+    df = read_table(spark, TYPED, **opts)
+    assert "value" not in df.columns and {"value_offset", "id", "tags", "channel"} <= set(df.columns)
+    got = sorted(df.select("offset", "id", "value_offset", "tags", "channel", "schema_version").collect())
+    assert [tuple(r) for r in got] == [
+        (0, 0, 0, [], None, 1), (1, 1, -1, ["t"], None, 1), (2, 2, -2, ["t", "t"], None, 1),  # the table
+        (3, 3, -3, ["t"] * 3, "ch3", 2), (4, 4, -4, ["t"] * 4, "ch4", 2)]  # the tail; offset 5 is no Order
+    plan = asyncio.run(plan_table(options.parse({**opts, "topic": TYPED}), TYPED))
+    assert plan.mode == "schema" and plan.value_format == "avro" and plan.offsets == {TYPED: 3}
 
 
 def test_a_topic_without_a_table_and_row_options_are_refused(spark: SparkSession, shared_broker: Broker,

@@ -17,7 +17,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-from danube import DispatchStrategy, SchemaType
+from danube import SchemaType
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -45,7 +45,7 @@ from spark_support import produce_fast, reader_options
 
 from danube_fast.schema import arrow_values
 from danube_fast.testing.broker import Broker
-from tests.compat.compat_support import Session, bounded
+from tests.compat.compat_support import Session, send_all
 
 pytestmark = pytest.mark.spark
 
@@ -178,27 +178,9 @@ def spark_row(record: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def register(s: Session, subject: str, kind: Any, definition: Any) -> int:
-    builder = s.client.schema().register_schema(subject).with_type(kind).with_schema_data(
-        json.dumps(definition).encode())
-    return int(await bounded(builder.execute(), f"register {subject}"))
-
-
 async def schema_producer(s: Session, topic: str, name: str, subject: str, version: int | None = None) -> Any:
     """A Reliable producer stamping its messages with `subject` (its latest version, or `version`)."""
-    builder = (s.client.new_producer().with_topic(topic).with_name(name)
-               .with_dispatch_strategy(DispatchStrategy.RELIABLE))
-    builder = builder.with_schema_subject(subject) if version is None else \
-        builder.with_schema_version(subject, version)
-    producer = builder.build()
-    await bounded(producer.create(), f"create producer {name} on {topic}", 15.0)
-    s._producers.append(producer)  # closed with the session
-    return producer
-
-
-async def send_all(producer: Any, payloads: list[bytes]) -> None:
-    for payload in payloads:
-        await bounded(producer.send(payload, None), "send")
+    return await s.producer(topic, name, reliable=True, subject=subject, version=version)
 
 
 OLD, NEW = 3, 4  # Avro records written with version 1, then with version 2
@@ -239,19 +221,19 @@ LOOSE_ROWS = [
 def data(shared_broker: Broker) -> dict[str, Any]:
     async def produce() -> dict[str, Any]:
         async with Session(shared_broker.url) as s:
-            schema_id = await register(s, AVRO_SUBJECT, SchemaType.AVRO, ORDER_V1)
+            schema_id = await s.register_schema(AVRO_SUBJECT, SchemaType.AVRO, ORDER_V1)
             v1 = await schema_producer(s, AVRO, "orders-v1", AVRO_SUBJECT, version=1)
             old = [order(i) for i in range(OLD)]
             await send_all(v1, [avro_bytes(ORDER_V1, r) for r in old])
-            assert await register(s, AVRO_SUBJECT, SchemaType.AVRO, ORDER_V2) == schema_id
+            assert await s.register_schema(AVRO_SUBJECT, SchemaType.AVRO, ORDER_V2) == schema_id
             v2 = await schema_producer(s, AVRO, "orders-v2", AVRO_SUBJECT)
             new = [order(i, channel=f"ch-{i}") for i in range(OLD, OLD + NEW)]
             await send_all(v2, [avro_bytes(ORDER_V2, r) for r in new])
             await send_all(v2, [BAD_AVRO])
 
-            await register(s, PEOPLE_SUBJECT, SchemaType.JSON_SCHEMA, PEOPLE_SCHEMA)
+            await s.register_schema(PEOPLE_SUBJECT, SchemaType.JSON_SCHEMA, PEOPLE_SCHEMA)
             await send_all(await schema_producer(s, PEOPLE, "people", PEOPLE_SUBJECT), PEOPLE_PAYLOADS)
-            await register(s, LOOSE_SUBJECT, SchemaType.JSON_SCHEMA, LOOSE_SCHEMA)
+            await s.register_schema(LOOSE_SUBJECT, SchemaType.JSON_SCHEMA, LOOSE_SCHEMA)
             await send_all(await schema_producer(s, LOOSE, "loose", LOOSE_SUBJECT), LOOSE_PAYLOADS)
             return {"schema_id": schema_id, "orders": [{**r, "channel": "web"} for r in old] + new}
 

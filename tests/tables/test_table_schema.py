@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import io
-import json
 from typing import Any
 
 import fastavro
 import pyarrow as pa
-from danube import DispatchStrategy, SchemaType
+from danube import SchemaType
 
 from danube_fast.tables.catalog import open_catalog
 from danube_fast.testing.broker import Broker, BrokerFactory
-from tests.compat.compat_support import Session, bounded, scrape
+from tests.compat.compat_support import Session, scrape, send_all
 from tests.tables.test_table_broker import CONFIG, admin, catalog_of, caught_up, duckdb_count, produce, until
 
 ORDER_V1: dict[str, Any] = {"type": "record", "name": "Order", "fields": [
@@ -47,19 +46,8 @@ def order(i: int, **more: Any) -> dict[str, Any]:
             "ship_to": {"city": f"c{i}"} if i % 2 else None, **more}
 
 
-async def register(s: Session, subject: str, kind: Any, definition: Any) -> None:
-    builder = s.client.schema().register_schema(subject).with_type(kind).with_schema_data(
-        json.dumps(definition).encode())
-    await bounded(builder.execute(), f"register {subject}")
-
-
 async def send(s: Session, topic: str, name: str, subject: str, payloads: list[bytes]) -> None:
-    producer = (s.client.new_producer().with_topic(topic).with_name(name)
-                .with_dispatch_strategy(DispatchStrategy.RELIABLE).with_schema_subject(subject).build())
-    await bounded(producer.create(), f"create producer {name}", 15.0)
-    s._producers.append(producer)
-    for payload in payloads:
-        await bounded(producer.send(payload, None), "send")
+    await send_all(await s.producer(topic, name, reliable=True, subject=subject), payloads)
 
 
 def scan(broker: Broker, table: str) -> pa.Table:
@@ -79,7 +67,7 @@ def test_avro_records_become_typed_columns_a_new_version_adds_one_and_bad_record
 
     async def first() -> None:
         async with Session(broker.url) as s:
-            await register(s, subject, SchemaType.AVRO, ORDER_V1)
+            await s.register_schema(subject, SchemaType.AVRO, ORDER_V1)
             await send(s, topic, "v1", subject, [avro(ORDER_V1, order(i)) for i in range(4)])
 
     asyncio.run(first())
@@ -94,7 +82,7 @@ def test_avro_records_become_typed_columns_a_new_version_adds_one_and_bad_record
 
     async def second() -> None:  # while the writer runs: a new version, its records, and one that is garbage
         async with Session(broker.url) as s:
-            await register(s, subject, SchemaType.AVRO, ORDER_V2)
+            await s.register_schema(subject, SchemaType.AVRO, ORDER_V2)
             await send(s, topic, "v2", subject, [avro(ORDER_V2, order(i, channel=f"ch{i}")) for i in (4, 5)] +
                        [BAD_AVRO, avro(ORDER_V2, order(7, channel="last"))])
 
@@ -122,7 +110,7 @@ def test_json_schema_records_and_the_ones_that_do_not_fit(broker_factory: Broker
 
     async def run() -> None:
         async with Session(broker.url) as s:
-            await register(s, subject, SchemaType.JSON_SCHEMA, PEOPLE_SCHEMA)
+            await s.register_schema(subject, SchemaType.JSON_SCHEMA, PEOPLE_SCHEMA)
             await send(s, topic, "people", subject, payloads)
 
     asyncio.run(run())
