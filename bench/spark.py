@@ -7,15 +7,17 @@ publish times), to its object folder; then the same records written as Parquet b
 (Spark's defaults: snappy). Queries, each on a freshly loaded DataFrame, `count(*), sum(length(value))`:
 - `full`: every record;
 - `offset5`: `where offset >= X`, the last 5% of the offsets;
-- `one_object`: `where timestamp between` the first and last publish time of one object in the middle.
+- `one_object`: `where timestamp between` the first and last publish time of one object in the middle
+  (ISO 8601 literals).
 Systems: `danube` (format("danube"), endingOffsets=uploaded, filterPushdown=true: each query loads its own
 DataFrame, every column), `danube_projected` (the same with `.schema(PROJECTED)`: only the columns the queries
 use are built and shipped to Spark, as Parquet's scan reads only those), `parquet` (spark.read.parquet),
 `table` (pyspark_danube.read_table: the topic's Iceberg table, which the broker wrote as the records came
 (policy tableMode envelope, [tables] lag_ms 1000; no compaction: TABLES_CONFIG), scanned by Spark's Parquet
 reader, plus the records past the table's committed offset from format("danube"), none here, so left out;
-read_table is called afresh for each query, so its planning, a catalog read and one call to the broker for
-the committed offset, is timed too) and, for `full` only, `codec`: this process reading each object file and
+read_table is called afresh for each query with the query's condition as its `where`, which also prunes the
+table's files by their column bounds, so its planning, a catalog read and one call to the broker for the
+committed offset, is timed too) and, for `full` only, `codec`: this process reading each object file and
 decoding it with frames.decode_arrow into pyarrow (one core; Spark runs two tasks at once). The broker runs
 until the queries end: read_table asks it for the topic's committed offset.
 
@@ -36,6 +38,7 @@ The writer appended the rest while the records were being produced, so this rate
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import shutil
 import sys
@@ -127,6 +130,11 @@ def _produce(broker: Broker, count: int) -> tuple[list[Path], list[Result]]:
                      Result("table_catch_up_rate", "MB/s", behind * per_record / 1e6 / caught_up, 1)]
 
 
+def _iso(ms: int) -> str:
+    """A publish time (ms) as an ISO 8601 literal both Spark SQL and pyiceberg's expression parser read."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
 def _table_status(admin_port: int) -> tuple[int, int, int] | None:
     """(committed offset, data files, bytes) of TOPIC's table from the broker's TableAdmin service; None while
     the writer has no table for it yet."""
@@ -215,8 +223,7 @@ def _measure(broker: Broker, objects: list[Path], scratch: Path, count: int, run
         where = {
             "full": None,
             "offset5": f"offset >= {count - count // 20}",
-            "one_object": (f"timestamp BETWEEN timestamp_millis({middle.min_time}) "
-                           f"AND timestamp_millis({middle.max_time})"),
+            "one_object": f"timestamp BETWEEN '{_iso(middle.min_time)}' AND '{_iso(middle.max_time)}'",
         }
         expected: dict[str, tuple[int, int] | None] = dict.fromkeys(QUERIES)
         times: dict[str, list[float]] = {}
@@ -231,9 +238,10 @@ def _measure(broker: Broker, objects: list[Path], scratch: Path, count: int, run
                         if system == "projected":
                             reader = reader.schema(PROJECTED)
                     started = time.perf_counter()
-                    df = read_table(spark, TOPIC, **stores) if system == "table" else reader.load()
-                    if condition is not None:
-                        df = df.where(condition)
+                    if system == "table":  # the condition prunes the table's files too
+                        df = read_table(spark, TOPIC, where=condition, **stores)
+                    else:
+                        df = reader.load() if condition is None else reader.load().where(condition)
                     row = df.selectExpr(*AGGREGATE.split(", ")).collect()[0]
                     elapsed = time.perf_counter() - started
                     got = (row.n, row.bytes)

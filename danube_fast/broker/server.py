@@ -22,6 +22,7 @@ import grpc
 
 from danube_fast.broker.clients import new_id
 from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.admin.tables import ClusterTableAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
@@ -38,7 +39,6 @@ from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.security_admin import SecurityAdminService
-from danube_fast.broker.services.table_admin import TableAdminService
 from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.stall_dump import StallDump
 from danube_fast.broker.tables import TableWriter
@@ -232,8 +232,8 @@ class Broker:
                  SecurityAdminService(self.store, self.cache), admin, gate)
         register(policy_grpc.add_PolicyAdminServicer_to_server,
                  PolicyAdminService(self.topics, self.store, self.cache), admin, gate)
-        register(table_grpc.add_TableAdminServicer_to_server, TableAdminService(self.topics, self.tables),
-                 admin, gate)
+        register(table_grpc.add_TableAdminServicer_to_server,
+                 ClusterTableAdmin(self.topics, self.tables, view, self._forwarder), admin, gate)
         # SchemaRegistry is served on both ports, as v0.7.3 does (docs/WIRE.md A.3, C.1); one servicer.
         registry = SchemaRegistryService(self.topics, self.schemas)
         for server in (client, admin):

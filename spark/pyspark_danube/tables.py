@@ -34,6 +34,7 @@ from pyspark_danube import columns, options
 from pyspark_danube.plan import CommittedOffsets, PlanError, Stored, owners, stored_topics
 
 if TYPE_CHECKING:
+    from pyiceberg.table import DataScan, Table
     from pyspark.sql import DataFrame, SparkSession
 
     from danube_fast.meta.resources_storage import TableCatalog
@@ -74,30 +75,38 @@ class TablePlan:
         return (starting, ending) if newer else None
 
 
-def read_table(spark: SparkSession, topic: str, **opts: str) -> DataFrame:
+def read_table(spark: SparkSession, topic: str, where: str | None = None, **opts: str) -> DataFrame:
     """The topic's records: its table's snapshot plus the newer records (module docstring). `opts` are
-    format('danube')'s store, S3, TLS and timeout options (metadataStore and objectStore at least)."""
+    format('danube')'s store, S3, TLS and timeout options (metadataStore and objectStore at least).
+
+    `where`, a Spark SQL condition, filters the DataFrame; when pyiceberg's expression parser reads it too
+    (comparisons, IN, IS NULL, AND/OR/NOT of columns and literals: `offset >= 1000 AND timestamp <
+    '2026-11-29T10:00:00+00:00'`), the planning also leaves out the files whose column bounds cannot match,
+    so Spark does not open them. `df.where(...)` after read_table gives the same rows, without that."""
     chosen = sorted(k for k in opts if k.lower() in {n.lower() for n in NOT_FOR_TABLES})
     if chosen:
         raise options.OptionError(f"read_table reads the whole topic; option(s) {', '.join(chosen)} do not "
                                   "apply (filter the DataFrame on offset or timestamp instead)")
     parsed = options.parse({**opts, "topic": topic})
-    plan = asyncio.run(plan_table(parsed, topic))
+    plan = asyncio.run(plan_table(parsed, topic, where))
     schema = columns.SCHEMA if plan.columns is None else _spark_schema(plan.columns)
     if plan.files:
         table = spark.read.schema(schema).parquet(*plan.files)
     else:
         table = spark.createDataFrame([], schema)
     bounds = plan.tail()
+    if where is not None:
+        table = table.where(where)
     if bounds is None:
         return table
     reader = (spark.read.format("danube").options(**opts).option("topic", topic)
               .option("startingOffsets", json.dumps(bounds[0]))
               .option("endingOffsets", json.dumps(bounds[1])))
-    if plan.mode != "schema":
-        return table.unionByName(reader.load())
-    return table.unionByName(_typed(reader.option("valueFormat", plan.value_format).load()),
-                             allowMissingColumns=True)
+    typed = plan.mode == "schema"
+    tail = _typed(reader.option("valueFormat", plan.value_format).load()) if typed else reader.load()
+    if where is not None:
+        tail = tail.where(where)
+    return table.unionByName(tail, allowMissingColumns=typed)
 
 
 def _spark_schema(arrow: pa.Schema) -> StructType:
@@ -128,7 +137,7 @@ def create_table_view(spark: SparkSession, topic: str, view: str, **opts: str) -
     read_table(spark, topic, **opts).createOrReplaceTempView(view)
 
 
-async def plan_table(opts: options.Options, topic: str) -> TablePlan:
+async def plan_table(opts: options.Options, topic: str, where: str | None = None) -> TablePlan:
     from danube_fast.meta import keys
     from danube_fast.meta.reader import open_reader
     from danube_fast.meta.resources_storage import TableCatalog, TablePointer
@@ -151,7 +160,7 @@ async def plan_table(opts: options.Options, topic: str) -> TablePlan:
             pointer = TablePointer.from_json(got.value, key=got.key).metadata_location
     finally:
         await meta.close()
-    plan = await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored)
+    plan = await asyncio.to_thread(_snapshot, location, pointer, opts, topic, stored, where)
     return await _with_committed(plan, brokers, opts)
 
 
@@ -176,12 +185,12 @@ def _no_table(topic: str) -> TableError:
 
 
 def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options, topic: str,
-              stored: list[Stored]) -> TablePlan:
+              stored: list[Stored], where: str | None = None) -> TablePlan:
     """The table's current snapshot: from the catalog (sql), or from the metadata file the metadata store
     points at (metadata)."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.io.pyarrow import schema_to_pyarrow
-    from pyiceberg.table import StaticTable, Table
+    from pyiceberg.table import StaticTable
 
     from danube_fast.tables.catalog import FORMAT_PROPERTY, MODE_PROPERTY, committed_offsets, open_catalog
 
@@ -198,13 +207,25 @@ def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options
         raise TableError(f"cannot read the table of {topic} ({location.kind} catalog "
                          f"{location.uri or 'on the metadata store'}): {e}") from e
     snapshot = table.current_snapshot()
-    files = [] if snapshot is None else [task.file.file_path for task in table.scan().plan_files()]
+    files = [] if snapshot is None else [task.file.file_path for task in _scan(table, where).plan_files()]
     mode = table.properties.get(MODE_PROPERTY, "envelope")
     if mode != "schema":
         return TablePlan(files, committed_offsets(table), stored, table.metadata_location)
     return TablePlan(files, committed_offsets(table), stored, table.metadata_location, mode=mode,
                      columns=schema_to_pyarrow(table.schema(), include_field_ids=False),
                      value_format=table.properties.get(FORMAT_PROPERTY, ""))
+
+
+def _scan(table: Table, where: str | None) -> DataScan:
+    """The snapshot's scan, pruned by `where` when pyiceberg reads it (else every file: Spark filters)."""
+    from pyiceberg.expressions.parser import parse
+
+    if where is not None:
+        try:
+            return table.scan(row_filter=parse(where))
+        except Exception:  # not in pyiceberg's grammar, or a column it cannot bind: Spark's filter decides
+            pass
+    return table.scan()
 
 
 def _file_io(opts: options.Options) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 import uvloop
 from pyiceberg.table import StaticTable
@@ -20,6 +21,8 @@ from danube_fast.client.reader import TopicReader
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import TableCatalog, TablePointer
 from danube_fast.meta.store import MetadataStore
+from danube_fast.proto.TableAdmin_pb2 import TableStatusRequest
+from danube_fast.proto.TableAdmin_pb2_grpc import TableAdminStub
 from danube_fast.tables.catalog import committed_offsets
 from danube_fast.testing.cluster import Cluster, owner, wait_for
 from danube_fast.testing.etcd import EtcdServer
@@ -117,6 +120,13 @@ def test_moves_and_a_killed_owner_leave_every_offset_in_the_table_once(cluster: 
             await producer.close()
             await table_holds_the_topic(cluster, store, topic, acked)
             assert len(acked) > 300, f"only {len(acked)} records were acknowledged"
+            # Any broker answers the status command: the owner's status, forwarded.
+            serving = await wait_for(lambda: owner(store, topic), "an owner", 30.0)
+            other = next(b for b in cluster.brokers if b.broker_id != serving)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{other.admin_port}") as channel:
+                answer = await TableAdminStub(channel).Status(TableStatusRequest(topic=topic), timeout=30)
+            offsets, _rows = await table_state(store, topic)
+            assert [(t.stored_topic, t.committed_offset) for t in answer.tables] == [(topic, offsets[topic])]
             catalog = await store.get(keys.tables_catalog())
             assert catalog is not None and TableCatalog.from_json(catalog.value).kind == "metadata"
 

@@ -62,12 +62,14 @@ def wait_table(broker: Broker, topic: str, offsets: dict[str, int]) -> None:
 @pytest.fixture(scope="module")
 def data(shared_broker: Broker) -> dict[str, Any]:
     b = shared_broker
-    asyncio.run(produce_fast(b, PLAIN, 3000))
+    asyncio.run(produce_fast(b, PLAIN, 1500))
     parts = asyncio.run(produce_rich(b, PARTS, 30, partitions=2))
     stored = [PLAIN, f"{PARTS}-part-0", f"{PARTS}-part-1"]  # a policy is per stored topic
     for topic in stored:
         assert admin(b, "policies", "set", topic, "--table", "envelope") is not None
     per_part = {f"{PARTS}-part-{i}": sum(1 for j in range(30) if j % 2 == i) for i in range(2)}
+    wait_table(b, PLAIN, {PLAIN: 1500})
+    asyncio.run(produce_fast(b, PLAIN, 1500, start=1500))  # a second commit, a second file
     wait_table(b, PLAIN, {PLAIN: 3000})
     wait_table(b, PARTS, {k: 1 for k in per_part})
     asyncio.run(produce_orders(b, ORDER_V1, 1, range(3)))
@@ -141,6 +143,11 @@ def test_filters_and_sql_on_the_table(spark: SparkSession, shared_broker: Broker
     df = read_table(spark, PLAIN, **opts)
     assert df.where("offset >= 100 AND offset < 200").count() == 100
     assert df.where("offset >= 2990 AND offset < 3010").count() == 20  # across the table and the tail
+    pruned = asyncio.run(plan_table(options.parse({**opts, "topic": PLAIN}), PLAIN, "offset < 100"))
+    full = asyncio.run(plan_table(options.parse({**opts, "topic": PLAIN}), PLAIN))
+    assert len(pruned.files) == 1 < len(full.files)  # the files past offset 100 are not opened
+    for where in ("offset >= 2990 AND offset < 3010", "offset BETWEEN 2990 AND 3009"):  # pruned; Spark's only
+        assert read_table(spark, PLAIN, where=where, **opts).count() == 20
     create_table_view(spark, PLAIN, "tplain", **opts)  # a view fixed now: what comes later is not in it
     got = spark.sql("SELECT count(*), count(DISTINCT offset), max(offset) FROM tplain").collect()[0]
     assert tuple(got) == (3500, 3500, 3499)

@@ -1,6 +1,6 @@
-"""Admin calls answered by another broker: a topic's owner (DeleteTopic, Unsubscribe, ListSubscriptions) or
-the leader (TriggerRebalance). The call is made again, unchanged, on that broker's registered `admin_addr`,
-and its answer (or its status) is returned as if it were this broker's.
+"""Admin calls answered by another broker: a topic's owner (DeleteTopic, Unsubscribe, ListSubscriptions,
+TableAdmin's Status) or the leader (TriggerRebalance). The call is made again, unchanged, on that broker's
+registered `admin_addr`, and its answer (or its status) is returned as if it were this broker's.
 
 A forwarded call carries the `x-danube-fast-forwarded` header and is never forwarded again: a broker whose
 view is stale answers it from what it holds instead of sending it on, so two brokers that disagree about an
@@ -17,11 +17,12 @@ import grpc
 
 from danube_fast.broker.errors import ApiError
 from danube_fast.broker.services.status import Context
-from danube_fast.proto import DanubeAdmin_pb2 as pb
+from danube_fast.proto import DanubeAdmin_pb2, TableAdmin_pb2
 
 FORWARDED = "x-danube-fast-forwarded"
 CALL_TIMEOUT = 10.0  # seconds, when the caller set no deadline
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_FORWARDED_FILES = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR)
 
 
 
@@ -46,8 +47,9 @@ def dial_target(admin_addr: str) -> str:
 
 
 def method_path(service: str, method: str) -> str:
-    """`/danube_admin.TopicAdmin/DeleteTopic` for ("TopicAdmin", "DeleteTopic"), from the descriptor."""
-    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    """`/danube_admin.TopicAdmin/DeleteTopic` for ("TopicAdmin", "DeleteTopic"), from the descriptors of
+    the services calls are forwarded to."""
+    descriptor = next(d.services_by_name[service] for d in _FORWARDED_FILES if service in d.services_by_name)
     return f"/{descriptor.full_name}/{descriptor.methods_by_name[method].name}"
 
 

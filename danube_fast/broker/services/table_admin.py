@@ -7,6 +7,7 @@ import time
 
 from danube_fast.broker.errors import ApiError, not_found, precondition
 from danube_fast.broker.names import parse_topic
+from danube_fast.broker.services.forward import is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.tables import TableStatus, TableWriter
 from danube_fast.broker.topics import Topics
@@ -26,16 +27,27 @@ class TableAdminService:
             raise not_found(f"topic {name.full} does not exist (as a topic or as a partitioned topic)")
         writer = self._writer
         here = [s for s in stored if self._topics.find(s) is not None]
-        if not here:
-            raise ApiError("UNAVAILABLE", f"topic {name.full} is served by another broker: ask its owner")
         status = writer.status
         now = time.time()
         found = [_view(s, status[s], now) for s in here if s in status]
+        elsewhere = [s for s in stored if s not in here]
+        if elsewhere and not is_forwarded(context):
+            found += await self.elsewhere(request, elsewhere, context)
+        if not here and not found:
+            raise ApiError("UNAVAILABLE", f"topic {name.full} is served by another broker: ask its owner")
         if not found:
             raise precondition(f"topic {name.full} has no table (its tableMode is none, or the writer has "
                                f"not seen the change yet): admin policies set {name.full} --table envelope")
-        return pb.TableStatusResponse(tables=found, catalog_uri=writer.location.uri,
-                                      warehouse=writer.location.warehouse, catalog_kind=writer.location.kind)
+        found.sort(key=lambda t: t.stored_topic)
+        return pb.TableStatusResponse(tables=found,
+                                      catalog_uri=writer.location.uri, warehouse=writer.location.warehouse,
+                                      catalog_kind=writer.location.kind)
+
+    async def elsewhere(self, request: pb.TableStatusRequest, stored: list[str],
+                        context: Context) -> list[pb.TableStatus]:
+        """The status of `stored` topics this broker does not serve, asked of their owners (cluster mode:
+        cluster/admin/tables.py); none in standalone mode, where they are only not loaded."""
+        return []
 
 
 def _view(stored: str, st: TableStatus, now: float) -> pb.TableStatus:
