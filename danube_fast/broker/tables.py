@@ -423,8 +423,9 @@ class TableWriter:
         assert table is not None
         rows = rows_of(data, start, end, f"/{topic.full.split('/')[1]}/{base}", partition)
         dead = 0
-        if entry.resolved is not None:
+        if entry.status.mode == "schema":
             resolved = entry.resolved
+            assert resolved is not None  # _write resolved it before it read
             newest = typed.newest_version(rows)
             if newest is not None and newest > max(resolved.version, entry.asked_version):
                 raise StaleSchema(newest)
