@@ -301,4 +301,5 @@ def load_line(count: int) -> str:
     return (f"- Load: {count:,} records of {RECORD_BYTES} B in {OBJECTS}+ objects on the local folder store, "
             "and in the topic's Iceberg table the broker wrote meanwhile (tableMode envelope, [tables] "
             "lag_ms 1000, not compacted); Spark local[2] (driver 4g), filter pushdown on; each query on a "
-            "freshly loaded DataFrame (read_table called afresh, the condition as its where); the broker runs during the queries")
+            "freshly loaded DataFrame (read_table called afresh, the condition as its where); the broker "
+            "runs during the queries")

@@ -1,6 +1,8 @@
 """The layering of `danube_fast/`, checked on the source (docs/ARCHITECTURE.md draws it).
 
 - No import cycles: every module can be understood, and tested, after the ones it imports.
+- Layers (LAYERS, docs/ARCHITECTURE.md "Layers"): a module imports only its own layer and the ones below;
+  every module is in a layer, so a new one must be placed.
 - The standalone broker core does not know about the cluster: only `broker/cluster/` and the composition
   root (`broker/server.py`) import `danube_fast.broker.cluster`; the core defines the small protocols that
   cluster mode implements.
@@ -23,6 +25,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "danube_fast"
 CLUSTER = "danube_fast.broker.cluster"
+# Lowest first: a module's layer is that of the longest prefix naming it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("danube_fast", "danube_fast.errors", "danube_fast.names", "danube_fast.latency",
+              "danube_fast.allocator")),
+    ("native core", ("danube_fast.frames", "danube_fast._frames_py", "danube_fast.fast_wire",
+                     "danube_fast._arrow", "danube_fast.wal_engine", "danube_fast._wal_common",
+                     "danube_fast._wal_py")),
+    ("metadata, schemas, security", ("danube_fast.meta", "danube_fast.schema", "danube_fast.security")),
+    ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables")),
+    ("broker", ("danube_fast.broker",)),
+    ("tools", ("danube_fast.cli", "danube_fast.testing")),
+)
 COMPOSITION_ROOTS = {"danube_fast.broker.server"}
 
 
@@ -111,6 +125,40 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_no_import_cycles() -> None:
     assert cycles(graph()) == []
+
+
+def layer(module: str) -> int | None:
+    """The index in LAYERS of `module`'s layer (None: in none)."""
+    best: tuple[int, int] | None = None
+    for index, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or
+                                                                          len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    assert sorted(m for m in graph() if layer(m) is None) == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    upward = [f"{m} ({LAYERS[layer(m) or 0][0]}) imports {d} ({LAYERS[layer(d) or 0][0]})"
+              for m, deps in sorted(graph().items()) for d in sorted(deps)
+              if (layer(d) or 0) > (layer(m) or 0)]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert layer("danube_fast.security.rbac") == 2 and layer("danube_fast.broker.topics") == 4
+    assert layer("danube_fast.names") == 0 and layer("danube_fast") == 0 and layer("danube_fast.frames") == 1
+
+
+def test_the_cli_is_a_client_but_for_the_command_that_starts_a_broker() -> None:
+    offenders = {name: sorted(d for d in deps if d.startswith("danube_fast.broker"))
+                 for name, deps in graph().items()
+                 if name.startswith("danube_fast.cli") and name != "danube_fast.cli.broker"}
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_only_the_cluster_and_the_composition_root_import_the_cluster() -> None:

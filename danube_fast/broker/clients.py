@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from danube_fast.broker.errors import not_found, unavailable
+from danube_fast.errors import not_found, unavailable
 
 if TYPE_CHECKING:
     from danube_fast.broker.consumer import Consumer

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
-from danube_fast.broker.errors import ApiError
-from danube_fast.broker.names import TopicName
+from danube_fast.errors import ApiError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerRegistration, Marker
 from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
+from danube_fast.names import TopicName
 
 T = TypeVar("T")  # the served topic (broker.topic.Topic; generic here so this module need not import it)
 

@@ -35,8 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeGuard
 
 from danube_fast import frames
-from danube_fast.broker.errors import ApiError
-from danube_fast.errors import StorageError
+from danube_fast.errors import ApiError, StorageError
 from danube_fast.meta.resources import JSON
 from danube_fast.storage.gaps import GapAwareLog, RecoveryPending, open_gaps
 from danube_fast.storage.tiered import TopicLog

@@ -14,7 +14,7 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
-from danube_fast.broker.errors import denied
+from danube_fast.errors import denied
 from danube_fast.meta.resources import SubscriptionType
 
 Dispatcher = LiveDispatcher | ReliableDispatcher | BatchDispatcher

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from danube_fast.broker import names
+from danube_fast import names
 from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
@@ -27,14 +27,14 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
-from danube_fast.broker.errors import denied, exhausted, invalid, not_found, precondition
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import ReliableTopic, Topic
+from danube_fast.errors import denied, exhausted, invalid, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionType
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import Delete, MetadataStore, Put
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 
 log = logging.getLogger("danube_fast.broker")

@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from danube_fast.broker import crashpoints, names
+from danube_fast import names
+from danube_fast.broker import crashpoints
 from danube_fast.broker.retention import own_policies
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Sequence
 
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.errors import DanubeError
 from danube_fast.meta.store import MetadataStore
+from danube_fast.names import TopicName
 from danube_fast.storage.gaps import Gap, GapAwareLog
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.connect import open_object_store

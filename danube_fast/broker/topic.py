@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from danube_fast.broker import messages
 from danube_fast.broker.dispatch.live import LiveDispatcher
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Fence
 from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.sequences import ProducerSequences
 from danube_fast.broker.subscription import Subscription
 from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.wal import Wal
 

@@ -24,12 +24,16 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 
-from danube_fast.broker import names
+from danube_fast import names
 from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
-from danube_fast.broker.errors import (
+from danube_fast.broker.ownership import Fence, LocalPlacement, Placement, Unfenced
+from danube_fast.broker.subscriptions import Subscriptions
+from danube_fast.broker.tiering import Tier, WalOnly
+from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic
+from danube_fast.errors import (
     ApiError,
     exhausted,
     invalid,
@@ -37,11 +41,6 @@ from danube_fast.broker.errors import (
     precondition,
     unavailable,
 )
-from danube_fast.broker.names import TopicName
-from danube_fast.broker.ownership import Fence, LocalPlacement, Placement, Unfenced
-from danube_fast.broker.subscriptions import Subscriptions
-from danube_fast.broker.tiering import Tier, WalOnly
-from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.resources import (
@@ -57,6 +56,7 @@ from danube_fast.meta.resources import (
 )
 from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
+from danube_fast.names import TopicName
 from danube_fast.storage.cache import CacheBudget
 from danube_fast.storage.gaps import Gap
 from danube_fast.storage.tiered import TopicLog

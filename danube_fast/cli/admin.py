@@ -22,11 +22,11 @@ from typing import TypeAlias
 
 import grpc
 
-from danube_fast.broker.services.forward import M, WireMessage, dial_target, method_path
 from danube_fast.cli import feedback
 from danube_fast.cli.args import count, positive_float
 from danube_fast.cli.topic_stats import TopicStats, topic_stats
 from danube_fast.client.credentials import Credentials, open_channel
+from danube_fast.client.rpc import M, WireMessage, dial_target, method_path
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb

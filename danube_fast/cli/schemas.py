@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 
-from danube_fast.broker.services.forward import M, WireMessage
 from danube_fast.cli.admin import AdminCallFailed, Leaf, Listing, Run, Subparsers, call
 from danube_fast.cli.args import count, positive_float
 from danube_fast.cli.messages import DEFAULT_ADDR
+from danube_fast.client.rpc import M, WireMessage
 from danube_fast.proto import SchemaRegistry_pb2 as pb
 from danube_fast.proto.SchemaRegistry_pb2 import DESCRIPTOR
 

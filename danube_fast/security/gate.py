@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from danube_fast.broker.errors import denied, unauthenticated
+from danube_fast.errors import denied, unauthenticated
 from danube_fast.security.config import SecurityConfig
 from danube_fast.security.rbac import Authorizer, Permission
 from danube_fast.security.rules import RULES, ConsumerTopic

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Iterable
 from enum import StrEnum
 
-from danube_fast.broker.names import partition_base
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.store import InvalidKey
+from danube_fast.names import partition_base
 
 log = logging.getLogger("danube_fast.security")
 

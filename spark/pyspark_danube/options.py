@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from danube_fast.broker.errors import ApiError
-from danube_fast.broker.names import parse_topic
 from danube_fast.client.credentials import Credentials
+from danube_fast.errors import ApiError
+from danube_fast.names import parse_topic
 
 EARLIEST = -2
 LATEST = -1
@@ -164,7 +164,7 @@ def _required(given: Mapping[str, str], name: str, expected: str) -> str:
 
 
 def topic_name(text: str, option: str) -> str:
-    """`text` if it is a valid topic name by the broker's own rules (broker/names.py), else OptionError."""
+    """`text` if it is a valid topic name by the broker's own rules (names.py), else OptionError."""
     try:
         return parse_topic(text).full
     except ApiError as e:

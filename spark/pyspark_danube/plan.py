@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from danube_fast.broker import names
+from danube_fast import names
 from danube_fast.meta import keys
 from danube_fast.meta.reader import MetadataReader
 from danube_fast.meta.resources import BrokerRegistration, DeliveryMode, TopicDelivery

@@ -9,8 +9,8 @@ from broker_support import Run, message, payloads
 
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.live import LiveDispatcher
-from danube_fast.broker.errors import ApiError
 from danube_fast.broker.subscription import Subscription
+from danube_fast.errors import ApiError
 from danube_fast.meta.resources import SubscriptionType
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from broker_support import Run
 
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.topics import Topics
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources import DeliveryMode
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, WalConfig
 

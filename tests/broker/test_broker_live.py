@@ -7,11 +7,11 @@ from broker_support import Run, message, payloads, receive
 
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.live import LiveDispatcher
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import NonReliableTopic, Topic
 from danube_fast.meta.resources import Policy, SubscriptionType
+from danube_fast.names import TopicName
 
 
 def topic() -> Topic:

@@ -15,12 +15,12 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import NonReliableTopic, ProducerEntry, ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta.resources import Policy, SubscriptionType
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage.cache import CacheBudget

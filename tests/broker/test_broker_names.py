@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from danube_fast.broker.errors import ApiError
-from danube_fast.broker.names import (
+from danube_fast.errors import ApiError
+from danube_fast.names import (
     TopicName,
     dead_letter_topic,
     is_partition_of,

@@ -23,7 +23,7 @@ from broker_support import (
 )
 
 from danube_fast.broker.config import DispatchConfig
-from danube_fast.broker.errors import ApiError
+from danube_fast.errors import ApiError
 from danube_fast.meta.resources import SubscriptionType
 
 EXCLUSIVE = SubscriptionType.EXCLUSIVE

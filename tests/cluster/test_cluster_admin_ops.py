@@ -25,7 +25,7 @@ from cluster_support import (
 
 from danube_fast.broker.cluster.admin import ops as admin_ops
 from danube_fast.broker.cluster.view import BrokerEntry, ClusterView, UnassignedTopic
-from danube_fast.broker.errors import ApiError
+from danube_fast.errors import ApiError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import (
     BrokerState,

@@ -14,9 +14,8 @@ from admin_nodes import FakeRebalancer, Node, closed_port, two_brokers
 from cluster_support import lead, register, synced, topic
 
 from danube_fast.broker.cluster.moves import Move
-from danube_fast.broker.errors import unavailable
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.services.forward import FORWARDED
+from danube_fast.errors import unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.election import NotLeader
 from danube_fast.meta.resources import (
@@ -28,6 +27,7 @@ from danube_fast.meta.resources import (
     Unassigned,
 )
 from danube_fast.meta.store import MetadataStore
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeApi_pb2 as api
 

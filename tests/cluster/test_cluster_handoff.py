@@ -10,7 +10,7 @@ import pytest
 
 from danube_fast.broker.cluster import handoff
 from danube_fast.broker.cluster.guard import TopicGuard
-from danube_fast.broker.errors import ApiError
+from danube_fast.errors import ApiError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.resources import ObjectDescriptor, RetentionState, SealedState

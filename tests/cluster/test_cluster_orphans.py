@@ -20,8 +20,8 @@ import pytest
 
 from danube_fast.broker.cluster import placement
 from danube_fast.broker.cluster.placement import Reconciler
-from danube_fast.broker.names import TopicName
 from danube_fast.meta import keys
+from danube_fast.names import TopicName
 
 Run = Callable[..., Any]
 ME = 7

@@ -14,8 +14,8 @@ import pytest
 from admin_nodes import two_brokers
 from cluster_support import synced, topic
 
-from danube_fast.broker.names import TopicName
 from danube_fast.meta import keys
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import PolicyAdmin_pb2 as pb
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc

@@ -1,7 +1,7 @@
 """Hostile and unlucky input against a real broker process: no request may stop the broker from restarting,
 each gets a clear status with a short message, and a topic that cannot be loaded is left out alone.
 
-Names are bounded (docs in danube_fast/broker/names.py): namespace 64 bytes, topic 192, every other name
+Names are bounded (docs in danube_fast/names.py): namespace 64 bytes, topic 192, every other name
 256, no control characters; refused before anything is created. Malformed or truncated requests get
 INVALID_ARGUMENT and a rate-limited log line (danube_fast/broker/services/wire_guard.py).
 """

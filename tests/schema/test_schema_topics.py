@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.topic import NonReliableTopic, Topic
 from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources import Policy, TopicRoot, TopicSchemaConfig, ValidationPolicy
+from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.schema import (
     InvalidSetting,

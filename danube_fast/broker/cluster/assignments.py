@@ -14,12 +14,12 @@ from typing import TypeVar
 
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.errors import ApiError, unavailable
-from danube_fast.broker.names import TopicName
+from danube_fast.errors import ApiError, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.resources import BrokerRegistration, Unassigned
 from danube_fast.meta.store import Op, Put
+from danube_fast.names import TopicName
 
 POLL = 0.01  # seconds between looks at the cache while a new topic waits for its assignment
 

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from danube_fast.broker.cluster.handoff import Reservation
-from danube_fast.broker.errors import ApiError, unavailable
+from danube_fast.errors import ApiError, unavailable
 from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.store import MetadataError, Op, TxnResult
 

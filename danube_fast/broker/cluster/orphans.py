@@ -18,11 +18,11 @@ from dataclasses import replace
 
 from danube_fast.broker.cluster import handoff
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.tiering import DRAIN_TIMEOUT, Tier
 from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
+from danube_fast.names import TopicName
 from danube_fast.storage.gaps import open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.uploader import Uploader

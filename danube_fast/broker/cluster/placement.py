@@ -27,7 +27,6 @@ from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.names import TopicName
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
@@ -36,6 +35,7 @@ from danube_fast.meta.cache import LocalCache, Subscription
 from danube_fast.meta.fencing import Ownership
 from danube_fast.meta.resources import UNLOAD, Unassigned
 from danube_fast.meta.store import MetadataError, MetadataStore
+from danube_fast.names import TopicName
 
 log = logging.getLogger("danube_fast.cluster")
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 
-from danube_fast.broker.errors import invalid, not_found
-from danube_fast.broker.names import (
+from danube_fast.broker.services.status import Context, unary
+from danube_fast.broker.topic import Topic
+from danube_fast.broker.topics import Topics
+from danube_fast.errors import DanubeError, invalid, not_found
+from danube_fast.meta.resources import DeliveryMode
+from danube_fast.names import (
     TopicName,
     check_namespace,
     check_topic,
@@ -21,11 +25,6 @@ from danube_fast.broker.names import (
     parse_topic,
     partition_base,
 )
-from danube_fast.broker.services.status import Context, unary
-from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
-from danube_fast.errors import DanubeError
-from danube_fast.meta.resources import DeliveryMode
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
 from danube_fast.schema import TopicSchemas

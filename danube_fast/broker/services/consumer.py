@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import grpc
 
 from danube_fast import latency
-from danube_fast.broker.errors import ApiError, invalid, not_found
-from danube_fast.broker.names import clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import ApiError, invalid, not_found
+from danube_fast.names import clip, parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from danube_fast.broker.errors import invalid, not_found
-from danube_fast.broker.names import parse_topic
 from danube_fast.broker.ownership import Placement
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import invalid, not_found
+from danube_fast.names import parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 

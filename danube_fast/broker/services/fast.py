@@ -25,12 +25,10 @@ import grpc
 from danube_fast import frames, latency
 from danube_fast.broker.clients import new_id
 from danube_fast.broker.dispatch.batches import BatchDispatcher
-from danube_fast.broker.errors import ApiError, invalid
-from danube_fast.broker.names import check_name, parse_topic
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
-from danube_fast.errors import DanubeError, FrameCorrupt
+from danube_fast.errors import ApiError, DanubeError, FrameCorrupt, invalid
 from danube_fast.fast_wire import (
     BatchRequest,
     decode_produce_request,
@@ -38,6 +36,7 @@ from danube_fast.fast_wire import (
     serialize_request,
 )
 from danube_fast.meta.resources import DeliveryMode
+from danube_fast.names import check_name, parse_topic
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 

@@ -11,46 +11,15 @@ Owner: the event loop; one channel per address, kept until `close()`.
 
 from __future__ import annotations
 
-from typing import Protocol, Self, TypeVar
-
 import grpc
 
-from danube_fast.broker.errors import ApiError
 from danube_fast.broker.services.status import Context
-from danube_fast.proto import DanubeAdmin_pb2, TableAdmin_pb2
+from danube_fast.client.rpc import M, WireMessage, dial_target, method_path
+from danube_fast.errors import ApiError
 
 FORWARDED = "x-danube-fast-forwarded"
 CALL_TIMEOUT = 10.0  # seconds, when the caller set no deadline
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-_FORWARDED_FILES = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR)
-
-
-
-class WireMessage(Protocol):
-    """A generated protobuf message class, as far as forwarding needs it."""
-
-    def SerializeToString(self, deterministic: bool = ...) -> bytes: ...
-
-    @classmethod
-    def FromString(cls, s: bytes) -> Self: ...
-
-
-M = TypeVar("M", bound=WireMessage)
-
-
-def dial_target(admin_addr: str) -> str:
-    """`host:port` from a registered address, which Danube writes as a URL (`http://0.0.0.0:50051`)."""
-    for scheme in ("http://", "https://"):
-        if admin_addr.startswith(scheme):
-            admin_addr = admin_addr[len(scheme):]
-    return admin_addr.rstrip("/")
-
-
-def method_path(service: str, method: str) -> str:
-    """`/danube_admin.TopicAdmin/DeleteTopic` for ("TopicAdmin", "DeleteTopic"), from the descriptors of
-    the services calls are forwarded to."""
-    descriptor = next(d.services_by_name[service] for d in _FORWARDED_FILES if service in d.services_by_name)
-    return f"/{descriptor.full_name}/{descriptor.methods_by_name[method].name}"
 
 
 def is_forwarded(context: Context) -> bool:

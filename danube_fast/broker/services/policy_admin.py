@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 
-from danube_fast.broker.errors import ApiError, invalid, not_found
-from danube_fast.broker.names import TopicName, check_namespace, parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import ApiError, invalid, not_found
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.resources import Policy
 from danube_fast.meta.store import BadValue, Compare, KeyValue, MetadataStore, Put
+from danube_fast.names import TopicName, check_namespace, parse_topic
 from danube_fast.proto import PolicyAdmin_pb2 as pb
 
 CACHE_WAIT = 5.0  # seconds a namespace change may take to come back through this broker's watch

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 
 from danube_fast import latency
-from danube_fast.broker.errors import denied, invalid, precondition
-from danube_fast.broker.names import check_name, clip, parse_topic
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import denied, invalid, precondition
 from danube_fast.meta.resources import DeliveryMode
+from danube_fast.names import check_name, clip, parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.schema import SubjectNotFound, TopicSchemas

@@ -23,12 +23,12 @@ GetLatestSchema answer the definition as registered, not v0.7.3's wrapped enum: 
 
 from __future__ import annotations
 
-from danube_fast.broker.errors import ApiError, not_found
-from danube_fast.broker.names import check_name, clip
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import ApiError, not_found
 from danube_fast.meta.store import BadValue
+from danube_fast.names import check_name, clip
 from danube_fast.proto import SchemaRegistry_pb2 as pb
 from danube_fast.proto import SchemaRegistry_pb2_grpc as pb_grpc
 from danube_fast.schema import InvalidSetting, SchemaError, SchemaNotFound, SchemaView, TopicSchemas

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from danube_fast.broker.errors import invalid, not_found, precondition
 from danube_fast.broker.services.status import Context, unary
+from danube_fast.errors import invalid, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.store import InvalidKey, MetadataStore

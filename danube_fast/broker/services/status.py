@@ -9,9 +9,9 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
-from danube_fast.broker.names import clip
 from danube_fast.broker.services.wire_guard import throttled
 from danube_fast.errors import DanubeError
+from danube_fast.names import clip
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")

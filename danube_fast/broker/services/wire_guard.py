@@ -31,9 +31,8 @@ from typing import Any
 
 import grpc
 
-from danube_fast.broker.errors import invalid
-from danube_fast.broker.names import clip
-from danube_fast.errors import DanubeError
+from danube_fast.errors import DanubeError, invalid
+from danube_fast.names import clip
 from danube_fast.security.gate import Gate
 
 log = logging.getLogger("danube_fast.api")

@@ -19,8 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from danube_fast.broker.cluster.view import ClusterView
-from danube_fast.broker.errors import ApiError, not_found, precondition, unavailable
-from danube_fast.errors import DanubeError
+from danube_fast.errors import ApiError, DanubeError, not_found, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import (
     BrokerMode,

@@ -18,23 +18,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from danube_fast.broker import names
+from danube_fast import names
 from danube_fast.broker.cluster.admin import ops as admin_ops
 from danube_fast.broker.cluster.moves import Rebalancer
 from danube_fast.broker.cluster.view import ClusterView
-from danube_fast.broker.errors import invalid, not_found, precondition, unavailable
-from danube_fast.broker.names import TopicName, parse_topic
 from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin, delivery_mode, namespace_name
-from danube_fast.broker.services.forward import Forwarder, M, WireMessage, is_forwarded
+from danube_fast.broker.services.forward import Forwarder, is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
-from danube_fast.errors import DanubeError
+from danube_fast.client.rpc import M, WireMessage
+from danube_fast.errors import DanubeError, invalid, not_found, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.election import NotLeader
 from danube_fast.meta.keys import U64_MAX
 from danube_fast.meta.resources import BrokerMode, BrokerState, DeliveryMode, TopicSchemaConfig
 from danube_fast.meta.store import MetadataStore
+from danube_fast.names import TopicName, parse_topic
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as pb_grpc
 from danube_fast.schema import TopicSchemas

@@ -5,13 +5,13 @@ from what the callee serves) and merged with this broker's."""
 from __future__ import annotations
 
 from danube_fast.broker.cluster.view import ClusterView
-from danube_fast.broker.errors import ApiError, unavailable
-from danube_fast.broker.names import parse_topic
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.services.table_admin import TableAdminService
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.topics import Topics
+from danube_fast.errors import ApiError, unavailable
+from danube_fast.names import parse_topic
 from danube_fast.proto import TableAdmin_pb2 as pb
 
 

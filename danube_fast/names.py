@@ -17,7 +17,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from danube_fast.broker.errors import invalid
+from danube_fast.errors import invalid
 
 _PARTITION = re.compile(r"^(?P<base>.+)-part-(?P<index>0|[1-9][0-9]*)$")
 DLQ_SUFFIX = "-dlq"
