@@ -65,9 +65,10 @@ DEBUG_TESTS := tests/unit tests/storage tests/faults tests/test_selected_core.py
 test-debug: install
 	rm -rf $(DEBUG_TREE) && mkdir -p $(DEBUG_TREE)
 	cp -r danube_fast tests pyproject.toml setup.py README.md $(DEBUG_TREE)/
-	rm -f $(DEBUG_TREE)/danube_fast/*.so $(DEBUG_TREE)/danube_fast/_frames.c $(DEBUG_TREE)/danube_fast/_wal.c
+	find $(DEBUG_TREE)/danube_fast -name "*.so" -delete
+	rm -f $(DEBUG_TREE)/danube_fast/codec/_frames.c $(DEBUG_TREE)/danube_fast/storage/_wal.c
 	cd $(DEBUG_TREE) && DANUBE_FAST_DEBUG=1 $(CURDIR)/$(BIN)/python setup.py -q build_ext --inplace
-	cd $(DEBUG_TREE) && $(CURDIR)/$(BIN)/python -c 'import danube_fast._frames as f, danube_fast._wal as w, os; \
+	cd $(DEBUG_TREE) && $(CURDIR)/$(BIN)/python -c 'import danube_fast.codec._frames as f, danube_fast.storage._wal as w, os; \
 		assert all(m.__file__.startswith(os.getcwd()) for m in (f, w)), (f.__file__, w.__file__)'
 	cd $(DEBUG_TREE) && $(CURDIR)/$(BIN)/python -m pytest -q -p no:cacheprovider $(DEBUG_TESTS)
 
@@ -98,4 +99,4 @@ proto: $(STAMP)
 	$(BIN)/python scripts/fix_proto_imports.py $(PROTO_OUT)
 
 clean:
-	rm -rf build $(VENV) danube_fast/*.so danube_fast/_frames.c danube_fast/_wal.c .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build $(VENV) danube_fast/codec/*.so danube_fast/storage/*.so danube_fast/codec/_frames.c danube_fast/storage/_wal.c .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -23,9 +23,9 @@ else:
 extensions = [
     # libzstd and liblz4: the batch compression codecs (docs/FORMAT.md#compression); Debian's libzstd-dev and
     # liblz4-dev at build time (scripts/system-deps.sh), libzstd1 and liblz4-1 at run time.
-    Extension("danube_fast._frames", ["danube_fast/_frames.pyx"], extra_compile_args=COMPILE_ARGS,
+    Extension("danube_fast.codec._frames", ["danube_fast/codec/_frames.pyx"], extra_compile_args=COMPILE_ARGS,
               define_macros=MACROS, libraries=["zstd", "lz4"]),
-    Extension("danube_fast._wal", ["danube_fast/_wal.pyx"], extra_compile_args=COMPILE_ARGS,
+    Extension("danube_fast.storage._wal", ["danube_fast/storage/_wal.pyx"], extra_compile_args=COMPILE_ARGS,
               define_macros=MACROS),
 ]
 

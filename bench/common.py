@@ -255,7 +255,8 @@ def _git_commit() -> str | None:
 
 def machine_info(data_dir: str) -> dict[str, object]:
     """Facts that decide whether two result sets are comparable."""
-    from danube_fast import frames, wal_engine
+    from danube_fast.codec import frames
+    from danube_fast.storage import wal_engine
 
     cores = os.cpu_count()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores

@@ -37,10 +37,10 @@ import uvloop
 
 from bench.broker import bare_server, metered, percentile, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
 from danube_fast.client.producer import batch_request
+from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.testing.process import ServerProcess

@@ -47,8 +47,8 @@ import time
 from pathlib import Path
 
 from bench.common import Options, Result, Target, median, paired_ratio, progress
-from danube_fast import frames
 from danube_fast.client import FastProducer
+from danube_fast.codec import frames
 from danube_fast.meta.reader import open_reader
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer

@@ -10,7 +10,7 @@ import pytest
 
 pytest_plugins = ["danube_fast.testing.plugin"]
 
-FRAMES_MODULES = {"native": "danube_fast._frames", "pure": "danube_fast._frames_py"}
+FRAMES_MODULES = {"native": "danube_fast.codec._frames", "pure": "danube_fast.codec._frames_py"}
 
 
 @pytest.fixture(scope="session", params=sorted(FRAMES_MODULES))

@@ -29,9 +29,7 @@ CLUSTER = "danube_fast.broker.cluster"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("danube_fast", "danube_fast.errors", "danube_fast.names", "danube_fast.latency",
               "danube_fast.allocator")),
-    ("native core", ("danube_fast.frames", "danube_fast._frames_py", "danube_fast.fast_wire",
-                     "danube_fast._arrow", "danube_fast.wal_engine", "danube_fast._wal_common",
-                     "danube_fast._wal_py")),
+    ("native core", ("danube_fast.codec",)),
     ("metadata, schemas, security", ("danube_fast.meta", "danube_fast.schema", "danube_fast.security")),
     ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables")),
     ("broker", ("danube_fast.broker",)),
@@ -151,7 +149,8 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_the_layer_check_sees_an_upward_import() -> None:
     assert layer("danube_fast.security.rbac") == 2 and layer("danube_fast.broker.topics") == 4
-    assert layer("danube_fast.names") == 0 and layer("danube_fast") == 0 and layer("danube_fast.frames") == 1
+    assert layer("danube_fast.names") == 0 and layer("danube_fast") == 0
+    assert layer("danube_fast.codec.frames") == 1 and layer("danube_fast.storage.wal_engine") == 3
 
 
 def test_the_cli_is_a_client_but_for_the_command_that_starts_a_broker() -> None:
@@ -180,7 +179,7 @@ def test_pyarrow_is_imported_only_to_decode_to_arrow(pure: str) -> None:
     probe = (
         "import sys\n"
         "import danube_fast.cli.main, danube_fast.client, danube_fast.broker.server\n"
-        "import danube_fast.frames as f\n"
+        "import danube_fast.codec.frames as f\n"
         "assert 'pyarrow' not in sys.modules, 'imported at start'\n"
         "batch = f.encode_payloads([b'x'])\n"
         "assert 'pyarrow' not in sys.modules, 'imported by encoding'\n"

@@ -23,8 +23,8 @@ from typing import Any, TypeAlias
 import grpc
 import uvloop
 
-from danube_fast import frames as fast_frames
-from danube_fast.fast_wire import encode_records_response, serialize_request
+from danube_fast.codec import frames as fast_frames
+from danube_fast.codec.fast_wire import encode_records_response, serialize_request
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2 as fast

@@ -33,8 +33,8 @@ import grpc
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from bench.chaos.history import History, Outcome, Receive, Send, Session, parse_payload, payload
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer, ProduceRejected
+from danube_fast.codec import frames
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 

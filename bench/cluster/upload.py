@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.cluster.servers import S3_KEY, S3_REGION
 from bench.common import MIB, PUBLISH_TIME
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage.objects.catalog import load_descriptors

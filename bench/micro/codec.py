@@ -8,7 +8,7 @@ import random
 import zlib
 
 from bench.common import PUBLISH_TIME, time_calls
-from danube_fast import frames
+from danube_fast.codec import frames
 
 
 def make_payloads(count: int, payload_bytes: int) -> list[bytes]:

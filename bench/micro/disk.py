@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import uvloop
 
 from bench.common import PUBLISH_TIME, no_gc
-from danube_fast import frames
-from danube_fast._wal_common import INDEX_ENTRY_BYTES
+from danube_fast.codec import frames
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
+from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES
 from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ from bench.common import (
     time_calls,
 )
 from bench.micro import codec, disk
-from danube_fast import frames, wal_engine
+from danube_fast.codec import frames
+from danube_fast.storage import wal_engine
 
 CHUNK_BYTES = 16 * MIB  # the baseline's write size
 IN_FLIGHT = 64  # concurrent appends against the asyncio facade

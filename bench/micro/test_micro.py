@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 from bench.micro import codec, disk
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.format import build_object
 from danube_fast.storage.segmented_log import SegmentedLog

@@ -49,8 +49,8 @@ from bench.peers.workload import (
     run_phases,
     stamped,
 )
-from danube_fast import frames
 from danube_fast.client import Delivery, FastConsumer, FastProducer
+from danube_fast.codec import frames
 from danube_fast.testing.process import ServerProcess
 
 PEER = "danube"

@@ -9,7 +9,7 @@ client sends and ignores "" (B.9), and a delivery from the WAL carries "".
 
 from __future__ import annotations
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.proto import DanubeApi_pb2 as pb
 
 Buffer = bytes | bytearray | memoryview

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Awaitable, Callable
 from typing import TypeGuard
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import ApiError, StorageError
 from danube_fast.meta.resources import JSON
 from danube_fast.storage.gaps import GapAwareLog, RecoveryPending, open_gaps

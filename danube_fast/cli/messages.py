@@ -39,7 +39,6 @@ from typing import IO, Any, TypeAlias
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.cli import feedback
 from danube_fast.cli.admin import Leaf, Subparsers, credentials
 from danube_fast.cli.args import count, positive_float, positive_int
@@ -47,6 +46,7 @@ from danube_fast.client.credentials import open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import FastProducer
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc

@@ -1,7 +1,7 @@
 """FastConsumer: a Reliable subscription's records as whole batches on one Consume stream.
 
 `batches()` yields `Delivery(data, first_offset, last_offset)`: record batches straight from the broker's
-WAL (docs/FORMAT.md); decode them with `danube_fast.frames` (`decode_records`, or `decode_arrow` for a
+WAL (docs/FORMAT.md); decode them with `danube_fast.codec.frames` (`decode_records`, or `decode_arrow` for a
 pyarrow RecordBatch), skipping offsets below `start_offset` (a batch is delivered whole). `records()` does
 that for you, one Record at a time. Acknowledge with `ack_cumulative(offset)` (everything up to it) or
 `ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes`.
@@ -26,12 +26,12 @@ from typing import Any
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
 from danube_fast.client.status import retriable, write_or_broken
-from danube_fast.fast_wire import RecordsResponse, decode_consume_response, serialize_request
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import RecordsResponse, decode_consume_response, serialize_request
 from danube_fast.proto import FastApi_pb2 as fast
 
 # While the old stream of a reconnecting consumer is still being torn down, its broker may still name it

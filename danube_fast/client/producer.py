@@ -39,18 +39,18 @@ from typing import Any
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.status import retriable, write_or_broken
-from danube_fast.errors import DanubeError
-from danube_fast.fast_wire import (
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import (
     PRODUCE_ROOM,
     Buffer,
     RecordsResponse,
     encode_batch_request,
     serialize_request,
 )
+from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 
 Offsets = tuple[int, int]

@@ -9,7 +9,7 @@ What it guarantees:
 * `offsets(topic)` is (start, next): the first offset still stored anywhere, one past the last committed
   (durable and acknowledged to its producer) offset.
 * `read(topic, start, end)` yields `(data, first_offset, last_offset)` per response: whole record batches
-  (docs/FORMAT.md; decode with `danube_fast.frames`) in offset order, each offset once, covering every
+  (docs/FORMAT.md; decode with `danube_fast.codec.frames`) in offset order, each offset once, covering every
   stored offset of [start, end) that is committed when the read starts; the first and the last batch may
   hold offsets outside the range: skip them (`records_in` does). `end` 0 is `offsets(topic)[1]`, asked once
   when the read starts, so a retried read covers the same range. Offsets that retention deleted inside the
@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, lookup
 from danube_fast.client.status import retriable
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import RecordsResponse, decode_read_response
 from danube_fast.errors import DanubeError
-from danube_fast.fast_wire import RecordsResponse, decode_read_response
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import StorageError
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog

@@ -16,7 +16,7 @@ On disk, per topic, a folder of segments:
                            At roll it is cut to its entries and fsync'd. Kafka's OffsetIndex is the model.
 
 The primitives (`Segment`, `check_buffers`) come from `_wal.pyx`, or its twin `_wal_py.py` when
-DANUBE_FAST_PURE=1 (danube_fast.wal_engine): stamping, copying, CRCs, header walks, the index mapping, the
+DANUBE_FAST_PURE=1 (storage/wal_engine.py): stamping, copying, CRCs, header walks, the index mapping, the
 syscalls. Everything that decides is here: recovery, when to roll, retention, index checks, failure and
 closing.
 
@@ -52,16 +52,23 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
-from danube_fast import frames, latency, wal_engine
-from danube_fast._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX, AppendResult, RecoveryReport
+from danube_fast import latency
+from danube_fast.codec import frames
 from danube_fast.errors import ObjectCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
-from danube_fast.storage import sync_ledger
+from danube_fast.storage import sync_ledger, wal_engine
+from danube_fast.storage._wal_common import (
+    INDEX_ENTRY_BYTES,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    AppendResult,
+    RecoveryReport,
+)
 from danube_fast.storage.objects import format as object_format
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from danube_fast._wal import Segment
+    from danube_fast.storage._wal import Segment
 
 __all__ = ["SegmentedLog"]
 

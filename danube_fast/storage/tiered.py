@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore

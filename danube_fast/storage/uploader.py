@@ -34,10 +34,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from danube_fast import latency
-from danube_fast._wal_common import LOG_SUFFIX, segment_name
 from danube_fast.errors import DanubeError, ObjectStoreUnavailable, StorageError, WalClosed, WalWriteError
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore, Op, TxnResult
+from danube_fast.storage._wal_common import LOG_SUFFIX, segment_name
 from danube_fast.storage.objects.catalog import descriptor_ops, last_uploaded_offset, load_descriptors
 from danube_fast.storage.objects.format import (
     DEFAULT_INDEX_INTERVAL,

@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from danube_fast import frames
-from danube_fast._wal_common import AppendResult, RecoveryReport
+from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
+from danube_fast.storage._wal_common import AppendResult, RecoveryReport
 from danube_fast.storage.cache import BatchCache, CacheBudget, CachedGroup
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool

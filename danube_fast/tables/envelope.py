@@ -109,7 +109,7 @@ def rows_of(data: list[memoryview], start: int, end: int, topic: str, partition:
     envelope's columns: decoded by the native codec, batch by batch."""
     import pyarrow.compute as pc
 
-    from danube_fast import frames
+    from danube_fast.codec import frames
 
     batches = []
     for chunk in data:

@@ -14,10 +14,10 @@ from typing import Any
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import produce_method
-from danube_fast.fast_wire import encode_batch_request
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import encode_batch_request
 from danube_fast.proto import FastApi_pb2 as fast
 
 

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt, ObjectNotFound
 from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder
 from danube_fast.storage.objects.connect import open_object_store

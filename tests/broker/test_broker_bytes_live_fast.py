@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from broker_support import Run, message, payloads, receive
 
-from danube_fast import frames
 from danube_fast.broker.config import ConfigError, DispatchConfig, load
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
@@ -18,6 +17,7 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.subscription import Subscription
+from danube_fast.codec import frames
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from broker_support import TOPIC, Rig, Run, message, offsets, receive, until
 
-from danube_fast import frames
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
@@ -21,6 +20,7 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.reliable import PARK_WINDOWS, READ_BYTES, ReliableDispatcher, record_sizes
 from danube_fast.broker.subscription import Subscription
+from danube_fast.codec import frames
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig

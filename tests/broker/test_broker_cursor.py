@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.subscription import Subscription
+from danube_fast.codec import frames
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig

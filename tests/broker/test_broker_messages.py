@@ -7,8 +7,8 @@ from pathlib import Path
 
 from broker_support import Run
 
-from danube_fast import frames
 from danube_fast.broker import messages
+from danube_fast.codec import frames
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 

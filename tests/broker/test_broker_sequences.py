@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
 from danube_fast.broker import sequences
 from danube_fast.broker.sequences import Outcome, ProducerSequences
+from danube_fast.codec import frames
 from danube_fast.errors import ApiError
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 

@@ -9,9 +9,9 @@ import pytest
 import uvloop
 from test_cluster_moves import meta, unload
 
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.testing.cluster import Cluster, owner, wait_for
 from danube_fast.testing.etcd import EtcdServer
 from danube_fast.testing.raw_producer import RawProducer

@@ -14,9 +14,9 @@ import pytest
 import uvloop
 from test_cluster_moves import meta, unload
 
-from danube_fast import frames
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import ReadFailed, TopicReader
+from danube_fast.codec import frames
 from danube_fast.meta import keys
 from danube_fast.meta.resources import RetentionState
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb

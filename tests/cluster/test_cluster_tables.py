@@ -15,9 +15,9 @@ import uvloop
 from pyiceberg.table import StaticTable
 from test_cluster_moves import meta, unload
 
-from danube_fast import frames
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import TableCatalog, TablePointer
 from danube_fast.meta.store import MetadataStore

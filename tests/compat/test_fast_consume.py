@@ -11,8 +11,8 @@ import pytest
 from compat_support import RawApi, Session, offsets, payloads, run_async
 from danube import SubType
 
-from danube_fast import frames
 from danube_fast.client import Delivery, FastConsumer, FastProducer, ProduceRejected
+from danube_fast.codec import frames
 from danube_fast.testing.broker import Broker, BrokerFactory
 
 

@@ -23,8 +23,8 @@ import pytest
 from compat_support import bounded, run_async
 from test_admin_lifecycle import Admin
 
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer, ProduceRejected
+from danube_fast.codec import frames
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.testing.broker import Broker, BrokerFactory
 

@@ -12,9 +12,9 @@ import pytest
 from compat_support import Session, offsets, payloads, run_async
 from danube import SubType
 
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer, ProduceRejected
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.testing.broker import Broker, BrokerFactory

@@ -13,10 +13,10 @@ import grpc
 import pytest
 from compat_support import Session, bounded, run_async, send_all
 
-from danube_fast import frames
 from danube_fast.broker.services.fast_reader import _range
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.reader import ReadFailed, Records, TopicReader, records_in
+from danube_fast.codec import frames
 from danube_fast.errors import ApiError
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc

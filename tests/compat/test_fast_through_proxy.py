@@ -9,9 +9,9 @@ import asyncio
 
 from compat_support import run_async
 
-from danube_fast import frames
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.testing.broker import BrokerFactory
 from danube_fast.testing.proxy import Proxy
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from compat_support import run_async
 
-from danube_fast import frames
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.testing.broker import BrokerFactory
 from danube_fast.testing.raw_producer import RawProducer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from compat_support import Session, offsets, payloads, run_async, scrape, send_all
 from danube import SubType
 
-from danube_fast import frames
 from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames
 from danube_fast.testing.broker import Broker, BrokerFactory
 
 RELEASED = "danube_topics_idle_released"

@@ -14,8 +14,8 @@ from typing import Any
 
 from compat_support import run_async, scrape
 
-from danube_fast import frames
 from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.codec import frames
 from danube_fast.testing.broker import Broker, BrokerFactory
 from danube_fast.testing.raw_producer import RawProducer
 

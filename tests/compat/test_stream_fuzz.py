@@ -25,8 +25,8 @@ import pytest
 from compat_support import run_async
 from test_request_fuzz import fill
 
-from danube_fast import frames
 from danube_fast.client import FastProducer
+from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.testing.broker import Broker, BrokerFactory
 

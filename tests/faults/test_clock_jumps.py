@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.client import FastConsumer, FastProducer
-from danube_fast.frames import iter_records
+from danube_fast.codec.frames import iter_records
 from danube_fast.testing.broker import Broker
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")

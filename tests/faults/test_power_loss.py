@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from danube_fast._wal_common import INDEX_SUFFIX, LOG_SUFFIX
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
-from danube_fast.frames import iter_records
+from danube_fast.codec.frames import iter_records
+from danube_fast.storage._wal_common import INDEX_SUFFIX, LOG_SUFFIX
 from danube_fast.testing.broker import Broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

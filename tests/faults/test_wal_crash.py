@@ -17,7 +17,7 @@ import pytest
 from wal_full_index import record
 from wal_writer import payload
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import WalWriteError
 from danube_fast.storage.segmented_log import SegmentedLog
 

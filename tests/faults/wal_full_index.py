@@ -11,7 +11,7 @@ DIR and FILLER are on a small tmpfs. SCENARIO says where the index meets the ful
 FILLER takes all the free space but what the record data of that append needs (none for page and reopen),
 so only the index lacks room. Prints "ack FIRST LAST" per acknowledged (synced) append, "error TYPE MESSAGE"
 for the refusal, then "freed", deletes FILLER and goes on: the same log (page, roll) or a reopened one
-(reopen) must append again. Record i holds record(i). The engine is the one danube_fast.wal_engine selects
+(reopen) must append again. Record i holds record(i). The engine is the one storage/wal_engine.py selects
 (DANUBE_FAST_PURE=1: the twin).
 """
 
@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import WalWriteError
 from danube_fast.storage.segmented_log import SegmentedLog
 

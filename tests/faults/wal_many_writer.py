@@ -17,7 +17,7 @@ import sys
 import uvloop
 from wal_writer import payload
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 
 

@@ -18,7 +18,7 @@ import sys
 
 import uvloop
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import WalWriteError
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
-from danube_fast import _frames, _frames_py, fast_wire
+from danube_fast.codec import _frames, _frames_py, fast_wire
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt
 from danube_fast.meta import resources
 from danube_fast.meta.resources_base import Resource

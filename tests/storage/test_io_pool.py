@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage.io_pool import IoPool
 

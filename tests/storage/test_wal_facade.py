@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames, wal_engine
+from danube_fast.codec import frames
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed
-from danube_fast.storage import SyncPolicy, Wal, WalConfig
+from danube_fast.storage import SyncPolicy, Wal, WalConfig, wal_engine
 from danube_fast.storage.segmented_log import SegmentedLog
 
 Run = Callable[..., Any]

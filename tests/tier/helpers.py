@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt
 from danube_fast.storage.objects.format import (
     FOOTER_FIXED_SIZE,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.storage import Wal
 from danube_fast.storage.gaps import GapAwareLog, RecoveryPending

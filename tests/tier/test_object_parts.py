@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt
 from danube_fast.storage.objects import folder
 from danube_fast.storage.objects.format import HEADER_SIZE, Buffer, build_object, parse_footer, scan_body

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import ObjectStoreUnavailable
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import OwnershipLost, fenced_write

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import ObjectStoreUnavailable, OffsetOutOfRange
 from danube_fast.meta import keys
 from danube_fast.meta.embedded import EmbeddedStore

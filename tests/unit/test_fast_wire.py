@@ -1,6 +1,6 @@
-"""danube_fast/fast_wire.py against the protobuf runtime: the bytes it writes are protobuf's, and every input
-it reads (canonical Batch requests through its own path, anything else through protobuf) means what protobuf
-says it means, malformed ones failing as protobuf fails."""
+"""danube_fast/codec/fast_wire.py against the protobuf runtime: the bytes it writes are protobuf's, and every
+input it reads (canonical Batch requests through its own path, anything else through protobuf) means what
+protobuf says it means, malformed ones failing as protobuf fails."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from danube_fast import frames
-from danube_fast.fast_wire import (
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import (
     PRODUCE_ROOM,
     RECORDS_ROOM,
     BatchRequest,

@@ -35,7 +35,8 @@ def impl_name(frames: ModuleType) -> str:
 
 
 def both_impls() -> tuple[ModuleType, ModuleType]:
-    return importlib.import_module("danube_fast._frames"), importlib.import_module("danube_fast._frames_py")
+    return (importlib.import_module("danube_fast.codec._frames"),
+            importlib.import_module("danube_fast.codec._frames_py"))
 
 
 def as_int64(value: int) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from danube_fast import _frames_py
+from danube_fast.codec import _frames_py
 
-native = pytest.importorskip("danube_fast._frames")
+native = pytest.importorskip("danube_fast.codec._frames")
 
 
 def test_the_twin_has_the_native_positions() -> None:

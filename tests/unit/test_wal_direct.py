@@ -113,7 +113,8 @@ def test_damage_inside_the_padded_block_is_still_cut_as_damage(wal_impl: ModuleT
 def test_direct_and_buffered_logs_write_the_same_files_across_impls(tmp_path: Path, release: bool) -> None:
     """Both cores, direct and buffered, with rolls (sealed segments carry no padding) and, in one run, a
     release in the middle (the last block is then read back from the file, not from memory)."""
-    from danube_fast import _frames, _frames_py, _wal, _wal_py
+    from danube_fast.codec import _frames, _frames_py
+    from danube_fast.storage import _wal, _wal_py
 
     results = {}
     for name, segments, codec, direct in (("native-direct", _wal, _frames, True),
@@ -164,7 +165,8 @@ def test_large_groups_are_stamped_for_the_direct_write_and_files_match_across_im
     as it is (native): the files are byte for byte those of the pure twin and of a buffered log, across
     small and large groups, a release (the last block then comes back from the file) and rolls; the group's
     bytes (AppendResult.data, what the tail cache keeps) are read-only and read back as written."""
-    from danube_fast import _frames, _frames_py, _wal, _wal_py
+    from danube_fast.codec import _frames, _frames_py
+    from danube_fast.storage import _wal, _wal_py
 
     results = {}
     for name, segments, codec, direct in (("native-direct", _wal, _frames, True),

@@ -29,15 +29,15 @@ from typing import Any
 
 import pytest
 
-from danube_fast._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
+from danube_fast.codec.fast_wire import encode_records_response
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
-from danube_fast.fast_wire import RECORDS_ROOM, encode_records_response
 from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.storage._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
 from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
 from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
 
-WAL_MODULES = {"native": "danube_fast._wal", "pure": "danube_fast._wal_py"}
-CODEC_MODULES = {"native": "danube_fast._frames", "pure": "danube_fast._frames_py"}
+WAL_MODULES = {"native": "danube_fast.storage._wal", "pure": "danube_fast.storage._wal_py"}
+CODEC_MODULES = {"native": "danube_fast.codec._frames", "pure": "danube_fast.codec._frames_py"}
 REPO = Path(__file__).resolve().parents[2]
 HEADER_SIZE = 56
 OFF_BASE_OFFSET, OFF_LENGTH, OFF_COUNT = 0, 12, 20  # docs/FORMAT.md
@@ -55,7 +55,7 @@ def impl_name(module: ModuleType) -> str:
 
 @pytest.fixture(params=sorted(WAL_MODULES))
 def wal_impl(request: pytest.FixtureRequest) -> ModuleType:
-    """The engine under test: danube_fast._wal or danube_fast._wal_py (ids `native`, `pure`)."""
+    """The engine under test: danube_fast.storage._wal or its twin _wal_py (ids `native`, `pure`)."""
     return importlib.import_module(WAL_MODULES[request.param])
 
 
@@ -261,7 +261,7 @@ def index_entries(path: Path) -> list[tuple[int, int]]:
 
 
 def test_selector_picks_native_unless_pure_is_set(tmp_path: Path) -> None:
-    from danube_fast import wal_engine
+    from danube_fast.storage import wal_engine
 
     pure = os.environ.get("DANUBE_FAST_PURE", "") == "1"
     assert ("pure" if pure else "native") == wal_engine.IMPL
@@ -426,7 +426,6 @@ def test_a_native_read_leaves_room_in_front_for_a_response_framing(
             got = log.read(offset, max_bytes, model.end)
             assert bytes(got) == model.expected_read(log.segment_bases, offset, max_bytes, model.end)
             assert_framed_in_place(frames, got)
-    assert RECORDS_ROOM == READ_ROOM
 
 
 def assert_framed_in_place(frames: ModuleType, got: Any) -> None:
@@ -879,7 +878,8 @@ def test_failed_write_is_cut_back(frames: ModuleType, open_log: Callable[..., An
 def test_failed_sync_refuses_appends_until_reopened_pure(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Only the pure engine's syscalls can be made to fail from Python."""
-    from danube_fast import _frames_py, _wal_py
+    from danube_fast.codec import _frames_py
+    from danube_fast.storage import _wal_py
 
     gen, model = Batches(_frames_py, 22), Model(_frames_py)
     log = make_log(_wal_py, str(tmp_path / "wal"))
@@ -970,7 +970,8 @@ def test_index_without_disk_space_refuses_the_append_pure(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Only the pure engine's syscalls can be made to fail from Python; tests/faults runs both engines on a
     full tmpfs."""
-    from danube_fast import _frames_py, _wal_py
+    from danube_fast.codec import _frames_py
+    from danube_fast.storage import _wal_py
 
     gen, model = Batches(_frames_py, 31), Model(_frames_py)
     options = {"index_interval_bytes": 0, "index_max_bytes": 64 * 1024}

@@ -21,15 +21,15 @@ import contextlib
 import logging
 from collections import deque
 
-from danube_fast import frames
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.read_ahead import ReadAhead
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import records_data
 from danube_fast.errors import DanubeError, OffsetOutOfRange
-from danube_fast.fast_wire import records_data
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.tiered import ReadableLog, records_between
 

@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
-from danube_fast import frames
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
@@ -43,6 +42,7 @@ from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.broker.ratelimit import RateLimiter
+from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb

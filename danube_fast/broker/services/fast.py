@@ -22,19 +22,20 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from danube_fast import frames, latency
+from danube_fast import latency
 from danube_fast.broker.clients import new_id
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
-from danube_fast.errors import ApiError, DanubeError, FrameCorrupt, invalid
-from danube_fast.fast_wire import (
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import (
     BatchRequest,
     decode_produce_request,
     encode_records_response,
     serialize_request,
 )
+from danube_fast.errors import ApiError, DanubeError, FrameCorrupt, invalid
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.names import check_name, parse_topic
 from danube_fast.proto import FastApi_pb2 as fast

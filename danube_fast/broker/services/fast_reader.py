@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from danube_fast import frames
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topics import Topics
+from danube_fast.codec import frames
+from danube_fast.codec.fast_wire import encode_read_response, records_data, serialize_request
 from danube_fast.errors import ApiError, DanubeError, OffsetOutOfRange, invalid, precondition
-from danube_fast.fast_wire import encode_read_response, records_data, serialize_request
 from danube_fast.names import parse_topic
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc

@@ -30,7 +30,7 @@ from typing import TypeVar
 from danube_fast.errors import ObjectNotFound, ObjectStoreUnavailable
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.objects.store import check_key
-from danube_fast.wal_engine import segments
+from danube_fast.storage.wal_engine import segments
 
 T = TypeVar("T")
 _TMP = ".tmp-"

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.errors import FrameCorrupt, ObjectCorrupt
 
 Buffer = bytes | bytearray | memoryview

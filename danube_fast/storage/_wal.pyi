@@ -1,5 +1,5 @@
-# Typed Python view of danube_fast._wal (and its pure-Python twin danube_fast._wal_py): the segment
-# primitives under storage/segmented_log.py, which owns the policy and the locking (see _wal.pyx).
+# Typed Python view of danube_fast.storage._wal (and its pure-Python twin _wal_py): the segment primitives
+# under storage/segmented_log.py, which owns the policy and the locking (see _wal.pyx).
 from typing_extensions import Buffer
 
 MAX_SEGMENT: int

@@ -1,6 +1,6 @@
-"""Pure-Python twin of the native record-batch codec `danube_fast._frames` (`_frames.pyx`).
+"""Pure-Python twin of the native record-batch codec `danube_fast.codec._frames` (`_frames.pyx`).
 
-`danube_fast.frames` selects this module instead of the native one when DANUBE_FAST_PURE=1. It is the
+`danube_fast.codec.frames` selects this module instead of the native one when DANUBE_FAST_PURE=1. It is the
 reference implementation: the native module must produce the same bytes, return the same values and raise the
 same exception types at the same batch positions. The byte layout and the order of the validation checks are
 written once, in docs/FORMAT.md; this module follows that document and does not repeat it.
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from danube_fast._arrow import arrow_schema
-from danube_fast._arrow import pyarrow as _pyarrow
+from danube_fast.codec._arrow import arrow_schema
+from danube_fast.codec._arrow import pyarrow as _pyarrow
 from danube_fast.errors import FrameCorrupt
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 
 # The type checker reads the native module's .pyi; the twin implements the same API.
 if PURE and not TYPE_CHECKING:
-    from danube_fast._frames_py import (
+    from danube_fast.codec._frames_py import (
         COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,
@@ -36,7 +36,7 @@ if PURE and not TYPE_CHECKING:
         verify_batch,
     )
 else:
-    from danube_fast._frames import (
+    from danube_fast.codec._frames import (
         COMPRESSIONS,
         HEADER_SIZE,
         MAGIC,

@@ -13,9 +13,9 @@ PURE = os.environ.get("DANUBE_FAST_PURE", "") == "1"
 
 # The type checker reads the native module's .pyi; the twin implements the same API.
 if PURE and not TYPE_CHECKING:
-    from danube_fast import _wal_py as segments
+    import danube_fast.storage._wal_py as segments
 else:
-    from danube_fast import _wal as segments
+    import danube_fast.storage._wal as segments
 
 IMPL = "pure" if PURE else "native"
 

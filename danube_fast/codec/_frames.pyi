@@ -1,4 +1,4 @@
-# Typed Python view of danube_fast._frames (and its pure-Python twin danube_fast._frames_py).
+# Typed Python view of danube_fast.codec._frames (and its pure-Python twin danube_fast.codec._frames_py).
 # The byte layout is documented at the top of _frames.pyx and in docs/FORMAT.md.
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal, overload

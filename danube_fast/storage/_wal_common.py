@@ -6,6 +6,8 @@ import mmap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from danube_fast.codec.fast_wire import RECORDS_ROOM
+
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
@@ -14,8 +16,8 @@ INDEX_SUFFIX = ".idx"
 INDEX_ENTRY_BYTES = 8  # relative offset u32 + file position u32, little-endian
 INDEX_RESERVE_MAX_STEP = 64 * 1024  # the index's reservation grows by at most this much at a time
 # Free bytes in front of the batches of a buffered read of the native engine, in the same bytes object: a fast
-# API response writes its framing there instead of copying 1 MiB behind it (fast_wire.RECORDS_ROOM).
-READ_ROOM = 34
+# API response writes its framing there instead of copying 1 MiB behind it.
+READ_ROOM = RECORDS_ROOM
 
 
 def segment_name(base_offset: int, suffix: str) -> str:

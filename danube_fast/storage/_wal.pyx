@@ -41,12 +41,12 @@ cdef extern from "fcntl.h":
 cdef extern from "stdlib.h":
     int posix_memalign(void** memptr, size_t alignment, size_t size) nogil
 
-from danube_fast._frames cimport (
+from danube_fast.codec._frames cimport (
     BATCH_MAGIC, BATCH_VERSION, BatchInfo, HEADER_BYTES, OFF_BASE_OFFSET, OFF_BASE_TS, OFF_COUNT, OFF_LENGTH,
     OFF_MAGIC, OFF_MAX_TS, NOGIL_MIN_BYTES, OFF_VERSION, check_batch, load_u32, load_u64, store_u32, store_u64,
 )
 
-from danube_fast._wal_common import INDEX_SUFFIX, LOG_SUFFIX, READ_ROOM, index_reservation, segment_name
+from danube_fast.storage._wal_common import INDEX_SUFFIX, LOG_SUFFIX, READ_ROOM, index_reservation, segment_name
 from danube_fast.errors import FrameCorrupt, WalCorrupt
 
 cdef Py_ssize_t ROOM = READ_ROOM

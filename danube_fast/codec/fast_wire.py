@@ -23,18 +23,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from danube_fast import frames
+from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 
 Buffer = bytes | bytearray | memoryview
 
-_BATCH = 0x12  # field 2, length-delimited: ProduceRequest.batch, and Batch.data
-_SEQ = 0x08  # field 1, varint: Batch.seq
-_RECORDS = 0x12  # field 2, length-delimited: ConsumeResponse.records
-_READ_RECORDS = 0x0A  # field 1, length-delimited: ReadResponse.records
-_DATA = 0x0A  # field 1, length-delimited: Records.data
-_FIRST = 0x10  # field 2, varint: Records.first_offset
-_LAST = 0x18  # field 3, varint: Records.last_offset
+_VARINT, _LENGTH_DELIMITED = 0, 2  # protobuf wire types
+
+
+def _tag(message: Any, field: str, wire_type: int) -> int:
+    """A field's one-byte key (field number and wire type) from the generated descriptor."""
+    number = int(message.DESCRIPTOR.fields_by_name[field].number)
+    if number >= 16:
+        raise ValueError(f"{message.DESCRIPTOR.name}.{field}: a one-byte key needs a field number below 16")
+    return number << 3 | wire_type
+
+
+_BATCH = _tag(fast.ProduceRequest, "batch", _LENGTH_DELIMITED)
+_BATCH_DATA = _tag(fast.Batch, "data", _LENGTH_DELIMITED)
+_SEQ = _tag(fast.Batch, "seq", _VARINT)
+_RECORDS = _tag(fast.ConsumeResponse, "records", _LENGTH_DELIMITED)
+_READ_RECORDS = _tag(fast.ReadResponse, "records", _LENGTH_DELIMITED)
+_DATA = _tag(fast.Records, "data", _LENGTH_DELIMITED)
+_FIRST = _tag(fast.Records, "first_offset", _VARINT)
+_LAST = _tag(fast.Records, "last_offset", _VARINT)
 _LENGTH_WIDTH, _OFFSET_WIDTH = 5, 10  # padded varints: a length below 2**35, any uint64
 # The framing written in front of the data: outer tag and length, first_offset, last_offset, data tag, length.
 RECORDS_ROOM = 1 + _LENGTH_WIDTH + 2 * (1 + _OFFSET_WIDTH) + 1 + _LENGTH_WIDTH
@@ -71,12 +83,12 @@ def encode_batch_request(seq: int, data: Buffer) -> bytes:
         head = b"".join((_BATCH.to_bytes(1, "little"), _padded(PRODUCE_ROOM - 1 - _LENGTH_WIDTH + size,
                                                                   _LENGTH_WIDTH),
                          _SEQ.to_bytes(1, "little"), _padded(seq, _OFFSET_WIDTH),
-                         _BATCH.to_bytes(1, "little"), _padded(size, _LENGTH_WIDTH)))
+                         _BATCH_DATA.to_bytes(1, "little"), _padded(size, _LENGTH_WIDTH)))
         framed = frames.fill_room(view, head)
         if framed is not None:
             return framed
     inner = (_SEQ.to_bytes(1, "little") + _varint(seq) if seq else b"") + \
-        _BATCH.to_bytes(1, "little") + _varint(size)
+        _BATCH_DATA.to_bytes(1, "little") + _varint(size)
     return b"".join((_BATCH.to_bytes(1, "little"), _varint(len(inner) + size), inner, data))
 
 
@@ -221,7 +233,7 @@ def decode_produce_request(raw: bytes) -> BatchRequest | fast.ProduceRequest:
             seq = 0
             if at < end and raw[at] == _SEQ:
                 seq, at = _read_varint(raw, at + 1, end)
-            if 0 < at < end and raw[at] == _BATCH and seq < 1 << 64:
+            if 0 < at < end and raw[at] == _BATCH_DATA and seq < 1 << 64:
                 size, start = _read_varint(raw, at + 1, end)
                 if start > 0 and start + size == end:
                     return BatchRequest(seq, memoryview(raw)[start:end])

@@ -59,7 +59,7 @@ cdef extern from "lz4.h":
 
 
 if sys.byteorder != "little":
-    raise ImportError("danube_fast._frames needs a little-endian host; set DANUBE_FAST_PURE=1 elsewhere")
+    raise ImportError("danube_fast.codec._frames needs a little-endian host; set DANUBE_FAST_PURE=1 elsewhere")
 crc32c_init()
 
 MAGIC = BATCH_MAGIC
@@ -84,8 +84,8 @@ LAYOUT = {
 # Codec names by number (docs/FORMAT.md#compression); `compression=` arguments take the names.
 COMPRESSIONS = ("none", "zstd", "lz4")
 
-# pyarrow is imported on first use (danube_fast/_arrow.py says why).
-from danube_fast._arrow import arrow_schema, pyarrow as _pyarrow
+# pyarrow is imported on first use (danube_fast/codec/_arrow.py says why).
+from danube_fast.codec._arrow import arrow_schema, pyarrow as _pyarrow
 
 
 def __getattr__(name):

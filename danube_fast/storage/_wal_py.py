@@ -1,10 +1,9 @@
 """Segment primitives of the write-ahead log: the pure-Python twin of the native `_wal.pyx`.
 
-`danube_fast.wal_engine` selects this module instead of `danube_fast._wal` when DANUBE_FAST_PURE=1. Both give
-the policy in storage/segmented_log.py the same `Segment` and `check_buffers`: same files, same results,
-same errors. What a Segment does and who may call what is described once, in `_wal.pyx`; the suite runs the
-policy over both and compares them (tests/unit/test_wal_engine.py), so this module is the native one's
-differential oracle.
+`storage/wal_engine.py` selects this module instead of `_wal` when DANUBE_FAST_PURE=1. Both give the policy in
+storage/segmented_log.py the same `Segment` and `check_buffers`: same files, same results, same errors. What a
+Segment does and who may call what is described once, in `_wal.pyx`; the suite runs the policy over both and
+compares them (tests/unit/test_wal_engine.py), so this module is the native one's differential oracle.
 
 Batches are validated with the pure codec `_frames_py`, never the native one, so this module runs on hosts
 where the extensions are not built.
@@ -20,15 +19,15 @@ import struct
 import threading
 from typing import TYPE_CHECKING
 
-from danube_fast import _frames_py
-from danube_fast._wal_common import (
+from danube_fast.codec import _frames_py
+from danube_fast.errors import FrameCorrupt, WalCorrupt
+from danube_fast.storage._wal_common import (
     INDEX_ENTRY_BYTES,
     INDEX_SUFFIX,
     LOG_SUFFIX,
     index_reservation,
     segment_name,
 )
-from danube_fast.errors import FrameCorrupt, WalCorrupt
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
