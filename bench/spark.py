@@ -23,10 +23,10 @@ until the queries end: read_table asks it for the topic's committed offset.
 
 Figures are seconds per query, the median of --runs timed rounds after one warm-up round; the ratio is the
 median of the per-round danube / parquet (or danube / codec, table / parquet, table / danube) time ratios, so
-below 1 is ours faster. Targets: issue 11: `full` within 1.25x of Parquet's time (0.8x its speed); the pruned
-queries faster than Parquet. Issue "topic tables": read_table's `full` at least 0.95x Parquet's speed (time
-ratio <= 1/0.95) and at least 3x the data source's (`table_full_vs_source`: table / danube time <= 1/3); its
-offset and time range queries faster than Parquet.
+below 1 is ours faster. Targets: the data source's `full` within 1.25x of Parquet's time (0.8x its speed),
+its pruned queries faster than Parquet; read_table's `full` at least 0.95x Parquet's speed (time ratio <=
+1/0.95) and at least 3x the data source's (`table_full_vs_source`: table / danube time <= 1/3), its offset and
+time range queries faster than Parquet.
 
 The table writer, measured once while producing: `table_catch_up_s` is the seconds from the last batch's
 acknowledgement (the end of producing) until the table's committed offset reached the record count (polled

@@ -1,5 +1,8 @@
 """Broker settings: defaults, then a TOML config file, then command-line flags (each overrides the last).
 
+Every setting with its default (tests/unit/test_config_sample.py loads this sample and holds it to the
+dataclasses below: a setting added there must be added here):
+
 ```toml
 [broker]
 mode = "standalone"
@@ -18,6 +21,12 @@ stall_dump_ms = 0                 # an event loop stalled this long logs where i
 [wal]
 sync = "always"                   # always | interval(MS) | none   (see storage/config.py)
 segment_bytes = 134217728
+segment_ms = 0                    # roll a segment this old at its next append; 0 = by size only
+index_interval_bytes = 4096       # one sparse index entry per this many bytes of a segment
+index_max_bytes = 1048576         # the active segment's index file (sparse: blocks reserved as it fills)
+max_group_bytes = 16777216        # one write + fsync covers at most this much
+linger_us = 1000                  # with appends waiting, wait this long for more before a small write;
+                                  # 0 = off
 retain_bytes = 1073741824         # uploaded segments kept locally (newest first) per topic; 0 = none
 io_threads = 0                    # threads writing and fsyncing every topic's WAL (storage/io_pool.py);
                                   # 0 = 4 per core (at least 4, at most 32)
@@ -40,6 +49,7 @@ max_redeliveries = 5              # then the message goes to the dead-letter top
 cursor_flush_acks = 1000
 cursor_flush_ms = 5000
 buffer = 1000                     # non-reliable: messages buffered per consumer before drops
+idle_subscription_ms = 60000      # non-reliable subscriptions without consumers are removed after this
 window_bytes = 16777216           # per consumer, both APIs: bytes delivered and not acknowledged (reliable)
                                   # or queued (non-reliable); one message bigger than this still goes, alone.
                                   # A fast-API consumer asking a bigger window_bytes gets this one
@@ -81,8 +91,22 @@ compact_min_files = 8             # small files a partition needs before it is c
 snapshot_keep_ms = 3600000        # snapshots, and the files only they name, kept this long for readers
 orphan_grace_ms = 600000          # files no snapshot names (a crashed commit's) are deleted this old
 
-[security]                        # TLS, mTLS, JWT and RBAC: see danube_fast/security/config.py and
-mode = "none"                     # docs/SECURITY.md (none | tls | tls_jwt)
+[security]                        # TLS, mTLS, JWT and RBAC: docs/SECURITY.md; every setting's meaning is in
+mode = "none"                     # danube_fast/security/config.py (none | tls | tls_jwt)
+cert_file = ""
+key_file = ""
+ca_file = ""
+verify_client = false
+jwt_algorithms = ["HS256"]
+jwt_secret_file = ""
+jwt_public_key_file = ""
+jwt_jwks_file = ""
+jwt_issuer = ""
+jwt_audience = ""
+jwt_leeway_s = 30
+super_admins = []
+broker_principals = []
+metrics_open = false
 
 [policy]                          # the policy a namespace gets when it is created (default and system: at the
 max_message_size = 10485760       # first start); 0 = unlimited
@@ -90,6 +114,8 @@ max_producers_per_topic = 0
 max_consumers_per_topic = 0
 max_subscriptions_per_topic = 0
 max_consumers_per_subscription = 0
+max_publish_rate = 0              # messages per second a topic accepts (producers are slowed); 0 = unlimited
+max_subscription_dispatch_rate = 0  # messages per second a subscription is sent; 0 = unlimited
 retention_time_minutes = 0        # retentionTimeInMinutes: records older than this go; 0 = keep them
 retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
 table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
@@ -128,7 +154,7 @@ class DispatchConfig:
     buffer: int = 1000
     idle_subscription_ms: int = 60_000  # non-reliable subscriptions without consumers are reaped after this
     # Memory follows bytes, not message counts: 1,000 messages of 1 MiB per stalled consumer took a broker
-    # to 1.5 GiB with two of them (issue 12 item 5).
+    # to 1.5 GiB with two of them.
     window_bytes: int = 16 * 1024 * 1024
     broker_bytes: int = 256 * 1024 * 1024
 

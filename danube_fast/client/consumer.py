@@ -4,7 +4,8 @@
 WAL (docs/FORMAT.md); decode them with `danube_fast.codec.frames` (`decode_records`, or `decode_arrow` for a
 pyarrow RecordBatch), skipping offsets below `start_offset` (a batch is delivered whole). `records()` does
 that for you, one Record at a time. Acknowledge with `ack_cumulative(offset)` (everything up to it) or
-`ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes`.
+`ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes` (0, the
+default: the broker's `[dispatch] window_bytes`, which also caps a bigger one).
 
 The consumer follows its topic: when the stream fails with a retriable status (client/status.py: the broker
 stops, crashes or the topic moves to another broker in a cluster: UNAVAILABLE, or the INTERNAL that grpc
@@ -57,7 +58,7 @@ def consume_method(channel: grpc.aio.Channel) -> Any:
 
 
 class FastConsumer:
-    def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 8 << 20,
+    def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 0,
                  reconnect_tries: int = 50, credentials: Credentials | None = None) -> None:
         self.topic = topic
         self.subscription = subscription

@@ -123,7 +123,7 @@ def as_object(value: JSON, where: str, field: str) -> JSONObject:
 
 
 def as_str_enum(value: JSON, where: str, field: str, enum: type[StrE]) -> StrE:
-    """A StrEnum member from its JSON string (exact case, as the seed shows it)."""
+    """A StrEnum member from its JSON string (exact case, as docs/METADATA.md shows it)."""
     text = as_str(value, where, field)
     try:
         return enum(text)

@@ -29,7 +29,7 @@ def index_reservation(reserved: int, needed: int, size: int) -> int:
     so that its first `needed` bytes can be written; at most `size`, the file's length.
 
     The index is a sparse file written through a shared mapping, and a store into a page that has no block on
-    a full disk is answered with SIGBUS, which kills the process (issue 12). So the engines reserve the
+    a full disk is answered with SIGBUS, which kills the process. So the engines reserve the
     blocks of every page before an entry goes into it, and ENOSPC becomes an error the caller gets. The whole
     index is not reserved up front: that would cost `index_max_bytes` of disk per open segment (10 GB at
     10,000 topics with the default 1 MiB). The reservation starts at one page, the one the first entry would

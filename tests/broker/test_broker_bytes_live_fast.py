@@ -1,4 +1,4 @@
-"""Byte bounds outside the per-message Reliable path (issue 12 item 5): NonReliable buffers bounded by
+"""Byte bounds outside the per-message Reliable path: NonReliable buffers bounded by
 window_bytes per consumer and by the broker's ByteBudget (beyond either, a drop for that consumer), the fast
 API's window capped at window_bytes with its unacknowledged bytes in the budget, and the budget itself."""
 

@@ -1,4 +1,4 @@
-"""Reliable dispatch bounded by bytes (issue 12 item 5): per consumer by [dispatch] window_bytes (one message
+"""Reliable dispatch bounded by bytes: per consumer by [dispatch] window_bytes (one message
 bigger than that still goes, alone), per broker by a ByteBudget shared by every subscription (beyond it the
 data waits in the WAL), and every byte taken is given back: by acks, dead letters, dropped keys, consumer
 removal and close, so that the budget returns to zero."""

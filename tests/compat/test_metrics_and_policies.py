@@ -1,5 +1,5 @@
 """The Prometheus endpoint as a scraper sees it, the namespace policy limits on the wire, and Reliable
-redelivery after an ack timeout, with the official client and raw stubs (issue: metrics, policies)."""
+redelivery after an ack timeout, with the official client and raw stubs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reconnect storms and a connection flood against the broker subprocess (issue 16).
+"""Reconnect storms and a connection flood against the broker subprocess.
 
 A storm: 200 consumers of one Shared subscription of a Reliable topic, on 10 connections, all cut at once by a
 broker restart; each subscribes again as soon as the broker answers, none waits for another (the official

@@ -1,6 +1,6 @@
 """Stalled consumers against the broker subprocess: what the broker holds for them is bounded by bytes
-([dispatch] window_bytes per consumer, broker_bytes in all), not by the message window (issue 12 item 5:
-two stalled consumers of a topic of 1 MiB messages took the broker to 1.5 GiB), and what it did not deliver
+([dispatch] window_bytes per consumer, broker_bytes in all), not by the message window (two
+stalled consumers of a topic of 1 MiB messages took the broker to 1.5 GiB), and what it did not deliver
 stays in the WAL and goes out once the consumer reads again."""
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def test_full_disk_fails_appends_cleanly_and_recovers_when_space_returns(
 def test_index_without_room_on_a_full_disk_is_a_clean_error(
         small_tmpfs: Path, scenario: str, core: str) -> None:
     """The index is a sparse file written through a shared mapping: where a page it writes has no block yet
-    and the disk is full, the kernel answers the store with SIGBUS, which kills the broker (issue 12). Here
+    and the disk is full, the kernel answers the store with SIGBUS, which kills the broker. Here
     only the index lacks room (see wal_full_index.py): the engine must refuse with ENOSPC, go on once space
     returns, and keep everything acknowledged."""
     wal_dir = small_tmpfs / "wal"

@@ -936,7 +936,7 @@ def test_index_reservation_starts_at_a_page_and_doubles_up_to_a_step() -> None:
 def test_active_index_gets_disk_blocks_as_entries_need_them(
         frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
     """The active index is a sparse file written through a mapping: a page must have its blocks before an
-    entry goes into it (posix_fallocate), or a full disk turns the store into a SIGBUS (issue 12). Reserved
+    entry goes into it (posix_fallocate), or a full disk turns the store into a SIGBUS. Reserved
     a page at a time at first, never the whole index up front."""
     page = mmap.PAGESIZE
     probe = tmp_path / "probe"

@@ -6,10 +6,10 @@ right place):
 - assigned and not served -> load it (handoff.load_point says where its offsets continue; a local WAL that
   is not this broker's continuing log is an orphan, recovered first), with a TopicGuard fenced on the
   assignment's create revision and an offset reservation written before the first append;
-- served but no longer assigned -> if the unload marker names this broker, the sealed-state unload of seed
-  004 (cursors flushed, uploader drained, `state` sealed, WAL deleted), fenced on that marker; otherwise
-  the ownership is lost (the leader gave the topic away, e.g. after this broker's lease expired): stop at
-  once, write nothing, and recover the WAL as an orphan.
+- served but no longer assigned -> if the unload marker names this broker, the sealed-state unload of
+  docs/TOPIC_MOVE.md (cursors flushed, uploader drained, `state` sealed, WAL deleted), fenced on that
+  marker; otherwise the ownership is lost (the leader gave the topic away, e.g. after this broker's lease
+  expired): stop at once, write nothing, and recover the WAL as an orphan.
 
 Owner: the broker's event loop. `start()` after the membership is up, `close()` before the topics close.
 """

@@ -5,8 +5,8 @@ markers, load reports, the leader key) and `/namespaces/` (namespace policies an
 markers). `/topics/` is not needed: topic details (delivery, subscriptions, schema) are read from the store
 when an admin call asks for them, so that no broker has to follow every cursor write of the cluster.
 
-Values that do not parse (a key of an unknown shape, a value that is not the seed's JSON) are left out of
-the listings and logged once per key and revision; single-key reads raise `BadValue` for them.
+Values that do not parse (a key of an unknown shape, a value that is not docs/METADATA.md's JSON) are left
+out of the listings and logged once per key and revision; single-key reads raise `BadValue` for them.
 
 Who owns a topic: the broker whose assignment key `/cluster/brokers/{id}/{ns}/{topic}` exists. Finding it
 for one topic needs every broker's assignments (a dead broker's too), so the owner index is built from one

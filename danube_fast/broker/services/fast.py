@@ -185,9 +185,6 @@ def _check(data: bytes | memoryview, topic: Topic, producer_id: int, name: str
     return records, sequenced
 
 
-DEFAULT_WINDOW = 8 * 1024 * 1024  # unacknowledged bytes per consumer stream when Subscribe names none
-
-
 class FastConsumerService(fast_grpc.FastConsumerServicer):
     """Consume: the holder of a BatchDispatcher (dispatch/batches.py). A reader task applies acks as they
     come; this handler sends Records while the window allows. The stream ends when the client stops
@@ -217,7 +214,7 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
             return
         holder = new_id()
         batches.holder = holder
-        window = req.window_bytes or DEFAULT_WINDOW
+        window = req.window_bytes  # 0: the broker's [dispatch] window_bytes (next_records caps it there)
         reader = asyncio.create_task(_apply_acks(requests, batches))
         try:
             yield fast.ConsumeResponse(subscribed=fast.Subscribed(consumer_id=holder,

@@ -1,0 +1,41 @@
+"""The TOML sample in broker/config.py's docstring is every setting at its default: loaded, it is
+BrokerConfig(), and no field of a section's dataclass is missing from it (one place shows every setting)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from danube_fast.broker import config
+
+SECTIONS: dict[str, Any] = {"broker": config.BrokerConfig(), **{
+    name: getattr(config.BrokerConfig(), name)
+    for name in ("wal", "dispatch", "cluster", "tables", "security", "policy")}}
+NOT_SETTINGS = {("policy", "extra")}  # keys a stored policy carries that a broker does not set
+
+
+def sample() -> str:
+    doc = config.__doc__ or ""
+    start = doc.index("```toml\n") + len("```toml\n")
+    return doc[start:doc.index("```", start)]
+
+
+def test_the_sample_loads_as_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(sample())
+    assert config.load(str(path), {}) == config.BrokerConfig()
+
+
+def test_every_setting_is_in_the_sample() -> None:
+    given = tomllib.loads(sample())
+    missing = []
+    for section, defaults in SECTIONS.items():
+        for f in dataclasses.fields(defaults):
+            if dataclasses.is_dataclass(getattr(defaults, f.name)) or (section, f.name) in NOT_SETTINGS:
+                continue
+            if f.name not in given.get(section, {}):
+                missing.append(f"[{section}] {f.name}")
+    assert missing == []
+    assert set(given) == set(SECTIONS)
