@@ -28,9 +28,9 @@ import uvloop
 
 from bench.common import Options, Result, Target, median, no_gc, paired_ratio, progress, time_calls
 from bench.micro.retention import retention_figures
-from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import MAX_TXN_OPS, Compare, MetadataStore, Put
 from danube_fast.testing.etcd import EtcdServer, start_etcd
 

@@ -1,6 +1,6 @@
 """`python -m bench meta`'s retention figures: one retention pass that deletes OBJECTS objects of a topic
-(storage/retention.py `remove`: their descriptors in transactions, then the objects), on each metadata store,
-with the objects in a folder store on the scratch directory. Per run the topic is made anew: OBJECTS
+(storage/objects/expiry.py `remove`: their descriptors in transactions, then the objects), on each metadata
+store, with the objects in a folder store on the scratch directory. Per run the topic is made anew: OBJECTS
 descriptors (written in transactions, not timed) and as many small object files.
 
 Figures: seconds per pass (median of the runs), and the metadata writes the pass made (transactions,
@@ -17,7 +17,7 @@ from bench.common import Result, median, progress
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MAX_TXN_OPS, MetadataStore, Op, Put, TxnResult
-from danube_fast.storage import retention
+from danube_fast.storage.objects import expiry
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.store import object_id, object_key
@@ -60,7 +60,7 @@ async def retention_figures(name: str, meta: MetadataStore, scratch: Path, runs:
             made = await _make_topic(meta, objects, count)
             writes = 0
             started = time.perf_counter()
-            deleted = await retention.remove(objects, counted, NS, TOPIC, made[:-1])
+            deleted = await expiry.remove(objects, counted, NS, TOPIC, made[:-1])
             seconds.append(time.perf_counter() - started)
             assert deleted == count - 1 and len(await load_descriptors(meta, NS, TOPIC)) == 1
     finally:

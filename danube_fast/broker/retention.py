@@ -4,10 +4,10 @@ at the next pass without a restart.
 
 Per topic: the policy is the topic's own (`/topics/{ns}/{topic}/policy`, read for all topics of the pass in a
 few transactions: the LocalCache does not mirror /topics/) or its namespace's (from the cache). The objects
-the limits let go are removed, descriptors first (storage/retention.py), through the topic's fence, so a
+the limits let go are removed, descriptors first (storage/objects/expiry.py), through the topic's fence, so a
 broker that lost the topic deletes nothing; then the reader's descriptors and the local WAL segments below the
 new floor go, and a dead owner's gap below it is no longer waited for. The first pass after a topic is loaded
-here, and the pass after one that failed, first finish what an interrupted pass left (`retention.finish`).
+here, and the pass after one that failed, first finish what an interrupted pass left (`expiry.finish`).
 
 Owner: the broker's event loop; one Retention per broker, whose task runs one pass at a time. `state` (what
 the last pass saw of each topic: metrics) is written only by the pass.
@@ -29,8 +29,8 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import Policy
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import Get, KeyValue, MetadataStore
-from danube_fast.storage import retention
 from danube_fast.storage.gaps import GapAwareLog
+from danube_fast.storage.objects import expiry
 from danube_fast.storage.objects.store import ObjectStore
 from danube_fast.storage.tiered import CloudReader, TopicLog, is_empty
 
@@ -44,7 +44,7 @@ class TopicRetention:
     """What the last pass saw of one topic (metrics), whether the next must finish an interrupted one, and the
     publish times of its objects read so far."""
 
-    times: retention.ObjectTimes
+    times: expiry.ObjectTimes
     retained_bytes: int = 0
     retained_records: int = 0
     oldest_ms: int | None = None  # the oldest retained record's publish time
@@ -110,7 +110,7 @@ class Retention:
         served = [t for t in self._topics.served() if isinstance(t, ReliableTopic) and t.uploader is not None
                   and isinstance(t.log, TopicLog) and t.log.cloud is not None]
         self.state = {t.full: self.state.get(t.full) or TopicRetention(
-            retention.ObjectTimes(self._objects, t.name.namespace, t.name.topic)) for t in served}
+            expiry.ObjectTimes(self._objects, t.name.namespace, t.name.topic)) for t in served}
         own = await own_policies(self._store, served)
         now_ms = int(self._clock() * 1000)
         deleted = 0
@@ -118,7 +118,7 @@ class Retention:
             try:  # a namespace policy that is not valid stops retention for its topics only
                 policy = self._topics.policy_from(topic.name, own.get(topic.full))
                 deleted += await self._apply(topic, policy, now_ms)
-            except (retention.RetentionFenced, DanubeError) as e:
+            except (expiry.RetentionFenced, DanubeError) as e:
                 self.state[topic.full].unfinished = True
                 log.warning("%s: retention stopped for this pass: %s", topic.full, e)
         self.passes += 1
@@ -132,13 +132,13 @@ class Retention:
         deleted = 0
         if state.unfinished:
             await cloud.refresh()  # all the metadata holds: a dead owner's recovered objects too
-            deleted += await retention.finish(self._objects, self._store, topic.fence.write, ns, name)
+            deleted += await expiry.finish(self._objects, self._store, topic.fence.write, ns, name)
             state.unfinished = False
-        limits = retention.Limits.of(policy.retention_time_minutes, policy.retention_size_mb)
-        doomed = await retention.expired(cloud.descriptors, limits, now_ms, state.times) if limits else []
+        limits = expiry.Limits.of(policy.retention_time_minutes, policy.retention_size_mb)
+        doomed = await expiry.expired(cloud.descriptors, limits, now_ms, state.times) if limits else []
         if doomed:
             state.unfinished = True  # until every step below is done
-            deleted += await retention.remove(self._objects, topic.fence.write, ns, name, doomed)
+            deleted += await expiry.remove(self._objects, topic.fence.write, ns, name, doomed)
             floor = doomed[-1].end_offset + 1
             cloud.forget(floor - 1)
             if isinstance(topic.log, GapAwareLog):

@@ -46,9 +46,9 @@ from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BrokerRegistration, TableCatalog
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc

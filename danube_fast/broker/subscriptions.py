@@ -31,8 +31,7 @@ from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.errors import denied, exhausted, invalid, not_found, precondition
 from danube_fast.meta import keys
-from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionType
-from danube_fast.meta.resources import Subscription as SubscriptionRecord
+from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionRecord, SubscriptionType
 from danube_fast.meta.store import Delete, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb

@@ -42,7 +42,7 @@ from danube_fast.errors import (
     unavailable,
 )
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import (
     JSON,
     NULL,
@@ -51,14 +51,14 @@ from danube_fast.meta.resources import (
     Producer,
     ProducerAccessMode,
     SubscriptionCursor,
+    SubscriptionRecord,
     TopicDelivery,
     TopicRoot,
 )
-from danube_fast.meta.resources import Subscription as SubscriptionRecord
 from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
-from danube_fast.storage.cache import CacheBudget
 from danube_fast.storage.gaps import Gap
+from danube_fast.storage.tail_cache import CacheBudget
 from danube_fast.storage.tiered import TopicLog
 from danube_fast.storage.wal import Wal
 
@@ -84,7 +84,7 @@ class Topics:
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
         # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
         self.budget = ByteBudget(config.dispatch.broker_bytes)
-        # Bytes every topic's tail cache holds, against [wal] cache_total_bytes (storage/cache.py).
+        # Bytes every topic's tail cache holds, against [wal] cache_total_bytes (storage/tail_cache.py).
         self.cache_budget = CacheBudget(config.wal.cache_total_bytes)
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.

@@ -510,7 +510,7 @@ def parse_sealed_state(key: str) -> tuple[str, str]:
 
 def retention_state(namespace: str, topic: str) -> str:
     """`/danube-data/storage/topics/{namespace}/{topic}/retention`: the offset below which retention deleted
-    everything, and the objects it is deleting (storage/retention.py)."""
+    everything, and the objects it is deleting (storage/objects/expiry.py)."""
     return _key(*_storage(namespace, topic), "retention")
 
 

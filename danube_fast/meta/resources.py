@@ -18,7 +18,7 @@ Which key holds what:
 | topic_delivery                               | TopicDelivery                         |
 | topic_schema                                 | TopicSchemaConfig                     |
 | topic_producer                               | Producer                              |
-| topic_subscription                           | Subscription                          |
+| topic_subscription                           | SubscriptionRecord                    |
 | subscription_cursor                          | SubscriptionCursor                    |
 | schema_next_id                               | NextSchemaId                          |
 | schema_metadata                              | SchemaMetadata (of SchemaVersion)     |
@@ -72,8 +72,8 @@ from danube_fast.meta.resources_topics import (
     Policy,
     Producer,
     ProducerAccessMode,
-    Subscription,
     SubscriptionCursor,
+    SubscriptionRecord,
     SubscriptionType,
     TopicDelivery,
     TopicRoot,
@@ -113,8 +113,8 @@ __all__ = [
     "SchemaMetadata",
     "SchemaVersion",
     "SealedState",
-    "Subscription",
     "SubscriptionCursor",
+    "SubscriptionRecord",
     "SubscriptionType",
     "SystemLoad",
     "TableCatalog",

@@ -116,7 +116,7 @@ class SealedState(Resource):
 class RetentionState(Resource):
     """`.../retention`: `{"floor": offset, "deleting": [object ids]}`. `floor`: retention deleted every offset
     below it (a dead owner's gap there is no longer waited for). `deleting`: objects whose descriptors are
-    gone and that are being deleted; a crash leaves them for the next pass (storage/retention.py)."""
+    gone and that are being deleted; a crash leaves them for the next pass (storage/objects/expiry.py)."""
 
     RESOURCE = "retention state"
 

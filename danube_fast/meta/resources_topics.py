@@ -170,7 +170,7 @@ class SubscriptionType(IntEnum):
 
 
 @dataclass(frozen=True)
-class Subscription(Resource):
+class SubscriptionRecord(Resource):
     """`/topics/{ns}/{topic}/subscriptions/{subscription_name}`; `consumer_id` is present and may be null."""
 
     RESOURCE = "subscription"

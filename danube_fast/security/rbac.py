@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import InvalidKey
 from danube_fast.names import partition_base
 

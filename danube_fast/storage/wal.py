@@ -30,11 +30,11 @@ from typing import Any
 from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
 from danube_fast.storage._wal_common import AppendResult, RecoveryReport
-from danube_fast.storage.cache import BatchCache, CacheBudget, CachedGroup
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
 from danube_fast.storage.objects.format import Footer
 from danube_fast.storage.segmented_log import SegmentedLog
+from danube_fast.storage.tail_cache import BatchCache, CacheBudget, CachedGroup
 
 log = logging.getLogger("danube_fast.wal")
 

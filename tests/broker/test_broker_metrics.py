@@ -23,7 +23,7 @@ from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
-from danube_fast.storage.cache import CacheBudget
+from danube_fast.storage.tail_cache import CacheBudget
 
 
 def topics_of(*topics: Topic, cache_budget: CacheBudget | None = None) -> Topics:

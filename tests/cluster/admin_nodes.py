@@ -21,8 +21,8 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.topics import Topics
-from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc

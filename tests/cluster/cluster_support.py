@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import (
     NULL,
     BrokerRegistration,

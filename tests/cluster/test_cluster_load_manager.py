@@ -15,8 +15,8 @@ from cluster_support import register, topic
 from danube_fast.broker.cluster.load_manager import LoadManager
 from danube_fast.broker.config import ClusterConfig
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.election import LeaderElection
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import LoadBalanceDecision, SealedState, Unassigned
 from danube_fast.meta.store import MetadataStore
 

@@ -1,4 +1,4 @@
-"""Orphan WAL recovery in the Reconciler (cluster/placement.py), for the case the chaos campaign caught: a
+"""Orphan WAL recovery in the Reconciler (cluster/reconciler.py), for the case the chaos campaign caught: a
 broker restarted while its cache still showed an assignment its lease had lost, so the start's orphan pass
 passed the topic's WAL over; the assignment then went, and nothing recovered the WAL: readers waited at its
 gap and would have read past acknowledged records. Now the reconcile that sees the assignment gone recovers
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from danube_fast.broker.cluster import placement
-from danube_fast.broker.cluster.placement import Reconciler
+from danube_fast.broker.cluster import reconciler as reconciler_module
+from danube_fast.broker.cluster.reconciler import Reconciler
 from danube_fast.meta import keys
 from danube_fast.names import TopicName
 
@@ -56,7 +56,7 @@ def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int
 
 def test_an_assignment_gone_after_the_start_recovers_the_wal_left_behind(
         tmp_path: Path, run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placement, "RETRY_DELAY", 0.01)
+    monkeypatch.setattr(reconciler_module, "RETRY_DELAY", 0.01)
 
     async def main() -> None:
         cache, recovered = Cache(), []

@@ -92,8 +92,9 @@ async def _moved(store: object, topic: str, source: int) -> bool:
 
 async def _within(store: object, topic: str, limit: int, end: int) -> list | None:  # type: ignore[type-arg]
     """The descriptors once the newest ends at `end` and retention is done with them: they hold at most
-    `limit` bytes together, as retention counts (storage/retention.py `expired`; it keeps the newest even when
-    that one alone is over). Counting all but the newest let a CI run read the floor one pass too early."""
+    `limit` bytes together, as retention counts (storage/objects/expiry.py `expired`; it keeps the newest even
+    when that one alone is over). Counting all but the newest let a CI run read the floor one pass too
+    early."""
     ns, t = keys.split_topic_name(topic)
     found = await load_descriptors(store, ns, t)  # type: ignore[arg-type]
     if not found or found[-1].end_offset != end or (len(found) > 1 and sum(d.size for d in found) > limit):

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from danube_fast.meta.cache import LocalCache, NotCached, Subscription
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.etcd import EtcdStore
+from danube_fast.meta.local_cache import EventFeed, LocalCache, NotCached
 from danube_fast.meta.store import (
     Compacted,
     Compare,
@@ -60,7 +60,7 @@ async def converged(cache: LocalCache, s: MetadataStore, prefix: str,
 
 
 
-async def take(sub: Subscription, n: int, timeout: float = 5.0) -> list[tuple[str, str, int]]:
+async def take(sub: EventFeed, n: int, timeout: float = 5.0) -> list[tuple[str, str, int]]:
     events: list[WatchEvent] = [await asyncio.wait_for(anext(sub), timeout) for _ in range(n)]
     return [(e.type, e.key, e.revision) for e in events]
 

@@ -1,6 +1,6 @@
-"""The tail cache (storage/cache.py): each topic's BatchCache is bounded by its own size and, in a broker, by
-one CacheBudget for every topic together, the oldest groups going first whichever topic holds them; and the
-WALs of a broker share that budget (reads of what it evicted come from the disk, unchanged)."""
+"""The tail cache (storage/tail_cache.py): each topic's BatchCache is bounded by its own size and, in a
+broker, by one CacheBudget for every topic together, the oldest groups going first whichever topic holds them;
+and the WALs of a broker share that budget (reads of what it evicted come from the disk, unchanged)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from danube_fast.broker.config import ConfigError, load
 from danube_fast.storage import Wal, WalConfig
-from danube_fast.storage.cache import BatchCache, CacheBudget, CachedGroup
+from danube_fast.storage.tail_cache import BatchCache, CacheBudget, CachedGroup
 from tests.storage.test_wal_facade import Run, batch, read_all, seq_of
 
 

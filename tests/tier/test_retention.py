@@ -1,6 +1,6 @@
-"""Retention in the object tier (storage/retention.py) over real parts: both metadata stores (embedded, etcd),
-both object stores (folder, S3 on loopback), objects made by the real uploader from a real WAL. The clock is
-the test's: `now_ms` is given, and records carry the publish times the test picks."""
+"""Retention in the object tier (storage/objects/expiry.py) over real parts: both metadata stores (embedded,
+etcd), both object stores (folder, S3 on loopback), objects made by the real uploader from a real WAL. The
+clock is the test's: `now_ms` is given, and records carry the publish times the test picks."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from danube_fast.meta import keys
 from danube_fast.meta.fencing import OwnershipLost, fenced_write
 from danube_fast.meta.resources_storage import ObjectDescriptor, RetentionState
 from danube_fast.meta.store import MetadataStore, Op, TxnResult
-from danube_fast.storage import Wal, retention
+from danube_fast.storage import Wal
+from danube_fast.storage.objects import expiry
 from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.objects.expiry import Limits, ObjectTimes
 from danube_fast.storage.objects.store import ObjectStore, object_key, topic_objects_prefix
-from danube_fast.storage.retention import Limits, ObjectTimes
 from danube_fast.storage.tiered import CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig
 from danube_fast.testing.plugin import StoreFactory
@@ -74,15 +75,15 @@ def test_time_retention_deletes_the_oldest_objects_and_keeps_the_newest(
             wal, found = await topic_with_objects(tmp_path / "wal", objects, meta,
                                                   [T0 + i * MINUTE for i in range(6)])
             times = ObjectTimes(objects, NS, TOPIC)
-            doomed = await retention.expired(found, Limits(time_ms=7 * MINUTE), T0 + 10 * MINUTE, times)
+            doomed = await expiry.expired(found, Limits(time_ms=7 * MINUTE), T0 + 10 * MINUTE, times)
             assert doomed == found[:3]
             assert await times.of(found[3]) == (T0 + 3 * MINUTE, T0 + 3 * MINUTE)  # from the footer
             write = await unfenced(meta)
-            assert await retention.remove(objects, write, NS, TOPIC, doomed) == 3
+            assert await expiry.remove(objects, write, NS, TOPIC, doomed) == 3
             kept = await load_descriptors(meta, NS, TOPIC)
             assert kept == found[3:]
             assert await stored(objects) == sorted(d.object_id for d in kept)
-            state = await retention.read_state(meta, NS, TOPIC)
+            state = await expiry.read_state(meta, NS, TOPIC)
             assert state == RetentionState(found[3].start_offset)
             # A reader at 0, behind retention, reads on from the first offset kept.
             await wal.delete_before(found[-1].start_offset)  # as the uploader does: the tier holds the rest
@@ -91,9 +92,9 @@ def test_time_retention_deletes_the_oldest_objects_and_keeps_the_newest(
             assert got is not None
             assert next(iter(frames.decode_records(got[0]))).offset == found[3].start_offset
             assert log.behind_retention == found[3].start_offset
-            everything = await retention.expired(kept, Limits(time_ms=1), T0 + 60 * MINUTE, times)
+            everything = await expiry.expired(kept, Limits(time_ms=1), T0 + 60 * MINUTE, times)
             assert everything == kept[:-1]
-            await retention.remove(objects, write, NS, TOPIC, everything)
+            await expiry.remove(objects, write, NS, TOPIC, everything)
             assert await load_descriptors(meta, NS, TOPIC) == kept[-1:]
             assert (await meta.get(keys.objects_cur(NS, TOPIC))) is not None
             await wal.close()
@@ -116,15 +117,15 @@ def test_an_object_age_is_its_newest_record_but_never_past_its_upload(
                                                   [year_2100, T0, T0 + 30 * MINUTE, T0, T0])
             now = int(time.time() * 1000)
             times = ObjectTimes(objects, NS, TOPIC)
-            assert retention.object_time(found[0], await times.of(found[0])) == found[0].created_at * 1000
-            assert retention.object_time(found[1], await times.of(found[1])) == T0
+            assert expiry.object_time(found[0], await times.of(found[0])) == found[0].created_at * 1000
+            assert expiry.object_time(found[1], await times.of(found[1])) == T0
             hour = Limits(time_ms=60 * MINUTE)
-            assert await retention.expired(found, hour, now + 2 * 60 * MINUTE, times) == found[:4]
-            assert await retention.expired(found, hour, now, times) == []  # the first is young by its upload
-            assert await retention.expired(found[1:], Limits(time_ms=20 * MINUTE), T0 + 40 * MINUTE, times) \
+            assert await expiry.expired(found, hour, now + 2 * 60 * MINUTE, times) == found[:4]
+            assert await expiry.expired(found, hour, now, times) == []  # the first is young by its upload
+            assert await expiry.expired(found[1:], Limits(time_ms=20 * MINUTE), T0 + 40 * MINUTE, times) \
                 == found[1:2]  # the one of T0 + 30 min stops the cut
             empty = ObjectDescriptor("", 100, 199, 0, True, 1_000)
-            assert await times.of(empty) is None and retention.object_time(empty, None) == 1_000_000
+            assert await times.of(empty) is None and expiry.object_time(empty, None) == 1_000_000
             await wal.close()
         await objects.close()
 
@@ -140,12 +141,12 @@ def test_size_retention_keeps_the_newest_bytes(backend: Backend, store: StoreFac
             size = found[0].size
             assert all(d.size == size for d in found)
             times = ObjectTimes(objects, NS, TOPIC)
-            doomed = await retention.expired(found, Limits(bytes=3 * size + size // 2), T0, times)
+            doomed = await expiry.expired(found, Limits(bytes=3 * size + size // 2), T0, times)
             assert doomed == found[:5], "three whole objects fit, a fourth does not"
-            await retention.remove(objects, await unfenced(meta), NS, TOPIC, doomed)
+            await expiry.remove(objects, await unfenced(meta), NS, TOPIC, doomed)
             assert await load_descriptors(meta, NS, TOPIC) == found[5:]
-            assert await retention.expired(found[5:], Limits(bytes=1), T0, times) == found[5:7]
-            assert await retention.expired(found[5:], Limits(), T0, times) == []
+            assert await expiry.expired(found[5:], Limits(bytes=1), T0, times) == found[5:7]
+            assert await expiry.expired(found[5:], Limits(), T0, times) == []
             await wal.close()
         await objects.close()
 
@@ -182,16 +183,16 @@ def test_a_pass_cut_short_after_the_descriptors_is_finished_by_the_next(
             write = await unfenced(meta)
             objects.fail = True
             with pytest.raises(ObjectStoreUnavailable):
-                await retention.remove(objects, write, NS, TOPIC, found[:2])
+                await expiry.remove(objects, write, NS, TOPIC, found[:2])
             assert await load_descriptors(meta, NS, TOPIC) == found[2:]
             assert await stored(real) == sorted(d.object_id for d in found)  # the objects are still there
-            state = await retention.read_state(meta, NS, TOPIC)
+            state = await expiry.read_state(meta, NS, TOPIC)
             assert state is not None and state.deleting == (found[0].object_id, found[1].object_id)
             objects.fail = False
-            assert await retention.finish(objects, meta, write, NS, TOPIC) == 2
+            assert await expiry.finish(objects, meta, write, NS, TOPIC) == 2
             assert await stored(real) == sorted(d.object_id for d in found[2:])
-            assert await retention.read_state(meta, NS, TOPIC) == RetentionState(found[1].end_offset + 1)
-            assert await retention.finish(objects, meta, write, NS, TOPIC) == 0
+            assert await expiry.read_state(meta, NS, TOPIC) == RetentionState(found[1].end_offset + 1)
+            assert await expiry.finish(objects, meta, write, NS, TOPIC) == 0
             await wal.close()
         await real.close()
 
@@ -215,7 +216,7 @@ def test_a_broker_that_lost_the_topic_deletes_nothing(backend: Backend, store: S
 
             await meta.delete(assignment)  # the topic moved away
             with pytest.raises(OwnershipLost):
-                await retention.remove(objects, fenced, NS, TOPIC, found[:2])
+                await expiry.remove(objects, fenced, NS, TOPIC, found[:2])
             assert await load_descriptors(meta, NS, TOPIC) == found
             assert await stored(objects) == sorted(d.object_id for d in found)
             assert await meta.get(keys.retention_state(NS, TOPIC)) is None

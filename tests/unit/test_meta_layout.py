@@ -45,8 +45,8 @@ from danube_fast.meta.resources import (
     SchemaMetadata,
     SchemaVersion,
     SealedState,
-    Subscription,
     SubscriptionCursor,
+    SubscriptionRecord,
     SubscriptionType,
     SystemLoad,
     TopicDelivery,
@@ -188,7 +188,7 @@ SEED_000 = [
   "consumer_name": "cons_reliable",
   "subscription_name": "subs_reliable",
   "subscription_type": 0
-}""", Subscription, lambda: keys.topic_subscription("default", "reliable_topic", "subs_reliable"),
+}""", SubscriptionRecord, lambda: keys.topic_subscription("default", "reliable_topic", "subs_reliable"),
             keys.parse_topic_subscription, ("default", "reliable_topic", "subs_reliable")),
     # 3.5 Subscription Cursor
     Example("3.5", "/topics/default/reliable_topic/subscriptions/subs_reliable/cursor", "13",
@@ -283,7 +283,7 @@ def test_seed_000_values_are_typed() -> None:
     assert TopicDelivery.from_json(b'"NonReliable"').mode is DeliveryMode.NON_RELIABLE
     producer = Producer.from_json(by_section["3.3", '{\n  "access_'].value.encode())
     assert producer.access_mode is ProducerAccessMode.SHARED and producer.status is True
-    subscription = Subscription.from_json(by_section["3.4", '{\n  "consume'].value.encode())
+    subscription = SubscriptionRecord.from_json(by_section["3.4", '{\n  "consume'].value.encode())
     assert subscription.consumer_id is None and subscription.subscription_type is SubscriptionType.EXCLUSIVE
     metadata = SchemaMetadata.from_json(SCHEMA_METADATA_TEXT.encode())
     assert metadata.compatibility_mode is CompatibilityMode.BACKWARD and len(metadata.versions) == 2
@@ -576,7 +576,8 @@ def test_unknown_fields_are_kept() -> None:
     assert json.loads(LoadReport.from_json(json.dumps(report).encode()).to_json()) == report
     subscription = {"consumer_id": 5, "consumer_name": "c", "subscription_name": "s", "subscription_type": 3,
                     "key_filters": ["a*"]}
-    assert json.loads(Subscription.from_json(json.dumps(subscription).encode()).to_json()) == subscription
+    record = SubscriptionRecord.from_json(json.dumps(subscription).encode())
+    assert json.loads(record.to_json()) == subscription
     version = json.loads(SCHEMA_METADATA_TEXT)["versions"][0] | {"deprecation_message": None,
                                                                  "description": "v1"}
     version["schema_def"]["Avro"]["extra"] = 1

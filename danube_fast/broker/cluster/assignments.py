@@ -16,7 +16,7 @@ from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.errors import ApiError, unavailable
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BrokerRegistration, Unassigned
 from danube_fast.meta.store import Op, Put
 from danube_fast.names import TopicName

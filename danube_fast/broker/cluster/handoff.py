@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from danube_fast.meta import keys
 from danube_fast.meta.resources import JSON, JSONObject, ObjectDescriptor, SealedState
 from danube_fast.meta.store import Delete, MetadataStore, Op, Put, TxnResult
-from danube_fast.storage import retention
 from danube_fast.storage.gaps import Gap, gaps_from, open_gaps
+from danube_fast.storage.objects import expiry
 from danube_fast.storage.objects.catalog import load_descriptors
 
 FencedWrite = Callable[[Sequence[Op]], Awaitable[TxnResult]]
@@ -98,7 +98,7 @@ async def _above_floor(store: MetadataStore, namespace: str, topic: str, gaps: l
     """`gaps` cut at retention's floor: below it nothing is pending (recovered, then deleted by retention)."""
     if not gaps:
         return gaps
-    retained = await retention.read_state(store, namespace, topic)
+    retained = await expiry.read_state(store, namespace, topic)
     return gaps_from(gaps, retained.floor) if retained is not None else gaps
 
 

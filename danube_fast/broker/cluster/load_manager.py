@@ -30,8 +30,8 @@ from danube_fast.broker.cluster.moves import Move
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import ClusterConfig
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
 from danube_fast.meta.election import LeaderElection, NotLeader
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import NULL, BrokerMode, LoadBalanceDecision, SealedState, Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
 

@@ -18,13 +18,13 @@ from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.load_manager import LoadManager
 from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
 from danube_fast.broker.cluster.orphans import Orphans
-from danube_fast.broker.cluster.placement import Reconciler
+from danube_fast.broker.cluster.reconciler import Reconciler
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BrokerMode, BrokerRegistration, BrokerState, Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import (
     BrokerRegistration,
     BrokerState,

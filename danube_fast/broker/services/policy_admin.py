@@ -17,7 +17,7 @@ from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError, invalid, not_found
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import Policy
 from danube_fast.meta.store import BadValue, Compare, KeyValue, MetadataStore, Put
 from danube_fast.names import TopicName, check_namespace, parse_topic

@@ -10,7 +10,7 @@ import json
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.errors import invalid, not_found, precondition
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache
+from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import InvalidKey, MetadataStore
 from danube_fast.proto import SecurityAdmin_pb2 as pb
 from danube_fast.security.rbac import check_scope, parse_permissions, role_value

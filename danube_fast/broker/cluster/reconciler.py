@@ -31,8 +31,8 @@ from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
-from danube_fast.meta.cache import LocalCache, Subscription
 from danube_fast.meta.fencing import Ownership
+from danube_fast.meta.local_cache import EventFeed, LocalCache
 from danube_fast.meta.resources import UNLOAD, Unassigned
 from danube_fast.meta.store import MetadataError, MetadataStore
 from danube_fast.names import TopicName
@@ -87,7 +87,7 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*self._tasks, *(t for t in [self._follower] if t), return_exceptions=True)
 
-    async def _follow(self, sub: Subscription) -> None:
+    async def _follow(self, sub: EventFeed) -> None:
         async for event in sub:
             self._event(event.key)
 

@@ -58,7 +58,7 @@ class _Prefix:
     task: asyncio.Task[None] | None = None
 
 
-class Subscription:
+class EventFeed:
     """The events applied under `prefix` after `LocalCache.subscribe`, in revision order (the synthetic
     differences of a resync included). The cache has applied an event before it is delivered. Unbounded: a
     consumer that stops reading must `close()` it. Iteration ends when it or the cache is closed."""
@@ -70,7 +70,7 @@ class Subscription:
         self._wakeup = asyncio.Event()
         self._closed = False
 
-    def __aiter__(self) -> Subscription:
+    def __aiter__(self) -> EventFeed:
         return self
 
     async def __anext__(self) -> WatchEvent:
@@ -105,7 +105,7 @@ class LocalCache:
         self._probe_interval = probe_interval
         self._keys: list[str] = []  # sorted, for prefix reads in O(log n + k)
         self._kvs: dict[str, KeyValue] = {}
-        self._subscribers: set[Subscription] = set()
+        self._subscribers: set[EventFeed] = set()
         self._progress: asyncio.Event | None = None  # set, then dropped, when a revision advances
         self._reachable = True  # the last probe reached the store
         self._stale_since: float | None = None
@@ -168,11 +168,11 @@ class LocalCache:
     def is_synced(self) -> bool:
         return self._stale_since is None
 
-    def subscribe(self, prefix: str) -> Subscription:
+    def subscribe(self, prefix: str) -> EventFeed:
         """Events under `prefix`, which must lie inside one cached prefix (order holds within a watch). To see
         the whole picture, subscribe and then read get_prefix in the same step: no event falls between."""
         self._covering(prefix)
-        sub = Subscription(self, prefix)
+        sub = EventFeed(self, prefix)
         self._subscribers.add(sub)
         return sub
 
