@@ -10,8 +10,8 @@ delivery). Prints produce and consume MB/s with the CPU seconds the broker (ever
 process used in each phase. Variants take turns within each round, so that this machine's drift falls on
 all of them alike; compare variants within one run, never across runs.
 
-Not a recorded suite (nothing goes to RESULTS.md): the comparisons in docs/ARCHITECTURE.md name the command
-that made them. `python -m bench e2e` gives the figures against the peers.
+Not a recorded suite (nothing goes to RESULTS.md): the decision records in docs/decisions/ name the
+command that made them. `python -m bench e2e` gives the figures against the peers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What each RPC of both ports needs: a permission at a scope taken from its (first) request. A method with no
-rule here is refused to everyone but privileged principals (deny by default), and `Gate.check_coverage`
-makes the broker refuse to start if a served method has none. The table is docs/SECURITY.md's.
+rule here is refused to everyone but privileged principals (deny by default), and
+tests/security/test_security_units.py checks that every served method has one and every rule a method. The
+table is docs/SECURITY.md's.
 """
 
 from __future__ import annotations

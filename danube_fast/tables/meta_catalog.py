@@ -1,12 +1,12 @@
 """An Iceberg catalog on the metadata store (docs/TABLES.md, "Where tables live"): cluster mode's default,
 nothing to set up, every broker and every reader already reaches it.
 
-A table is one key, `/danube-data/tables/{namespace}/{table}` (`TablePointer`: its current metadata file),
-and a commit is Iceberg's usual optimistic swap of that pointer: pyiceberg stages the new metadata and writes
-its file, then one transaction puts the new pointer only if the key's mod_revision is still the one read
-(etcd's compare-and-swap; the embedded store has the same transactions). A commit that lost the race raises
-CommitFailedException and its metadata file is left for the orphan sweep. Namespaces are Danube's, implicit:
-a table may be created in any namespace. Views are not supported.
+A table is one key, `/danube-data/tables/by-topic/{namespace}/{table}` (`TablePointer`: its current metadata
+file), and a commit is Iceberg's usual optimistic swap of that pointer: pyiceberg stages the new metadata and
+writes its file, then one transaction puts the new pointer only if the key's mod_revision is still the one
+read (etcd's compare-and-swap; the embedded store has the same transactions). A commit that lost the race
+raises CommitFailedException and its metadata file is left for the orphan sweep. Namespaces are Danube's,
+implicit: a table may be created in any namespace. Views are not supported.
 
 Why not PostgreSQL: a second server every cluster would have to run, back up and secure, for one compare-and-
 swap per commit, which etcd already does for the brokers' own state. What it costs: engines that know only

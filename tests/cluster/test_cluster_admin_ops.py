@@ -30,8 +30,8 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import (
     BrokerState,
     DeliveryMode,
-    Subscription,
     SubscriptionCursor,
+    SubscriptionRecord,
     SubscriptionType,
     TopicSchemaConfig,
     Unassigned,
@@ -344,7 +344,7 @@ def test_cluster_admin_topic_records(run: Any, store: Any) -> None:
             await topic(s, "ns1", "r", A, DeliveryMode.RELIABLE)
             await topic(s, "ns1", "n", A)
             for sub in ("s2", "s1"):
-                record = Subscription(None, "c", sub, SubscriptionType.SHARED)
+                record = SubscriptionRecord(None, "c", sub, SubscriptionType.SHARED)
                 await s.put(keys.topic_subscription("ns1", "r", sub), record.to_json())
             await s.put(keys.subscription_cursor("ns1", "r", "s1"), SubscriptionCursor(7).to_json())
             await s.put(keys.topic_schema("ns1", "r"), TopicSchemaConfig("orders").to_json())

@@ -21,7 +21,7 @@ from danube_fast.meta.election import NotLeader
 from danube_fast.meta.resources import (
     BrokerState,
     DeliveryMode,
-    Subscription,
+    SubscriptionRecord,
     SubscriptionType,
     TopicSchemaConfig,
     Unassigned,
@@ -50,7 +50,7 @@ async def _others(store: MetadataStore, z_port: int) -> None:
     await register(store, W, admin_port=closed_port(), mode="draining", reason="admin_unload")
     await topic(store, "ns1", "z-topic", Z, DeliveryMode.RELIABLE)
     await store.put(keys.topic_subscription("ns1", "z-topic", "zsub"),
-                    Subscription(None, "c", "zsub", SubscriptionType.SHARED).to_json())
+                    SubscriptionRecord(None, "c", "zsub", SubscriptionType.SHARED).to_json())
     await topic(store, "ns1", "waiting", None)
 
 

@@ -1,7 +1,7 @@
 """Cluster mode's `Placement` (broker/ownership.py): where topics live, read from the LocalCache of
 `/cluster/`, and how a new topic gets a home (an `unassigned` entry the leader's load manager places).
 
-Owner: the broker's event loop. The reconciler (placement.py) calls `changed()` after each load or unload,
+Owner: the broker's event loop. The reconciler (reconciler.py) calls `changed()` after each load or unload,
 which wakes creators waiting for their topic here; other brokers' assignments are polled.
 """
 

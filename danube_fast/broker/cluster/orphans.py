@@ -4,7 +4,7 @@ offset reservation (handoff.py), which no later owner reuses, so `recover` uploa
 tier lacks, declares the rest of the reservation empty (a zero-size descriptor), and deletes the directory.
 Its descriptor writes only create keys: they never overwrite what another owner wrote.
 
-Owner: the broker's event loop; the reconciler (placement.py) calls `recover` for orphans it finds.
+Owner: the broker's event loop; the reconciler (reconciler.py) calls `recover` for orphans it finds.
 """
 
 from __future__ import annotations
