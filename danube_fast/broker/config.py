@@ -90,6 +90,7 @@ target_file_bytes = 134217728     # compaction joins files under half this into 
 compact_min_files = 8             # small files a partition needs before it is compacted
 snapshot_keep_ms = 3600000        # snapshots, and the files only they name, kept this long for readers
 orphan_grace_ms = 600000          # files no snapshot names (a crashed commit's) are deleted this old
+drop_with_topic = false           # a deleted topic's tables are dropped with their files (false: kept)
 
 [security]                        # TLS, mTLS, JWT and RBAC: docs/SECURITY.md; every setting's meaning is in
 mode = "none"                     # danube_fast/security/config.py (none | tls | tls_jwt)

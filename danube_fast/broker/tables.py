@@ -128,6 +128,8 @@ class TableWriter:
         self._retention: dict[str, int] = {}  # stored topic -> its table's retention (ms; 0: none)
         self._modes_read = 0.0
         self._maintained: dict[str, float] = {}  # table identifier -> when it was last maintained
+        self._dropped_at = 0.0  # when deleted topics' tables were last looked for ([tables] drop_with_topic)
+        self.dropped: list[str] = []  # the tables it dropped, for the log and the tests
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -217,8 +219,50 @@ class TableWriter:
                 if error != entry.status.error:  # once per cause, not once per pass
                     log.warning("%s: table commit failed, retrying each pass: %s", topic.full, error)
                 entry.status.error = error
+        if self._config.drop_with_topic and now - self._dropped_at >= self._config.maintenance_ms / 1000:
+            self._dropped_at = now
+            try:
+                await self._drop_deleted()
+            except Exception as e:  # the catalog or the store away: the next round tries again
+                log.warning("dropping the tables of deleted topics failed: %s: %s", type(e).__name__, e)
         self.passes += 1
         return behind
+
+    async def _drop_deleted(self) -> None:
+        """Drop the tables whose topic is gone from the metadata store (read there, not from the cache: a
+        cache behind would drop a live topic's table). Any broker may do it; a table dropped twice is
+        dropped once."""
+        from danube_fast.tables.catalog import DEAD_LETTER_SUFFIX
+
+        for namespace, table in await self._in_thread(self._table_names):
+            base = table.removesuffix(DEAD_LETTER_SUFFIX)
+            if await self._topic_exists(namespace, base):
+                continue
+            from danube_fast.tables import maintenance
+
+            files = await self._in_thread(maintenance.drop, self._catalog, (namespace, table))
+            self.dropped.append(f"{namespace}.{table}")
+            log.info("%s.%s: topic /%s/%s was deleted: table dropped, %d files deleted", namespace, table,
+                     namespace, base, files)
+
+    async def _topic_exists(self, namespace: str, topic: str) -> bool:
+        """The topic, or a partition of it, in the metadata store."""
+        if await self._store.get(keys.namespace_topic(namespace, topic)) is not None:
+            return True
+        partitions = await self._store.get_prefix(keys.namespace_topic(namespace, f"{topic}-part-"))
+        return any(names.is_partition_of(keys.parse_namespace_topic(kv.key)[1], topic) for kv in partitions)
+
+    def _table_names(self) -> list[tuple[str, str]]:
+        """Every table of the catalog, as (namespace, table)."""
+        if self._catalog is None:
+            from danube_fast.tables.catalog import open_catalog
+
+            self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
+        found = []
+        for namespace in self._catalog.list_namespaces():
+            for ident in self._catalog.list_tables(namespace):
+                found.append((str(ident[0]), str(ident[-1])))
+        return found
 
     async def _resolve(self, topic: ReliableTopic, entry: _Table, force: bool = False) -> Resolved:
         """Schema mode: the topic's subject, read again every policy_check_ms (or when `force`d); raises

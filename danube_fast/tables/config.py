@@ -21,6 +21,9 @@ class TablesConfig:
     compact_min_files: int = 8  # small files a partition needs before it is compacted
     snapshot_keep_ms: int = 3_600_000  # snapshots (and the files only they name) kept this long for readers
     orphan_grace_ms: int = 600_000  # files no snapshot names are deleted once this old
+    # A deleted topic's table (and dead-letter table) is dropped, files and all, at the next maintenance
+    # round; false keeps it for its readers (a topic created later under the name stops at it, TableAhead).
+    drop_with_topic: bool = False
 
     def check(self) -> None:
         if self.lag_ms < 100:

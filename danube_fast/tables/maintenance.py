@@ -25,6 +25,7 @@ Runs in a worker thread (synchronous pyiceberg and pyarrow I/O).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections import defaultdict
@@ -35,6 +36,7 @@ from urllib.parse import urlparse
 from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
@@ -158,6 +160,29 @@ def sweep(table: Table, grace_ms: int, now: float | None = None) -> int:
         if info.mtime is not None and info.mtime.timestamp() < cutoff:
             filesystem.delete_file(info.path)
             deleted += 1
+    return deleted
+
+
+def drop(catalog: Catalog, identifier: tuple[str, str]) -> int:
+    """Drop the table from the catalog (no reader plans it any more), then delete every file under its
+    location: data, manifests, metadata and orphans alike; how many files. None there: 0."""
+    from pyarrow import fs
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        location = catalog.load_table(identifier).location()
+        catalog.drop_table(identifier)
+    except NoSuchTableError:  # another broker dropped it first
+        return 0
+    filesystem, root = fs.FileSystem.from_uri(location)
+    deleted = 0
+    for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type == fs.FileType.File:
+            with contextlib.suppress(FileNotFoundError):
+                filesystem.delete_file(info.path)
+                deleted += 1
+    with contextlib.suppress(OSError):  # the folders of a local warehouse (S3 has none to delete)
+        filesystem.delete_dir(root)
     return deleted
 
 

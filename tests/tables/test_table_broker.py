@@ -204,6 +204,26 @@ def test_a_topic_deleted_and_created_again_stops_its_old_table_instead_of_mixing
     assert table_rows(broker, "default.reborn") == expected(0, 500)  # the old records, untouched
 
 
+def test_with_drop_with_topic_a_deleted_topics_table_goes_with_its_files_and_the_others_stay(
+        broker_factory: BrokerFactory) -> None:
+    dropping = CONFIG.replace("[tables]\n", "[tables]\ndrop_with_topic = true\nmaintenance_ms = 500\n")
+    broker = broker_factory.start(dropping + '[policy]\ntable_mode = "envelope"\n')
+    gone, kept = "/default/dropped", "/default/kept"
+    produce(broker, gone, 0, 300)
+    produce(broker, kept, 0, 200)
+    until("both tables", lambda: caught_up(broker, gone, 300) and caught_up(broker, kept, 200))
+    folder = broker.data_dir / "tables" / "warehouse" / "default"
+    assert sorted(p.name for p in folder.iterdir()) == ["dropped", "kept"]
+    admin(broker, "topics", "delete", gone)
+    until("the deleted topic's table gone", lambda: not (folder / "dropped").exists())
+    cat = open_catalog(catalog_of(broker), read_only=True)
+    assert cat.list_tables("default") == [("default", "kept")]
+    assert table_rows(broker, "default.kept") == expected(0, 200)
+    produce(broker, gone, 0, 10)  # created again: a new table, from offset 0
+    until("the new topic's table", lambda: caught_up(broker, gone, 10))
+    assert table_rows(broker, "default.dropped") == expected(0, 10)
+
+
 def test_a_partitioned_topic_gets_its_table_from_its_base_name(broker_factory: BrokerFactory) -> None:
     broker = broker_factory.start(CONFIG)
     admin(broker, "topics", "create", "/default/parted", "--partitions", "2", "--reliable")

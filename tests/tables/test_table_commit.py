@@ -205,3 +205,20 @@ def test_retention_drops_whole_old_hours_and_keeps_the_offsets(cat) -> None:  # 
     assert offsets_in(table) == list(range(100, 200))
     assert catalog.committed_offsets(table) == {TOPIC: 200}  # the writer goes on from the table's end
     assert maintenance.retain(table, retention_ms=24 * 3_600_000) == 0  # nothing more is that old
+
+
+def test_a_dropped_table_leaves_the_catalog_and_its_folder_and_the_others_stay(  # type: ignore[no-untyped-def]
+        cat) -> None:
+    from danube_fast.tables import maintenance
+
+    gone = catalog.load_or_create(cat, "default", "gone", False, True, 1 << 20)
+    kept = catalog.load_or_create(cat, "default", "kept", False, True, 1 << 20)
+    for table in (gone, kept):
+        commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
+    folder = Path(gone.location().removeprefix("file://"))
+    assert any(folder.rglob("*.parquet")) and any(folder.rglob("*.metadata.json"))
+    assert maintenance.drop(cat, ("default", "gone")) >= 3  # data, manifest list, manifest, metadata
+    assert not folder.exists()
+    assert cat.list_tables("default") == [("default", "kept")]
+    assert maintenance.drop(cat, ("default", "gone")) == 0  # dropped already (another broker): nothing to do
+    assert offsets_in(cat.load_table(("default", "kept"))) == list(range(100))
