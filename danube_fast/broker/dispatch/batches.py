@@ -164,10 +164,10 @@ class BatchDispatcher:
 
     async def next_records(self, window: int) -> tuple[Buffer, int, int] | None:
         """The next whole batches to send (data, first offset, last offset), once the window (at most
-        [dispatch] window_bytes, which a window of 0 means) and the broker's budget have room and the WAL has
-        something committed past what was sent; saves the cursor when it is due. None once the dispatcher is
-        stopped or closed: the stream must end."""
-        window = min(window, self._config.window_bytes) if window else self._config.window_bytes
+        [dispatch] window_bytes) and the broker's budget have room and the WAL has something committed past
+        what was sent; saves the cursor when it is due. None once the dispatcher is stopped or closed: the
+        stream must end."""
+        window = min(window, self._config.window_bytes)
         epoch = self._epoch
         while True:
             self._wake.clear()
