@@ -31,7 +31,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "danube_fast.allocator")),
     ("native core", ("danube_fast.codec",)),
     ("metadata, schemas, security", ("danube_fast.meta", "danube_fast.schema", "danube_fast.security")),
-    ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables")),
+    ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables",
+                                  "danube_fast.access")),
     ("broker", ("danube_fast.broker",)),
     ("tools", ("danube_fast.cli", "danube_fast.testing")),
 )
@@ -158,6 +159,18 @@ def test_the_cli_is_a_client_but_for_the_command_that_starts_a_broker() -> None:
                  for name, deps in graph().items()
                  if name.startswith("danube_fast.cli") and name != "danube_fast.cli.broker"}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_spark_source_uses_only_the_access_modules() -> None:
+    """spark/pyspark_danube reaches danube_fast through danube_fast/access (at most four modules), never
+    its internals, so those can move without breaking the Spark source."""
+    known = set(modules())
+    used: dict[str, set[str]] = {}
+    for path in (ROOT / "spark" / "pyspark_danube").glob("*.py"):
+        for module in imported(f"pyspark_danube.{path.stem}", path, known):
+            used.setdefault(module, set()).add(path.name)
+    assert {m for m in used if not m.startswith("danube_fast.access.")} == set(), used
+    assert 0 < len(used) <= 4
 
 
 def test_only_the_cluster_and_the_composition_root_import_the_cluster() -> None:

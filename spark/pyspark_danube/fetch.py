@@ -20,12 +20,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from danube_fast.codec import frames
-from danube_fast.errors import FrameCorrupt, ObjectCorrupt, ObjectNotFound
-from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder
-from danube_fast.storage.objects.connect import open_object_store
-from danube_fast.storage.objects.format import check_header, parse_footer
-from danube_fast.storage.objects.store import ObjectStore, object_key
+from danube_fast.access.objects import (
+    FrameCorrupt,
+    ObjectCorrupt,
+    ObjectNotFound,
+    ObjectStore,
+    check_header,
+    frames,
+    object_key,
+    open_object_store,
+    parse_footer,
+)
+from danube_fast.access.tables import AvroDecoder, JsonDecoder
 from pyspark_danube import columns, values
 from pyspark_danube.plan import Chunk
 
@@ -179,7 +185,7 @@ def _lost(chunk: Chunk, what: str, records: int) -> None:
 
 async def _tail(chunk: Chunk) -> AsyncIterator[bytes | memoryview]:
     """The chunk's offsets from the broker serving the topic (records not in the object tier yet)."""
-    from danube_fast.client.reader import TopicReader
+    from danube_fast.access.brokers import TopicReader
 
     async with TopicReader(chunk.broker, credentials=chunk.options.credentials) as reader:
         async for data, _first, _last in reader.read(chunk.stored.name, chunk.from_offset, chunk.to_offset):

@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from danube_fast.client.credentials import Credentials
-from danube_fast.errors import ApiError
-from danube_fast.names import parse_topic
+from danube_fast.access.brokers import ApiError, Credentials
+from danube_fast.access.metadata import parse_topic
 
 EARLIEST = -2
 LATEST = -1

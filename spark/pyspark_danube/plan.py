@@ -24,20 +24,28 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from danube_fast import names
-from danube_fast.meta import keys
-from danube_fast.meta.reader import MetadataReader
-from danube_fast.meta.resources import BrokerRegistration, DeliveryMode, TopicDelivery
-from danube_fast.meta.resources_storage import ObjectDescriptor
-from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.storage.objects.format import HEADER_SIZE, Footer
-from danube_fast.storage.objects.store import ObjectStore, object_key, read_footer
+from danube_fast.access.metadata import (
+    BrokerRegistration,
+    DeliveryMode,
+    MetadataReader,
+    ObjectDescriptor,
+    TopicDelivery,
+    keys,
+    names,
+)
+from danube_fast.access.objects import (
+    HEADER_SIZE,
+    Footer,
+    ObjectStore,
+    load_descriptors,
+    object_key,
+    read_footer,
+)
 from pyspark_danube.options import EARLIEST, LATEST, Options
 from pyspark_danube.pushdown import Bounds
 
 if TYPE_CHECKING:
-    from danube_fast.client.credentials import Credentials
-    from danube_fast.client.reader import TopicReader
+    from danube_fast.access.brokers import Credentials, TopicReader
 
 log = logging.getLogger("pyspark_danube")
 
@@ -339,7 +347,7 @@ class CommittedOffsets:
         self._credentials = credentials
 
     async def __call__(self, broker: str, topic: str) -> tuple[int, int] | None:
-        from danube_fast.client.reader import TopicReader
+        from danube_fast.access.brokers import TopicReader
 
         try:
             async with TopicReader(broker, credentials=self._credentials) as reader:
@@ -359,7 +367,7 @@ class OpenCommittedOffsets(CommittedOffsets):
         self._readers: dict[str, TopicReader] = {}  # by host:port
 
     async def __call__(self, broker: str, topic: str) -> tuple[int, int] | None:
-        from danube_fast.client.reader import TopicReader
+        from danube_fast.access.brokers import TopicReader
 
         reader = self._readers.get(broker)
         if reader is None:

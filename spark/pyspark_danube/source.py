@@ -104,8 +104,8 @@ class PushdownReader(BatchReader):
 
 
 async def _plan(opts: options.Options, bounds: Bounds) -> list[Chunk]:
-    from danube_fast.meta.reader import open_reader
-    from danube_fast.storage.objects.connect import open_object_store
+    from danube_fast.access.metadata import open_reader
+    from danube_fast.access.objects import open_object_store
 
     meta = await open_reader(opts.metadata_store)
     try:

@@ -50,11 +50,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from danube_fast.meta.reader import MetadataReader, open_reader
-from danube_fast.meta.resources_storage import ObjectDescriptor
-from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.storage.objects.connect import open_object_store
-from danube_fast.storage.objects.store import ObjectStore
+from danube_fast.access.metadata import MetadataReader, ObjectDescriptor, open_reader
+from danube_fast.access.objects import ObjectStore, load_descriptors, open_object_store
 from pyspark_danube import columns
 from pyspark_danube.fetch import DataLossError, read_chunk
 from pyspark_danube.options import OptionError, Options

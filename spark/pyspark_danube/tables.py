@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import DataScan, Table
     from pyspark.sql import DataFrame, SparkSession
 
-    from danube_fast.meta.resources_storage import TableCatalog
+    from danube_fast.access.metadata import TableCatalog
 
 # Options that choose rows: read_table reads a whole topic; filter the DataFrame instead (Spark pushes
 # offset and timestamp filters into the Parquet scan).
@@ -122,7 +122,7 @@ def _typed(tail: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    from danube_fast.tables.typed import column_name
+    from danube_fast.access.tables import column_name
 
     value = tail.schema["value"].dataType
     if not isinstance(value, StructType):
@@ -138,9 +138,7 @@ def create_table_view(spark: SparkSession, topic: str, view: str, **opts: str) -
 
 
 async def plan_table(opts: options.Options, topic: str, where: str | None = None) -> TablePlan:
-    from danube_fast.meta import keys
-    from danube_fast.meta.reader import open_reader
-    from danube_fast.meta.resources_storage import TableCatalog, TablePointer
+    from danube_fast.access.metadata import TableCatalog, TablePointer, keys, open_reader
 
     namespace, base = topic.split("/")[1:]
     meta = await open_reader(opts.metadata_store)
@@ -192,7 +190,7 @@ def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.table import StaticTable
 
-    from danube_fast.tables.catalog import FORMAT_PROPERTY, MODE_PROPERTY, committed_offsets, open_catalog
+    from danube_fast.access.tables import FORMAT_PROPERTY, MODE_PROPERTY, committed_offsets, open_catalog
 
     namespace, base = topic.split("/")[1:]
     table: Table
@@ -230,7 +228,7 @@ def _scan(table: Table, where: str | None) -> DataScan:
 
 def _file_io(opts: options.Options) -> dict[str, str]:
     """pyiceberg FileIO settings for a warehouse on S3, from the source's S3 options."""
-    from danube_fast.tables.catalog import file_io
+    from danube_fast.access.tables import file_io
 
     s3 = opts.s3
     return file_io(s3.endpoint, s3.region, s3.access_key, s3.secret_key)

@@ -52,11 +52,8 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import DataType, StructType
 
-from danube_fast.meta import keys
-from danube_fast.meta.reader import MetadataReader
-from danube_fast.meta.resources import SchemaKind, SchemaMetadata, TopicSchemaConfig
-from danube_fast.schema import arrow_values
-from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder, Resolved, ValueSchemaError
+from danube_fast.access.metadata import MetadataReader, SchemaKind, SchemaMetadata, TopicSchemaConfig, keys
+from danube_fast.access.tables import AvroDecoder, JsonDecoder, Resolved, ValueSchemaError, arrow_values
 from pyspark_danube import columns, options
 from pyspark_danube.plan import stored_topics
 
@@ -81,7 +78,7 @@ def declared_schema(raw: MutableMapping[str, str]) -> StructType:
 
 
 async def _resolve(opts: options.Options) -> Resolved:
-    from danube_fast.meta.reader import open_reader
+    from danube_fast.access.metadata import open_reader
 
     meta = await open_reader(opts.metadata_store)
     try:

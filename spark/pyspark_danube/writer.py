@@ -41,11 +41,8 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from danube_fast.client import FastProducer
-from danube_fast.client.credentials import Credentials, open_channel
-from danube_fast.client.lookup import CHANNEL_OPTIONS
-from danube_fast.client.producer import Offsets
-from danube_fast.codec import frames
+from danube_fast.access.brokers import CHANNEL_OPTIONS, Credentials, FastProducer, Offsets, open_channel
+from danube_fast.access.objects import frames
 from pyspark_danube.options import SECURITY_OPTIONS, OptionError, credentials, topic_name
 
 log = logging.getLogger("pyspark_danube")

@@ -1,0 +1,16 @@
+"""Topic tables and schema-typed values, for readers outside the package (danube_fast/access). Importing it
+imports pyarrow (the typed values); pyiceberg is imported by the catalog functions on first use."""
+
+from danube_fast.schema import arrow_values
+from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder, Resolved, ValueSchemaError
+from danube_fast.tables.catalog import (
+           FORMAT_PROPERTY,
+           MODE_PROPERTY,
+           committed_offsets,
+           file_io,
+           open_catalog,
+)
+from danube_fast.tables.typed import column_name
+
+__all__ = ["FORMAT_PROPERTY", "MODE_PROPERTY", "AvroDecoder", "JsonDecoder", "Resolved", "ValueSchemaError",
+           "arrow_values", "column_name", "committed_offsets", "file_io", "open_catalog"]
