@@ -6,7 +6,8 @@ parsed arguments that returns the summary to print (a dict of fields, an admin L
 string such as a token), and `what`, the words its error line starts with.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, and a malformed store URL); 1 the command failed, with
-one line on stderr naming what was wrong. An unexpected exception (a bug) keeps its traceback.
+one line on stderr naming what was wrong; 141 quietly when stdout's reader went away (`| head`), as `cat`
+does; 130 interrupted. An unexpected exception (a bug) keeps its traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import asyncio
 import importlib.metadata
 import json
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -34,6 +37,7 @@ from danube_fast.meta.connect import URL_FORMS, StoreUrl, StoreUrlError, open_st
 PROG = "danube-fast"
 EXIT_OK, EXIT_FAILED = 0, 1  # and 2, argparse's exit code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141, as shells report a process that SIGPIPE ended
 
 Summary = dict[str, object]
 Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing | str]]
@@ -154,21 +158,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return broker_cli.run(args)
     try:
         summary = asyncio.run(args.run(args))
+        # Commands whose stdout carries data (consume's messages) report on stderr.
+        out = sys.stderr if getattr(args, "summary_on_stderr", False) else sys.stdout
+        if isinstance(summary, str):  # a value meant for a shell variable (a token)
+            print(summary, file=out)
+        elif isinstance(summary, admin_cli.Listing):
+            print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table(), file=out)
+        else:
+            print(json.dumps(summary) if args.output == "json" else _table(summary), file=out)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of stdout went away (`consume ... | head`): done, quietly
+        return _stdout_closed()
     except (DanubeError, OSError) as e:
         print(f"{PROG}: {args.what} failed: {_one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"{PROG}: {args.what} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    # Commands whose stdout carries data (consume's messages) report on stderr.
-    out = sys.stderr if getattr(args, "summary_on_stderr", False) else sys.stdout
-    if isinstance(summary, str):  # a value meant for a shell variable (a token)
-        print(summary, file=out)
-    elif isinstance(summary, admin_cli.Listing):
-        print(json.dumps(summary.as_json()) if args.output == "json" else summary.as_table(), file=out)
-    else:
-        print(json.dumps(summary) if args.output == "json" else _table(summary), file=out)
     return EXIT_OK
+
+
+def _stdout_closed() -> int:
+    """End as `cat` and `grep` do when their stdout's reader is gone: no message, the status of a process
+    SIGPIPE ended. Python would flush stdout again at exit and fail once more: point it at /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
