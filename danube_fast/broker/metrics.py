@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from ssl import SSLContext
+from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -184,17 +185,18 @@ class MetricsServer:
                  tables: TableWriter | None = None) -> None:
         self._registry = broker_registry(topics, time.monotonic(), retention, tables)
         self._server: asyncio.Server | None = None
-        self._admit: Callable[[str | None], None] | None = None
+        self._admit: Callable[[str | None, str | None], None] | None = None
 
     async def start(self, host: str, port: int, *, ssl: SSLContext | None = None,
-                    admit: Callable[[str | None], None] | None = None) -> int:
-        """Listen; with `ssl`, HTTPS; with `admit`, each request's bearer token (None without one) must pass
-        it (it raises an ApiError, answered 401 or 403)."""
+                    admit: Callable[[str | None, str | None], None] | None = None) -> int:
+        """Listen; with `ssl`, HTTPS; with `admit`, each request's bearer token and the common name of the
+        client certificate TLS verified (None without either) must pass it (it raises an ApiError, answered
+        401 or 403)."""
         self._admit = admit
         self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
         return int(self._server.sockets[0].getsockname()[1])
 
-    def _refusal(self, request: bytes) -> tuple[bytes, bytes] | None:
+    def _refusal(self, request: bytes, peercert: Any) -> tuple[bytes, bytes] | None:
         if self._admit is None:
             return None
         token = None
@@ -202,7 +204,7 @@ class MetricsServer:
         if text is not None:
             token = text[7:].strip() if text[:7].lower() == "bearer " else ""
         try:
-            self._admit(token)
+            self._admit(token, _common_name(peercert))
         except DanubeError as e:
             status = b"401 Unauthorized" if e.grpc_code == "UNAUTHENTICATED" else b"403 Forbidden"
             return status, str(e).encode() + b"\n"
@@ -217,7 +219,7 @@ class MetricsServer:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             method, path = ([*request.split(b"\r\n", 1)[0].split(b" "), b"", b""])[:2]
-            refused = self._refusal(request)
+            refused = self._refusal(request, writer.get_extra_info("peercert"))
             if refused is not None:
                 status, body = refused
                 head = b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nWWW-Authenticate: Bearer\r\n"
@@ -234,6 +236,15 @@ class MetricsServer:
             pass
         finally:
             writer.close()
+
+
+def _common_name(peercert: Any) -> str | None:
+    """The subject CN of a certificate as ssl's getpeercert() gives it (None without one)."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 def _header(request: bytes, wanted: bytes) -> str | None:

@@ -64,16 +64,20 @@ class Gate:
                                   "'danube-fast admin security tokens create')")
         raise unauthenticated("authentication required: a client certificate signed by the broker's CA")
 
-    def admit_metrics(self, token: str | None) -> None:
-        """The Prometheus endpoint: a token whose principal has Lookup cluster-wide."""
-        if self._verifier is None:
-            return  # mTLS without tokens: the TLS handshake checked the certificate
-        if token is None:
+    def admit_metrics(self, token: str | None, common_name: str | None = None) -> None:
+        """The Prometheus endpoint: a principal with Lookup cluster-wide, from a bearer token or, on mTLS,
+        from the client certificate the TLS handshake verified (`common_name`: its CN)."""
+        if token is not None and self._verifier is not None:
+            try:
+                principal = self._verifier.verify(token)
+            except TokenRefused as e:
+                raise unauthenticated(f"authentication failed: {e}") from None
+        elif self._config.verify_client and common_name and "/" not in common_name:
+            principal = CERT_PREFIX + common_name
+        elif self._verifier is not None:
             raise unauthenticated("metrics need 'Authorization: Bearer <token>'")
-        try:
-            principal = self._verifier.verify(token)
-        except TokenRefused as e:
-            raise unauthenticated(f"authentication failed: {e}") from None
+        else:
+            raise unauthenticated("metrics need a client certificate signed by the broker's CA")
         if principal not in self._privileged and not self._authorizer.allowed(principal, Permission.LOOKUP,
                                                                              "cluster"):
             raise denied(f"{principal} may not read metrics: it needs Lookup on the cluster")

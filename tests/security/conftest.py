@@ -24,6 +24,7 @@ class Pki:
     ca: Path
     broker: Issued
     alice: Issued  # a client certificate from the broker's CA: principal cert:alice
+    bob: Issued  # another one, whose principal cert:bob has no role
     rogue_ca: Path
     mallory: Issued  # a client certificate from another CA
     secret_file: Path
@@ -46,8 +47,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     secret = secrets.token_hex(32).encode()
     secret_file = root / "jwt.secret"
     secret_file.write_bytes(secret + b"\n")
-    return Pki(ca.cert, ca.issue(root / "ca", "broker"), ca.issue(root / "ca", "alice"), rogue.cert,
-               rogue.issue(root / "rogue", "mallory"), secret_file, secret)
+    return Pki(ca.cert, ca.issue(root / "ca", "broker"), ca.issue(root / "ca", "alice"),
+               ca.issue(root / "ca", "bob"), rogue.cert, rogue.issue(root / "rogue", "mallory"), secret_file,
+               secret)
 
 
 def security_toml(pki: Pki, *, mode: str = "tls_jwt", verify_client: bool = False,

@@ -300,6 +300,26 @@ def test_metrics_need_https_and_a_token(jwt_broker: Broker, pki: Pki) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{jwt_broker.prom_port}/metrics", timeout=5)
 
 
+def test_metrics_on_mtls_need_a_certificate_whose_principal_has_lookup(mtls_broker: Broker, pki: Pki) -> None:
+    """mode tls with verify_client and no tokens: the certificate the handshake verified names the principal,
+    which RBAC checks as in tls_jwt (cert:alice is a super admin, cert:bob has no role)."""
+    url = f"https://127.0.0.1:{mtls_broker.prom_port}/metrics"
+
+    def get(who: Any) -> int:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        context.load_cert_chain(str(who.cert), str(who.key))
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=10) as answer:
+                assert b"danube" in answer.read()
+                return int(answer.status)
+        except urllib.error.HTTPError as e:
+            assert b"cert:bob may not read metrics" in e.read()
+            return e.code
+
+    assert get(pki.alice) == 200
+    assert get(pki.bob) == 403
+
+
 def test_our_clients_ask_a_token_supplier_on_every_call(jwt_broker: Broker, pki: Pki) -> None:
     """A supplier is asked per call: a token refreshed while the client runs is used from the next call on."""
     from danube_fast.client.reader import TopicReader
