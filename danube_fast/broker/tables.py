@@ -35,11 +35,12 @@ from danube_fast import names
 from danube_fast.broker import crashpoints
 from danube_fast.broker.retention import own_policies
 from danube_fast.broker.topic import ReliableTopic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.topics import Topics, partition_prefix, partitions_in
 from danube_fast.errors import DanubeError, ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.meta.store import MetadataStore
+from danube_fast.names import TopicName
 from danube_fast.storage.objects.format import clip_batches
 from danube_fast.storage.tiered import TopicLog, records_between
 from danube_fast.tables.config import TablesConfig
@@ -232,14 +233,13 @@ class TableWriter:
         """Drop the tables whose topic is gone from the metadata store (read there, not from the cache: a
         cache behind would drop a live topic's table). Any broker may do it; a table dropped twice is
         dropped once."""
+        from danube_fast.tables import maintenance
         from danube_fast.tables.catalog import DEAD_LETTER_SUFFIX
 
         for namespace, table in await self._in_thread(self._table_names):
             base = table.removesuffix(DEAD_LETTER_SUFFIX)
             if await self._topic_exists(namespace, base):
                 continue
-            from danube_fast.tables import maintenance
-
             files = await self._in_thread(maintenance.drop, self._catalog, (namespace, table))
             self.dropped.append(f"{namespace}.{table}")
             log.info("%s.%s: topic /%s/%s was deleted: table dropped, %d files deleted", namespace, table,
@@ -249,8 +249,8 @@ class TableWriter:
         """The topic, or a partition of it, in the metadata store."""
         if await self._store.get(keys.namespace_topic(namespace, topic)) is not None:
             return True
-        partitions = await self._store.get_prefix(keys.namespace_topic(namespace, f"{topic}-part-"))
-        return any(names.is_partition_of(keys.parse_namespace_topic(kv.key)[1], topic) for kv in partitions)
+        name = TopicName(namespace, topic)
+        return bool(partitions_in(await self._store.get_prefix(partition_prefix(name)), name))
 
     def _table_names(self) -> list[tuple[str, str]]:
         """Every table of the catalog, as (namespace, table)."""
@@ -474,9 +474,9 @@ class TableWriter:
             newest = typed.newest_version(rows)
             if newest is not None and newest > max(resolved.version, entry.asked_version):
                 raise StaleSchema(newest)
-            commit.evolve(table, typed.value_columns(resolved), f"{resolved.subject}:{resolved.version}",
-                          resolved.format)
-            decoded = typed.split(rows, resolved)
+            columns = typed.value_columns(resolved)
+            commit.evolve(table, columns, f"{resolved.subject}:{resolved.version}", resolved.format)
+            decoded = typed.split(rows, resolved, columns)
             if decoded.dead.num_rows:
                 if entry.dead_letters is None:
                     entry.dead_letters = self._load(topic, dead_letters=True)

@@ -68,6 +68,23 @@ BOOTSTRAP_NAMESPACES = ("default", "system")
 CACHE_WAIT = 5.0  # seconds to wait for the cache to see this broker's own write
 
 
+def partition_prefix(name: TopicName) -> str:
+    """The namespace-topic keys that can be `name`'s partitions (`{topic}-part-...`)."""
+    return keys.namespace_topic(name.namespace, f"{name.topic}-part-")
+
+
+def partitions_in(found: Sequence[KeyValue], name: TopicName) -> list[str]:
+    """The full names of `name`'s partitions among the keys under partition_prefix(name), in index order."""
+    shorts = []
+    for kv in found:
+        with contextlib.suppress(ValueError):
+            ns, short = keys.parse_namespace_topic(kv.key)
+            if ns == name.namespace and names.is_partition_of(short, name.topic):
+                shorts.append(short)
+    shorts.sort(key=names.partition_index)
+    return [TopicName(name.namespace, short).full for short in shorts]
+
+
 class Topics:
     def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, broker_id: int,
                  placement: Placement, tier: Tier | None = None) -> None:
@@ -347,16 +364,9 @@ class Topics:
         wherever in the cluster they are hosted."""
         if self.exists(name):
             return [name.full]
-        found = []
         # Only the keys that can be this topic's partitions (`{topic}-part-...`): a creation must not scan the
         # whole namespace, or creating N topics costs N^2.
-        for kv in self._cache.get_prefix(keys.namespace_topic(name.namespace, f"{name.topic}-part-")):
-            with contextlib.suppress(ValueError):
-                ns, short = keys.parse_namespace_topic(kv.key)
-                if ns == name.namespace and names.is_partition_of(short, name.topic):
-                    found.append(short)
-        found.sort(key=names.partition_index)
-        return [TopicName(name.namespace, short).full for short in found]
+        return partitions_in(self._cache.get_prefix(partition_prefix(name)), name)
 
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, docs/WIRE.md

@@ -35,7 +35,12 @@ def certificate_principal(context: Any) -> str | None:
     if not names:
         return None
     name = names[0].decode("utf-8", "replace") if isinstance(names[0], bytes) else str(names[0])
-    return CERT_PREFIX + name if name and "/" not in name else None
+    return cert_principal(name)
+
+
+def cert_principal(common_name: str | None) -> str | None:
+    """`cert:<CN>` for a verified certificate's common name; None for none, or one a principal cannot be."""
+    return CERT_PREFIX + common_name if common_name and "/" not in common_name else None
 
 
 class Gate:
@@ -72,8 +77,8 @@ class Gate:
                 principal = self._verifier.verify(token)
             except TokenRefused as e:
                 raise unauthenticated(f"authentication failed: {e}") from None
-        elif self._config.verify_client and common_name and "/" not in common_name:
-            principal = CERT_PREFIX + common_name
+        elif self._config.verify_client and (certified := cert_principal(common_name)) is not None:
+            principal = certified
         elif self._verifier is not None:
             raise unauthenticated("metrics need 'Authorization: Bearer <token>'")
         else:

@@ -74,12 +74,7 @@ def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table
     if held is not None and held != start:
         raise OffsetsMoved(f"{stored}: the table holds offsets up to {held}, not {start}")
     offsets[stored] = end
-    tx = table.transaction()
-    with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
-        for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
-            append.append_data_file(data_file)
-    before_commit()
-    return state(tx.commit_transaction())
+    return _append(table, offsets, rows, before_commit)
 
 
 def append_dead_letters(table: Table, stored: str, start: int, end: int, rows: pa.Table) -> Committed | None:
@@ -101,10 +96,18 @@ def append_dead_letters(table: Table, stored: str, start: int, end: int, rows: p
     if rows.num_rows == 0:
         return None
     offsets[stored] = end
+    return _append(table, offsets, rows)
+
+
+def _append(table: Table, offsets: dict[str, int], rows: pa.Table,
+            before_commit: Callable[[], None] = lambda: None) -> Committed:
+    """`rows` as one fast-append snapshot whose summary says `offsets`, conditional on the table's current
+    snapshot (module docstring)."""
     tx = table.transaction()
     with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
         for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
             append.append_data_file(data_file)
+    before_commit()
     return state(tx.commit_transaction())
 
 

@@ -100,9 +100,8 @@ class Split:
     reason: str | None  # why the first of them did not
 
 
-def split(rows: pa.Table, resolved: Resolved) -> Split:
-    """`rows` (envelope form) decoded with `resolved`."""
-    columns = value_columns(resolved)
+def split(rows: pa.Table, resolved: Resolved, columns: pa.Schema) -> Split:
+    """`rows` (envelope form) decoded with `resolved` into its `columns` (value_columns)."""
     value_type = arrow_type(resolved)
     decoder = decoder_for(resolved.to_json(), value_type)
     typed_batches, dead_batches = [], []

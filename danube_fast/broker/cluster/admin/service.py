@@ -62,7 +62,7 @@ def broker_status(state: BrokerState | None, topics_left: int) -> str:
     return state.mode  # another mode (maintenance, upgrade) as the broker wrote it
 
 
-async def _forward(forwarder: Forwarder, view: ClusterView, broker_id: int, what: str, service: str,
+async def forward(forwarder: Forwarder, view: ClusterView, broker_id: int, what: str, service: str,
                    method: str, request: WireMessage, reply: type[M], context: Context) -> M:
     """The call answered by broker `broker_id` (`what` says why it is asked)."""
     registration = view.registration(broker_id)
@@ -140,7 +140,7 @@ class BrokerAdmin(pb_grpc.BrokerAdminServicer):
             if is_forwarded(context):  # this broker's view is behind the sender's
                 raise unavailable(f"TriggerRebalance: broker {self._broker_id} is not the leader "
                                   f"(broker {leader} is)")
-            return await _forward(self._forwarder, self._view, leader, "the leader", "BrokerAdmin",
+            return await forward(self._forwarder, self._view, leader, "the leader", "BrokerAdmin",
                                   "TriggerRebalance", request, pb.RebalanceResponse, context)
         if self.rebalancer is None:
             raise precondition("TriggerRebalance: rebalancing is not configured on this broker")
@@ -231,7 +231,7 @@ class ClusterTopicAdmin(TopicAdmin):
 
     async def _by_owner(self, owner: int, name: TopicName, method: str, request: WireMessage, reply: type[M],
                         context: Context) -> M:
-        return await _forward(self._forwarder, self._view, owner, f"the owner of {name}", "TopicAdmin",
+        return await forward(self._forwarder, self._view, owner, f"the owner of {name}", "TopicAdmin",
                               method, request, reply, context)
 
     async def _infos(self, topics: list[tuple[str, str]]) -> list[pb.TopicInfo]:

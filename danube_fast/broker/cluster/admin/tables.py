@@ -4,13 +4,14 @@ from what the callee serves) and merged with this broker's."""
 
 from __future__ import annotations
 
+from danube_fast.broker.cluster.admin.service import forward
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.services.table_admin import TableAdminService
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.topics import Topics
-from danube_fast.errors import ApiError, unavailable
+from danube_fast.errors import ApiError
 from danube_fast.names import parse_topic
 from danube_fast.proto import TableAdmin_pb2 as pb
 
@@ -33,13 +34,10 @@ class ClusterTableAdmin(TableAdminService):
                 by_owner.setdefault(owner, set()).add(name)
         found: list[pb.TableStatus] = []
         for owner, names in sorted(by_owner.items()):
-            registration = self._view.registration(owner)
-            if registration is None:
-                raise unavailable(f"Status: broker {owner}, the owner of {', '.join(sorted(names))}, is not "
-                                  "registered (its lease expired?)")
+            what = f"the owner of {', '.join(sorted(names))}"
             try:
-                answer = await self._forwarder.call(registration.admin_addr, "TableAdmin", "Status", request,
-                                                    pb.TableStatusResponse, context)
+                answer = await forward(self._forwarder, self._view, owner, what, "TableAdmin", "Status",
+                                       request, pb.TableStatusResponse, context)
             except ApiError as e:
                 if e.grpc_code == "FAILED_PRECONDITION":  # no table there (yet)
                     continue
