@@ -150,6 +150,10 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
                              "full before (default %(default)s)")
     parser.add_argument("--e2e-rate", type=_positive_float,
                         help="records/s of the fixed-rate phase (default: half each system's produce rate)")
+    parser.add_argument("--broker-config", metavar="FILE",
+                        help="start our broker with this TOML config file (danube-fast broker --config-file; "
+                             "the bench's mode, data dir, address and metrics flags override it); the "
+                             "results name it and what it sets")
 
 
 FAST_SECTION = "Fast API"
@@ -281,12 +285,16 @@ def _e2e(args: argparse.Namespace, argv: list[str]) -> int:
     from bench import e2e
     from bench.e2e import report as e2e_report
 
+    try:
+        broker = None if args.broker_config is None else e2e.BrokerFile.read(args.broker_config)
+    except ValueError as e:
+        _parser().error(f"--broker-config {args.broker_config}: {e}")
     settings = e2e.Settings(
         size=args.size, records=args.records or (e2e.QUICK_RECORDS if args.quick else e2e.RECORDS),
         producers=args.producers, consumers=args.consumers, sizes=tuple(args.sizes),
         runs=args.runs or (e2e.QUICK_RUNS if args.quick else e2e.RUNS), quick=args.quick,
         systems=tuple(args.systems or e2e.SYSTEMS), linger_ms=args.linger_ms, e2e_rate=args.e2e_rate,
-        parent_dir=os.path.abspath(args.dir))
+        parent_dir=os.path.abspath(args.dir), broker_config=broker)
     signal.signal(signal.SIGTERM, _terminate)
     info = machine_info(settings.parent_dir)
     disk = disk_description(settings.parent_dir)
@@ -305,6 +313,8 @@ def _e2e(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(e2e_report.as_json(report, {**info, "disk": disk}, versions), ensure_ascii=False))
     else:
         print(f"machine: {describe_machine(info)}\ndisk: {disk}\nservers and clients: {versions}")
+        if (broker_text := e2e_report.broker_config_text(report)) is not None:
+            print(f"our broker's config file: {broker_text}")
         for label, durability, batching in e2e_report.described(report):
             print(f"{label}: {durability}\n    batching: {batching}")
         for table in e2e_report.tables(report):

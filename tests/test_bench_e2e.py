@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PHASE_KEYS = {"records", "records_per_s", "mb_per_s", "server_cpu_s", "client_cpu_s",
               "server_cpu_us_per_record", "client_cpu_us_per_record", "ack_ms", "e2e_ms", "offered_per_s"}
 PERCENTILES = ("p50", "p99", "p999", "max")
+INFO = {"cpu": "cpu", "cores": 2, "usable_cores": 2, "memory_gib": 1, "kernel": "Linux", "python": "3.11",
+        "file_system": "ext4", "codec": "native", "wal_engine": "native", "git_commit": "abc",
+        "load_average_1m": 0.1}
 
 
 def _check_percentiles(found: dict[str, float] | None) -> None:
@@ -133,13 +136,62 @@ def test_report_from_measurements(tmp_path: Path) -> None:
     plots = e2e_report.plot(report, tmp_path)
     assert [p.name for p in plots] == [e2e_report.THROUGHPUT_PNG, e2e_report.LATENCY_PNG]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
-    info = {"cpu": "cpu", "cores": 2, "usable_cores": 2, "memory_gib": 1, "kernel": "Linux", "python": "3.11",
-            "file_system": "ext4", "codec": "native", "wal_engine": "native", "git_commit": "abc",
-            "load_average_1m": 0.1}
-    section = e2e_report.section(report, info, "python -m bench e2e", "today", "versions", "vda", [])
+    section = e2e_report.section(report, INFO, "python -m bench e2e", "today", "versions", "vda", [])
     assert section.startswith(f"## {e2e_report.TITLE}\n")
     assert "| 4 KiB |" in section and "Not run: redis_always (not installed)" in section
     assert "\n## " not in section[3:]  # one section: RESULTS.md is split at `## ` headings
+
+
+# The bench's flags win over the file's data_dir and broker_addr; advertised_addr is the file's.
+BROKER_TOML = """\
+[broker]
+data_dir = "/nonexistent/danube-data"
+broker_addr = "127.0.0.1:1"
+advertised_addr = "bench-config.invalid:6650"
+
+[wal]
+sync = "none"
+"""
+
+
+def test_broker_config_file(tmp_path: Path) -> None:
+    """`--broker-config FILE`: our broker starts with the file (the bench's flags still choosing its mode,
+    data directory and ports), its durability label says the file's [wal] sync, and the results name the
+    file and what it sets."""
+    path = tmp_path / "broker.toml"
+    path.write_text(BROKER_TOML)
+    broker = e2e.BrokerFile.read(str(path))
+    ours = e2e.all_configs(broker=broker)[0]
+    assert ours.label == "danube_reliable_nofsync" and "[wal] sync = none" in ours.durability_text
+    data_dir = tmp_path / "run"
+    with ours.server(data_dir) as server:
+        ready = next(line for line in server.log_text().splitlines() if "broker ready" in line)
+    assert f"on 127.0.0.1:{server.port} (advertised http://bench-config.invalid:6650)" in ready, ready
+    assert f"data in {data_dir / 'data'}" in ready, ready
+    settings = ('[broker] data_dir = "/nonexistent/danube-data", broker_addr = "127.0.0.1:1", '
+                'advertised_addr = "bench-config.invalid:6650"; [wal] sync = "none"')
+    assert broker.settings() == settings
+    report = e2e.Report(e2e.Settings(broker_config=broker), [], {}, {}, {})
+    assert e2e_report.as_json(report, {}, "")["broker_config"] == {"path": str(path), "text": BROKER_TOML}
+    section = e2e_report.section(report, INFO, "python -m bench e2e", "today", "versions", "vda", [])
+    assert f"\n- Our broker's config file (--broker-config): {path}: {settings}\n" in section
+    assert e2e_report.as_json(replace(report, settings=e2e.Settings()), {}, "")["broker_config"] is None
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (None, "No such file"),
+    ('[wal]\nsync = "sometimes"\n', "[wal] sync must be"),
+    ('[security]\nmode = "tls"\ncert_file = "a.pem"\nkey_file = "a.key"\n', "connect without TLS"),
+])
+def test_broker_config_refused_before_anything_runs(tmp_path: Path, text: str | None, words: str) -> None:
+    path = tmp_path / "broker.toml"
+    if text is not None:
+        path.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "bench", "e2e", "--quick", "--broker-config", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"--broker-config {path}: " in done.stderr and words in done.stderr, \
+        done.stderr
+    assert not done.stdout
 
 
 def _running(pid: int) -> bool:

@@ -4,7 +4,7 @@
 - Layers (LAYERS, docs/ARCHITECTURE.md "Layers"): a module imports only its own layer and the ones below;
   every module is in a layer, so a new one must be placed.
 - The standalone broker core does not know about the cluster: only `broker/cluster/` and the composition
-  root (`broker/server.py`) import `danube_fast.broker.cluster`; the core defines the small protocols that
+  root (`broker/assemble.py`) import `danube_fast.broker.cluster`; the core defines the small protocols that
   cluster mode implements.
 
 Imports under `if TYPE_CHECKING:` count too: a type-only cycle still ties two modules' designs together.
@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("broker", ("danube_fast.broker",)),
     ("tools", ("danube_fast.cli", "danube_fast.testing")),
 )
-COMPOSITION_ROOTS = {"danube_fast.broker.server"}
+COMPOSITION_ROOTS = {"danube_fast.broker.assemble"}
 
 
 def module_name(path: Path) -> str:
@@ -114,7 +114,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_source() -> None:
     edges = graph()
     assert "danube_fast.broker.server" in edges
-    assert "danube_fast.storage.wal" in edges["danube_fast.broker.topics"] | set().union(*edges.values())
+    assert "danube_fast.storage.log_manager" in edges["danube_fast.broker.topic_registry"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -201,3 +201,38 @@ def test_pyarrow_is_imported_only_to_decode_to_arrow(pure: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "DANUBE_FAST_PURE": pure},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# The types that stand for a delivery mode, a way of dispatching or the object tier: code asks for their
+# behaviour (Topic, Dispatcher, TopicLog methods), not for which one it holds (docs/ARCHITECTURE.md).
+MODE_TYPES = {"Topic", "ReliableTopic", "NonReliableTopic", "LiveDispatcher", "ReliableDispatcher",
+              "BatchDispatcher", "Tier", "WalOnly", "TopicLog", "GapAwareLog", "CloudReader"}
+MAX_MODE_CHECKS = 5
+
+
+def mode_checks(source: str, path: str) -> list[tuple[int, bool]]:
+    """(line, commented) of each isinstance() on a MODE_TYPES type: `commented` when a comment on that line
+    or the one above says why."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            if any(isinstance(k, ast.Name) and k.id in MODE_TYPES for k in kinds):
+                line = node.lineno
+                found.append((line, "#" in lines[line - 1] or lines[line - 2].strip().startswith("#")))
+    return found
+
+
+def test_delivery_modes_are_types_not_branches() -> None:
+    checks = {f"{name}:{line}": commented for name, path in modules().items()
+              for line, commented in mode_checks(path.read_text(), str(path))}
+    assert len(checks) <= MAX_MODE_CHECKS, sorted(checks)
+    assert all(checks.values()), f"say why next to each: {sorted(k for k, v in checks.items() if not v)}"
+
+
+def test_the_mode_check_counter_sees_a_check() -> None:
+    source = "def f(t):\n    return isinstance(t, (int, ReliableTopic))\n\n\ndef g(d):\n    # why\n" \
+             "    return isinstance(d, BatchDispatcher)\n"
+    assert mode_checks(source, "x.py") == [(2, False), (7, True)]

@@ -24,11 +24,16 @@ systems run, so our large-record figures can be set against what the disk and th
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import tomllib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.common import Options, ProgressBar, median, paired_ratio
@@ -39,6 +44,7 @@ from bench.peers.workload import Measurement, Percentiles, Workload
 if TYPE_CHECKING:  # at run time imported where used: the command line reads this module's defaults
     from bench.e2e.ceiling import Ceiling
     from bench.peers.suite import Config, Measured
+    from danube_fast.storage.config import SyncPolicy
 
 SIZES = (64, 256, 1024, 4096, 16384, 65536)
 LINGER_MS = 1.0  # ours at the fixed rate (bench/peers/danube_peer.py says why a linger)
@@ -63,13 +69,44 @@ MAIN_PHASES = ("produce", "consume", "e2e")
 SWEEP_PHASES = ("produce", "consume")
 
 
-def all_configs(linger_ms: float = LINGER_MS) -> tuple[Config, ...]:
-    """Ours (at the fixed rate: `linger_ms`, see bench/peers/danube_peer.py) and the peers' configurations,
-    in SYSTEMS order."""
-    from bench.peers import danube_peer, suite
+@dataclass(frozen=True)
+class BrokerFile:
+    """`--broker-config`: a broker config file (TOML, `danube-fast broker --config-file`) that our broker is
+    started with in every run, read and checked once before anything runs. The bench's own flags (standalone
+    mode, data directory, loopback addresses, no metrics endpoint) override what it says of those."""
 
-    ours = suite.Config(OURS, danube_peer.PEER, danube_peer.DURABILITY, danube_peer.DURABILITY_TEXT,
-                        servers.danube_broker, danube_peer.runner(linger_ms),
+    path: str  # absolute
+    text: str  # what every run's broker gets (a copy in its scratch directory)
+    sync: SyncPolicy  # its [wal] sync: our durability label says it
+
+    @staticmethod
+    def read(path: str) -> BrokerFile:
+        """ValueError naming what is wrong when the file is missing or the broker would refuse it."""
+        from danube_fast.broker import config
+
+        loaded = config.load(path, {"mode": "standalone", "prom_exporter": ""})  # ConfigError: a ValueError
+        if loaded.security.mode != "none":
+            raise ValueError(f"[security] mode = {loaded.security.mode!r}: the e2e clients connect without "
+                             "TLS or tokens (`python -m bench security` measures what security costs)")
+        return BrokerFile(os.path.abspath(path), Path(path).read_text(), loaded.wal.sync)
+
+    def settings(self) -> str:
+        """What the file sets, on one line: `[wal] sync = "none", linger_us = 0; [dispatch] window = 2000`."""
+        return "; ".join(f"[{section}] " + ", ".join(f"{k} = {json.dumps(v, default=str)}" for k, v in
+                                                      table.items())
+                         for section, table in tomllib.loads(self.text).items()) or "nothing"
+
+
+def all_configs(linger_ms: float = LINGER_MS, broker: BrokerFile | None = None) -> tuple[Config, ...]:
+    """Ours (at the fixed rate: `linger_ms`, see bench/peers/danube_peer.py; started with `broker`'s
+    settings when given) and the peers' configurations, in SYSTEMS order."""
+    from bench.peers import danube_peer, suite
+    from danube_fast.storage.config import SyncPolicy
+
+    sync = SyncPolicy() if broker is None else broker.sync
+    server = servers.danube_broker if broker is None else partial(servers.danube_broker, config=broker.text)
+    ours = suite.Config(OURS, danube_peer.PEER, danube_peer.durability(sync),
+                        danube_peer.durability_text(sync), server, danube_peer.runner(linger_ms),
                         lambda workload: danube_peer.batching_text(workload, linger_ms), None)
     configs = (ours, *suite.CONFIGS)
     assert tuple(c.name for c in configs) == SYSTEMS, "SYSTEMS is out of date"
@@ -111,6 +148,7 @@ class Settings:
     linger_ms: float = LINGER_MS  # ours at the fixed rate: the producer's linger
     e2e_rate: float | None = None  # records/s at a fixed rate; None: half each system's produce rate
     parent_dir: str = "/tmp"
+    broker_config: BrokerFile | None = None  # our broker's config file; None: its defaults
 
     def workloads(self) -> list[Workload]:
         """The main workload first, then one per other size of the sweep (produce and consume only)."""
@@ -259,7 +297,7 @@ def select(settings: Settings, explicit: bool) -> tuple[tuple[Config, ...], dict
     """The configurations to run and those skipped (not installed). A system named with --systems that
     cannot run is an error; the default list just leaves it out."""
     configs, skipped = [], {}
-    for config in all_configs(settings.linger_ms):
+    for config in all_configs(settings.linger_ms, settings.broker_config):
         if config.name not in settings.systems:
             continue
         why = missing(config, settings.consumers)

@@ -142,6 +142,12 @@ def _peer_label(report: Report, name: str) -> str:
     return name if system is None else system.config.label
 
 
+def broker_config_text(report: Report) -> str | None:
+    """Our broker's config file (`--broker-config`) and what it sets, or None: its defaults."""
+    broker = report.settings.broker_config
+    return None if broker is None else f"{broker.path}: {broker.settings()}"
+
+
 def described(report: Report) -> list[tuple[str, str, str]]:
     """(label, durability, batching) of every system that ran."""
     return [(y.config.label, y.config.durability_text, y.batching) for y in report.systems]
@@ -174,6 +180,8 @@ def as_json(report: Report, machine: dict[str, object], versions: str) -> dict[s
                      "runs": s.runs, "quick": s.quick, "fixed_rate": fixed_rate_text(report),
                      "sizes": {str(size): phases["produce"].records for size, phases in
                                (report.systems[0].by_size.items() if report.systems else ())}},
+        "broker_config": None if s.broker_config is None else {"path": s.broker_config.path,
+                                                               "text": s.broker_config.text},
         "skipped": report.skipped,
         "systems": [{"system": y.config.name, "label": y.config.label, "durability": y.config.durability,
                      "durability_text": y.config.durability_text, "batching": y.batching,
@@ -285,6 +293,8 @@ def section(report: Report, info: dict[str, object], command: str, date: str, ve
                        "per-run ratios (ours and the peer measured in the same run)", s.quick)
     sweep = ", ".join(f"{size_text(size)} x {records:,}" for size, records in _sweep(report))
     lines[3:3] = [f"- Disk: {disk}", f"- Servers and clients: {versions}"]
+    if (broker := broker_config_text(report)) is not None:
+        lines.insert(5, f"- Our broker's config file (--broker-config): {broker}")
     lines += [f"- Workload: {s.records:,} records of {size_text(s.size)}, {s.producers} producer(s), "
               f"{s.consumers} consumer(s); fixed rate: {fixed_rate_text(report)}; by size (records): {sweep}"]
     lines += [f"- `{label}`: {durability}. Batching: {batching}." for label, durability, batching in

@@ -18,7 +18,8 @@ from bench.common import PUBLISH_TIME, no_gc
 from danube_fast.codec import frames
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES
-from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
+from danube_fast.storage.segments import FILE_HEADER
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -51,10 +51,11 @@ from bench.peers.workload import (
 )
 from danube_fast.client import Delivery, FastConsumer, FastProducer
 from danube_fast.codec import frames
+from danube_fast.storage.config import SyncPolicy
 from danube_fast.testing.process import ServerProcess
 
 PEER = "danube"
-DURABILITY = "reliable_fsync"
+DURABILITY = "reliable_fsync"  # [wal] sync = "always", the default
 DURABILITY_TEXT = ("Reliable topic, standalone broker: acked once the batch is appended to the WAL and "
                    "fdatasync'd (group commit)")
 SUBSCRIPTION = "bench"
@@ -83,6 +84,22 @@ def receive_stamped(tally: Tally, delivery: Delivery, start: int) -> None:
     assert tally.e2e is not None
     tally.e2e.values.frombytes(((time.perf_counter_ns() - sent) * 1e-9).tobytes())
     tally.add(len(sent))
+
+
+def durability(sync: SyncPolicy) -> str:
+    """The label of our broker with this `[wal] sync` (a config file's, `bench e2e --broker-config`)."""
+    if sync.mode == "always":
+        return DURABILITY
+    return "reliable_nofsync" if sync.mode == "none" else f"reliable_sync{sync.interval_ms}ms"
+
+
+def durability_text(sync: SyncPolicy) -> str:
+    if sync.mode == "always":
+        return DURABILITY_TEXT
+    when = ("fdatasync only when a segment rolls and at close" if sync.mode == "none" else
+            f"fdatasync at most {sync.interval_ms} ms later")
+    return (f"Reliable topic, standalone broker, [wal] sync = {sync}: acked once the batch is written to the "
+            f"WAL (the page cache); {when}")
 
 
 def batch_records(size: int) -> int:

@@ -7,8 +7,8 @@ id (docs/WIRE.md C.5, C.8). This registry answers those lookups, and remembers f
 - topics that moved to another broker (cluster mode) and their producers: clients get UNAVAILABLE ("look it
   up again") and acks for them are dropped, for MOVED_SECONDS.
 
-Ownership: Topics (topics.py) and Subscriptions (subscriptions.py) add and remove; services read through
-the methods. Everything runs on the event loop.
+Ownership: the registry (topic_registry.py) and Subscriptions (subscriptions.py) add and remove; services
+read through the methods. Everything runs on the event loop.
 """
 
 from __future__ import annotations

@@ -27,13 +27,10 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import Collector
 
 from danube_fast import latency
-from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.retention import Retention
 from danube_fast.broker.tables import TableWriter
-from danube_fast.broker.topic import ReliableTopic
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError
-from danube_fast.storage.tiered import TopicLog
 
 log = logging.getLogger("danube_fast.metrics")
 
@@ -88,14 +85,21 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "danube_table_failing": ("gauge", "Topic tables: 1 while the last pass failed or the table is stopped.",
                              _TOPIC),
 }
+# What a dispatcher counts (Dispatcher.counters) -> its family.
+_SUBSCRIPTION_COUNTERS = {
+    "redelivered": "danube_subscription_redelivered_total",
+    "dead_lettered": "danube_subscription_dead_lettered_total",
+    "dropped": "danube_subscription_dropped_total",
+    "unacked": "danube_subscription_unacked",
+}
 
 
 class BrokerCollector(Collector):
     """The broker's families, read from its topics at each scrape."""
 
-    def __init__(self, topics: Topics, started: float, retention: Retention | None = None,
+    def __init__(self, ctx: BrokerContext, started: float, retention: Retention | None = None,
                  tables: TableWriter | None = None) -> None:
-        self._topics = topics
+        self._ctx = ctx
         self._started = started
         self._retention = retention
         self._tables = tables
@@ -108,38 +112,35 @@ class BrokerCollector(Collector):
         def add(name: str, labels: tuple[str, ...], value: float) -> None:
             families[name].add_metric(labels, value)
 
-        topics = self._topics
+        ctx = self._ctx
+        topics = ctx.topics
+        for r in topics.stored():
+            tl = (r.full,)
+            add("danube_topic_committed_offset", tl, r.wal.committed_offset)
+            add("danube_topic_behind_retention_total", tl, r.log.behind_retention)
+            kept = self._retention.state.get(r.full) if self._retention is not None else None
+            if kept is not None:
+                add("danube_topic_retained_bytes", tl, kept.retained_bytes)
+                add("danube_topic_retained_records", tl, kept.retained_records)
+                add("danube_topic_retention_deleted_objects_total", tl, kept.deleted_objects)
+                if kept.oldest_ms is not None:
+                    add("danube_topic_oldest_retained_timestamp_seconds", tl, kept.oldest_ms / 1000)
         for t in topics.served():
             tl = (t.full,)
             add("danube_topic_messages_in_total", tl, t.messages_in)
             add("danube_topic_bytes_in_total", tl, t.bytes_in)
             add("danube_topic_producers", tl, len(t.producers))
-            if isinstance(t, ReliableTopic):
-                add("danube_topic_committed_offset", tl, t.wal.committed_offset)
-                if isinstance(t.log, TopicLog):
-                    add("danube_topic_behind_retention_total", tl, t.log.behind_retention)
-                kept = self._retention.state.get(t.full) if self._retention is not None else None
-                if kept is not None:
-                    add("danube_topic_retained_bytes", tl, kept.retained_bytes)
-                    add("danube_topic_retained_records", tl, kept.retained_records)
-                    add("danube_topic_retention_deleted_objects_total", tl, kept.deleted_objects)
-                    if kept.oldest_ms is not None:
-                        add("danube_topic_oldest_retained_timestamp_seconds", tl, kept.oldest_ms / 1000)
             for s in t.subscriptions.values():
                 sl = (t.full, s.name)
                 d = s.dispatcher
                 add("danube_subscription_messages_out_total", sl, s.delivered)
                 add("danube_subscription_lag", sl, d.backlog)
                 add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
-                if isinstance(d, LiveDispatcher):
-                    add("danube_subscription_dropped_total", sl, d.dropped)
-                else:
-                    add("danube_subscription_redelivered_total", sl, d.redelivered)
-                    add("danube_subscription_dead_lettered_total", sl, d.dead_lettered)
-                    add("danube_subscription_unacked", sl, d.unacked)
-        add("danube_dispatch_held_bytes", (), topics.budget.held)
-        add("danube_topics_idle_released", (), topics.released_logs())
-        add("danube_wal_cache_bytes", (), topics.cache_budget.nbytes)
+                for counter, value in d.counters().items():
+                    add(_SUBSCRIPTION_COUNTERS[counter], sl, value)
+        add("danube_dispatch_held_bytes", (), ctx.budget.held)
+        add("danube_topics_idle_released", (), ctx.logs.released())
+        add("danube_wal_cache_bytes", (), ctx.logs.cache_budget.nbytes)
         for name in topics.broken():
             add("danube_topic_load_failed", (name,), 1)
         add("danube_broker_uptime_seconds", (), time.monotonic() - self._started)
@@ -158,11 +159,11 @@ class BrokerCollector(Collector):
         yield from families.values()
 
 
-def broker_registry(topics: Topics, started: float, retention: Retention | None = None,
+def broker_registry(ctx: BrokerContext, started: float, retention: Retention | None = None,
                     tables: TableWriter | None = None) -> CollectorRegistry:
     """Everything one broker's endpoint exports."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(topics, started, retention, tables))
+    registry.register(BrokerCollector(ctx, started, retention, tables))
     for histogram in latency.HISTOGRAMS:
         registry.register(histogram)
     ProcessCollector(registry=registry)
@@ -171,30 +172,34 @@ def broker_registry(topics: Topics, started: float, retention: Retention | None 
     return registry
 
 
-def render(topics: Topics, started: float, retention: Retention | None = None) -> str:
+def render(ctx: BrokerContext, started: float, retention: Retention | None = None) -> str:
     """The broker's own families alone, in the text format 0.0.4."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(topics, started, retention))
+    registry.register(BrokerCollector(ctx, started, retention))
     return generate_latest(registry).decode()
 
 
 class MetricsServer:
     """A minimal HTTP/1.1 server: GET /metrics (and /) answers the exposition; anything else 404."""
 
-    def __init__(self, topics: Topics, retention: Retention | None = None,
+    def __init__(self, ctx: BrokerContext, retention: Retention | None = None,
                  tables: TableWriter | None = None) -> None:
-        self._registry = broker_registry(topics, time.monotonic(), retention, tables)
+        self._registry = broker_registry(ctx, time.monotonic(), retention, tables)
         self._server: asyncio.Server | None = None
         self._admit: Callable[[str | None, str | None], None] | None = None
 
-    async def start(self, host: str, port: int, *, ssl: SSLContext | None = None,
-                    admit: Callable[[str | None, str | None], None] | None = None) -> int:
-        """Listen; with `ssl`, HTTPS; with `admit`, each request's bearer token and the common name of the
-        client certificate TLS verified (None without either) must pass it (it raises an ApiError, answered
-        401 or 403)."""
+    async def bind(self, host: str, port: int, *, ssl: SSLContext | None = None,
+                   admit: Callable[[str | None, str | None], None] | None = None) -> int:
+        """Bind the port (answered from serve() on) and return it; with `ssl`, HTTPS; with `admit`, each
+        request's bearer token and the common name of the client certificate TLS verified (None without
+        either) must pass it (it raises an ApiError, answered 401 or 403)."""
         self._admit = admit
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl)
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl, start_serving=False)
         return int(self._server.sockets[0].getsockname()[1])
+
+    async def serve(self) -> None:
+        assert self._server is not None, "bind() first"
+        await self._server.start_serving()
 
     def _refusal(self, request: bytes, peercert: Any) -> tuple[bytes, bytes] | None:
         if self._admit is None:

@@ -80,7 +80,7 @@ class Unfenced:
 
 
 class Placement(Protocol):
-    """Owned by the broker; read by Topics and the discovery service."""
+    """Owned by the broker; read by the topic registry and the discovery service."""
 
     @property
     def clustered(self) -> bool:

@@ -22,17 +22,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.topic import ReliableTopic, Topic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.errors import DanubeError, WalWriteError
 from danube_fast.meta import keys
 from danube_fast.meta.resources import Policy
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import Get, KeyValue, MetadataStore
-from danube_fast.storage.gaps import GapAwareLog
 from danube_fast.storage.objects import expiry
 from danube_fast.storage.objects.store import ObjectStore
-from danube_fast.storage.tiered import CloudReader, TopicLog, is_empty
+from danube_fast.storage.tiered import is_empty
 
 log = logging.getLogger("danube_fast.retention")
 
@@ -75,9 +75,10 @@ async def own_policies(store: MetadataStore, topics: Sequence[Topic]) -> dict[st
 
 
 class Retention:
-    def __init__(self, topics: Topics, objects: ObjectStore, store: MetadataStore, interval: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, topics: TopicRegistry, namespaces: Namespaces, objects: ObjectStore,
+                 store: MetadataStore, interval: float, clock: Callable[[], float] = time.time) -> None:
         self._topics = topics
+        self._namespaces = namespaces
         self._objects = objects
         self._store = store
         self._interval = interval
@@ -107,8 +108,7 @@ class Retention:
 
     async def run_pass(self) -> int:
         """One pass over the served topics; the objects deleted."""
-        served = [t for t in self._topics.served() if isinstance(t, ReliableTopic) and t.uploader is not None
-                  and isinstance(t.log, TopicLog) and t.log.cloud is not None]
+        served = [t for t in self._topics.stored() if t.uploader is not None and t.log.cloud is not None]
         self.state = {t.full: self.state.get(t.full) or TopicRetention(
             expiry.ObjectTimes(self._objects, t.name.namespace, t.name.topic)) for t in served}
         own = await own_policies(self._store, served)
@@ -116,7 +116,7 @@ class Retention:
         deleted = 0
         for topic in served:
             try:  # a namespace policy that is not valid stops retention for its topics only
-                policy = self._topics.policy_from(topic.name, own.get(topic.full))
+                policy = self._namespaces.topic_policy(topic.name, own.get(topic.full))
                 deleted += await self._apply(topic, policy, now_ms)
             except (expiry.RetentionFenced, DanubeError) as e:
                 self.state[topic.full].unfinished = True
@@ -126,8 +126,8 @@ class Retention:
 
     async def _apply(self, topic: ReliableTopic, policy: Policy, now_ms: int) -> int:
         state = self.state[topic.full]
-        assert isinstance(topic.log, TopicLog) and topic.log.cloud is not None
-        cloud: CloudReader = topic.log.cloud
+        cloud = topic.log.cloud
+        assert cloud is not None  # run_pass takes the topics with objects only
         ns, name = topic.name.namespace, topic.name.topic
         deleted = 0
         if state.unfinished:
@@ -141,8 +141,7 @@ class Retention:
             deleted += await expiry.remove(self._objects, topic.fence.write, ns, name, doomed)
             floor = doomed[-1].end_offset + 1
             cloud.forget(floor - 1)
-            if isinstance(topic.log, GapAwareLog):
-                topic.log.drop_below(floor)
+            topic.log.drop_below(floor)
             try:
                 await topic.wal.delete_before(floor)  # uploaded segments kept locally (retain_bytes)
             except WalWriteError as e:

@@ -37,7 +37,7 @@ from typing import TypeGuard
 from danube_fast.codec import frames
 from danube_fast.errors import ApiError, StorageError
 from danube_fast.meta.resources import JSON
-from danube_fast.storage.gaps import GapAwareLog, RecoveryPending, open_gaps
+from danube_fast.storage.gaps import RecoveryPending, open_gaps
 from danube_fast.storage.tiered import TopicLog
 from danube_fast.storage.wal import Buffer, Wal
 
@@ -213,7 +213,7 @@ class ProducerSequences:
         cloud = tier_log.cloud
         if cloud is None:
             return 0
-        gaps = list(tier_log.gaps) if isinstance(tier_log, GapAwareLog) else []
+        gaps = list(tier_log.gaps)
         deadline = time.monotonic() + wait
         while True:
             await cloud.refresh()

@@ -10,14 +10,10 @@ from __future__ import annotations
 import time
 
 from danube_fast.broker.consumer import Consumer
-from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.cursor import Cursor
-from danube_fast.broker.dispatch.live import LiveDispatcher
-from danube_fast.broker.dispatch.reliable import ReliableDispatcher
+from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.errors import denied
 from danube_fast.meta.resources import SubscriptionType
-
-Dispatcher = LiveDispatcher | ReliableDispatcher | BatchDispatcher
 
 
 class Subscription:
@@ -75,8 +71,7 @@ class Subscription:
     def stream_replaced(self, consumer: Consumer) -> None:
         """A new stream of `consumer` took over (C.8): Reliable messages the old stream had taken may never
         have reached the client, so what the consumer holds is delivered again (at least once)."""
-        if isinstance(self.dispatcher, ReliableDispatcher):
-            self.dispatcher.consumer_lost(consumer)
+        self.dispatcher.stream_replaced(consumer)
 
     def stream_ended(self, consumer: Consumer) -> None:
         self.dispatcher.consumer_lost(consumer)

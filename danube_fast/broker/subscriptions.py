@@ -1,10 +1,10 @@
 """The subscriptions of this broker's topics: subscribing and unsubscribing, the dispatcher that serves each
-one, dead letters, and the idle reaper.
+one, dead letters, the idle reaper, and the end of every stream when the broker stops.
 
-A Reliable subscription owns a Cursor (dispatch/cursor.py) and is served per message (ReliableDispatcher,
-Danube API consumers) or by whole batches to one fast-API stream (BatchDispatcher); it switches between
-the two, keeping its cursor, when a consumer of the other kind subscribes while nobody of the current kind
-streams. A NonReliable one has a LiveDispatcher.
+The topic builds a subscription's dispatcher (topic.py: a NonReliable topic a LiveDispatcher, a Reliable one
+a Cursor and a ReliableDispatcher). A Reliable subscription is served per message (Danube API consumers) or
+by whole batches to one fast-API stream (BatchDispatcher); it switches between the two here, keeping its
+cursor, when a consumer of the other kind subscribes while nobody of the current kind streams.
 
 Ownership: this module adds and removes a topic's subscriptions (through the Topic's methods) and the
 consumers in Clients (clients.py); the metadata store is written first and memory changed after the write
@@ -24,12 +24,9 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
-from danube_fast.broker.dispatch.cursor import Cursor
-from danube_fast.broker.dispatch.live import LiveDispatcher
-from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import ReliableTopic, Topic
-from danube_fast.errors import denied, exhausted, invalid, not_found, precondition
+from danube_fast.broker.topic import DispatchParts, Topic
+from danube_fast.errors import denied, exhausted, invalid, not_found
 from danube_fast.meta import keys
 from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionRecord, SubscriptionType
 from danube_fast.meta.store import Delete, MetadataStore, Put
@@ -55,6 +52,29 @@ class Subscriptions:
         self._budget = budget
         self._topic_for_producer = topic_for_producer
         self._served = served
+        self._parts = DispatchParts(config.dispatch, budget, self._cursor_saver, self._dead_letter)
+        self._reaper: asyncio.Task[None] | None = None
+        self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
+
+    def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_idle(), name="reap-idle-subscriptions")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+
+    def stop_streams(self) -> None:
+        """The broker is stopping: every consumer stream ends (with OK, so clients notice and look the topic
+        up again, docs/WIRE.md C.8), fast consumers' streams with UNAVAILABLE."""
+        self.stopping = True
+        for c in self._clients.consumers():
+            c.end_streams()
+        for topic in self._served():
+            for sub in topic.subscriptions.values():
+                sub.dispatcher.stop_streams()
 
     async def close(self, topic: Topic, *, save: bool) -> None:
         """Remove every consumer of `topic` and stop its dispatchers (saving cursors if `save`); a failure to
@@ -135,7 +155,7 @@ class Subscriptions:
         starts at the latest offset, written as the cursor `latest - 1` so that a restart cannot move it
         forward."""
         ns, short = topic.name.namespace, topic.name.topic
-        start = topic.wal.committed_offset if isinstance(topic, ReliableTopic) else 0
+        start = topic.start_offset
         record = SubscriptionRecord(None, consumer_name, name, kind)
         ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
         if start > 0:
@@ -147,12 +167,7 @@ class Subscriptions:
     def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int
                              ) -> Subscription:
         sub = Subscription(topic.full, name, kind)
-        if isinstance(topic, ReliableTopic):
-            sub.cursor = Cursor(start, self._cursor_saver(topic, name), self._config.dispatch)
-            sub.dispatcher = self._reliable(topic, sub)
-        else:
-            dispatch = self._config.dispatch
-            sub.dispatcher = LiveDispatcher(sub, dispatch.buffer, dispatch.window_bytes, self._budget)
+        sub.dispatcher = topic.dispatcher_for(sub, start, self._parts)
         topic.add_subscription(sub)
         return sub
 
@@ -165,26 +180,18 @@ class Subscriptions:
 
         return save_cursor
 
-    def _reliable(self, topic: ReliableTopic, sub: Subscription) -> ReliableDispatcher:
-        assert sub.cursor is not None
-
-        async def dead_letter(msg: pb.StreamMessage) -> None:
-            await self._dead_letter(topic, msg)
-
-        return ReliableDispatcher(sub, topic.log, self._config.dispatch, sub.cursor, dead_letter,
-                                  topic.policy.max_subscription_dispatch_rate, self._budget)
-
     async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
         """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
         per-message subscription is taken over (same cursor) when none of its consumers is active."""
-        if not isinstance(topic, ReliableTopic):
-            raise precondition(f"topic {topic.full} is NonReliable: the fast API consumes Reliable topics")
+        reliable = topic.require_stored("the fast API consumes Reliable topics")
         names.check_name(name, "Subscribe.subscription", slash=False)
         names.check_name(consumer_name, "Subscribe.consumer_name")
-        sub = topic.subscriptions.get(name)
+        sub = reliable.subscriptions.get(name)
         if sub is None:
-            sub = await self._create_subscription(topic, name, SubscriptionType.EXCLUSIVE, consumer_name)
+            sub = await self._create_subscription(reliable, name, SubscriptionType.EXCLUSIVE, consumer_name)
         current = sub.dispatcher
+        # Which of the two ways a Reliable subscription is served decides what a new consumer may do: the
+        # switch between them is this module's, so it asks the dispatcher's type (here and in _per_message).
         if isinstance(current, BatchDispatcher):
             if current.holder:
                 raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
@@ -193,12 +200,11 @@ class Subscriptions:
         if any(c.active for c in sub.consumers):
             raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription {name!r} "
                          "has active Danube API consumers")
-        assert isinstance(current, ReliableDispatcher)  # a topic with a WAL has no live dispatchers
         for c in list(sub.consumers):
             self._clients.remove_consumer(c)
         await current.close()
         assert sub.cursor is not None
-        batches = BatchDispatcher(sub, topic.log, self._config.dispatch, sub.cursor, self._budget)
+        batches = BatchDispatcher(sub, reliable.log, self._config.dispatch, sub.cursor, self._budget)
         sub.dispatcher = batches
         return batches
 
@@ -206,14 +212,14 @@ class Subscriptions:
         """A Danube API consumer joins a subscription last served by batches: back to per-message
         dispatch from the same cursor, unless a fast consumer still streams from it."""
         current = sub.dispatcher
-        if not isinstance(current, BatchDispatcher):
+        if not isinstance(current, BatchDispatcher):  # served per message already (see subscribe_batches)
             return
         if current.holder:
             raise denied(f"Not able to subscribe to the topic {topic.full} due to: subscription "
                          f"{sub.name!r} is held by a fast-API consumer")
-        assert isinstance(topic, ReliableTopic)  # only a Reliable topic is served by batches
         await current.close()
-        sub.dispatcher = self._reliable(topic, sub)
+        sub.dispatcher = topic.require_stored("only a Reliable topic is served by batches").per_message(
+            sub, self._parts)
 
     async def _dead_letter(self, topic: Topic, msg: pb.StreamMessage) -> None:
         dlq = await self._topic_for_producer(names.dead_letter_topic(topic.name), DeliveryMode.RELIABLE)
@@ -228,7 +234,7 @@ class Subscriptions:
         topic.remove_subscription(sub.name)
         await sub.dispatcher.close(save=False)
 
-    async def reap_idle(self) -> None:
+    async def _reap_idle(self) -> None:
         """NonReliable subscriptions without an active consumer for `idle_subscription_ms` go (C.9): nothing
         is stored for them, so nothing is lost; Reliable ones keep their cursor until unsubscribed."""
         idle = self._config.dispatch.idle_subscription_ms / 1000

@@ -33,16 +33,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from danube_fast import names
 from danube_fast.broker import crashpoints
+from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.retention import own_policies
 from danube_fast.broker.topic import ReliableTopic
-from danube_fast.broker.topics import Topics, partition_prefix, partitions_in
+from danube_fast.broker.topic_registry import TopicRegistry, partition_prefix, partitions_in
 from danube_fast.errors import DanubeError, ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.meta.store import MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.storage.objects.format import clip_batches
-from danube_fast.storage.tiered import TopicLog, records_between
+from danube_fast.storage.tiered import records_between
 from danube_fast.tables.config import TablesConfig
 from danube_fast.tables.errors import ModeMismatch, SchemaModeError
 
@@ -113,9 +114,11 @@ class _Table:
 
 
 class TableWriter:
-    def __init__(self, topics: Topics, store: MetadataStore, location: TableCatalog, config: TablesConfig,
-                 file_io: dict[str, str] | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, topics: TopicRegistry, namespaces: Namespaces, store: MetadataStore,
+                 location: TableCatalog, config: TablesConfig, file_io: dict[str, str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._topics = topics
+        self._namespaces = namespaces
         self._store = store
         self.location = location
         self._config = config
@@ -181,12 +184,12 @@ class TableWriter:
 
     async def run_pass(self) -> bool:
         """One pass over the served topics that want a table; whether any is still behind after it."""
-        served = [t for t in self._topics.served() if isinstance(t, ReliableTopic)]
+        served = self._topics.stored()
         now = self._clock()
         if now - self._modes_read >= self._config.policy_check_ms / 1000 or \
                 any(t.full not in self._modes for t in served):
             own = await own_policies(self._store, served)
-            policies = {t.full: self._topics.policy_from(t.name, own.get(t.full)) for t in served}
+            policies = {t.full: self._namespaces.topic_policy(t.name, own.get(t.full)) for t in served}
             self._modes = {name: p.table_mode for name, p in policies.items()}
             self._retention = {name: p.table_retention_ms for name, p in policies.items()}
             self._modes_read = now
@@ -429,10 +432,8 @@ class TableWriter:
     def _skip_unreadable(self, topic: ReliableTopic, offset: int, error: Exception,
                          status: TableStatus) -> int:
         log_ = topic.log
-        cloud = log_.cloud if isinstance(log_, TopicLog) else None
-        following = cloud.next_start(offset) if cloud is not None else None
-        target = following if following is not None else log_.wal.start_offset if isinstance(
-            log_, TopicLog) else offset
+        following = log_.cloud.next_start(offset) if log_.cloud is not None else None
+        target = following if following is not None else log_.wal.start_offset
         if self._config.fail_on_data_loss or target <= offset:
             raise DataLost(f"offset {offset} cannot be read: {error}")
         status.skipped_records += records_between(log_, offset, target)

@@ -21,7 +21,7 @@ from danube_fast.storage.gaps import Gap, GapAwareLog
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.connect import open_object_store
 from danube_fast.storage.objects.store import ObjectStore, topic_objects_prefix
-from danube_fast.storage.tiered import CloudReader, ReadableLog, TopicLog
+from danube_fast.storage.tiered import CloudReader, TopicLog
 from danube_fast.storage.uploader import Uploader, UploaderConfig
 from danube_fast.storage.wal import Wal
 
@@ -70,7 +70,7 @@ class Tier:
     async def attach(self, topic: ReliableTopic, checkpoint: int | None) -> None:
         """Start the topic's uploader; `checkpoint` is the last offset already in the object tier (None: from
         the descriptors)."""
-        cloud = topic.log.cloud if isinstance(topic.log, TopicLog) else None
+        cloud = topic.log.cloud
         uploader = Uploader(topic.wal, self.objects, self._store, topic.name.namespace, topic.name.topic,
                             checkpoint=checkpoint, write_meta=topic.fence.write, config=self.uploader_config,
                             on_uploaded=cloud.add if cloud is not None else None)
@@ -106,11 +106,11 @@ class Tier:
 
 
 class WalOnly:
-    """No object tier (a Topics built without a Tier: tests and tools): Reliable topics are read from their
-    WAL alone and nothing is uploaded. The same methods as Tier, so Topics never asks which one it has."""
+    """No object tier (a broker assembled without one: tests and tools): Reliable topics are read from their
+    WAL alone and nothing is uploaded. The same methods as Tier, so the registry never asks which it has."""
 
-    async def log_for(self, name: TopicName, wal: Wal, gaps: Sequence[Gap] = ()) -> ReadableLog:
-        return wal
+    async def log_for(self, name: TopicName, wal: Wal, gaps: Sequence[Gap] = ()) -> TopicLog:
+        return TopicLog(wal)
 
     async def attach(self, topic: ReliableTopic, checkpoint: int | None) -> None:
         pass

@@ -3,10 +3,11 @@
 # for the DANUBE_FAST_DEBUG build; a directive here would override both.
 """Segment primitives of the write-ahead log, native (twin: _wal_py.py, selected by DANUBE_FAST_PURE=1).
 
-The log's policy (recovery, roll, retention, index checks, who may touch what when) is written once, in
-danube_fast/storage/segmented_log.py, over the primitives here: what is hot or a syscall. Stamping and
-copying a group, verifying batches with their CRCs, walking headers, the mmap'd sparse index and its search,
-pread/pwrite/fdatasync. The file formats are described there.
+The log's policy (roll, retention, index checks, who may touch what when) is written once, in
+danube_fast/storage/segmented_log.py (recovery in log_loader.py, the segment files in segments.py), over the
+primitives here: what is hot or a syscall. Stamping and copying a group, verifying batches with their CRCs,
+walking headers, the mmap'd sparse index and its search, pread/pwrite/fdatasync. The file formats are
+described in segments.py.
 
 Thread safety: a Segment is not safe on its own. The policy changes what readers look at (size, next
 offset, the index mapping and its entry count) under its lock and hands `read` a size it read under that

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from danube_fast.codec.fast_wire import RECORDS_ROOM
@@ -39,22 +39,6 @@ def index_reservation(reserved: int, needed: int, size: int) -> int:
     """
     step = min(max(reserved, mmap.PAGESIZE), max(INDEX_RESERVE_MAX_STEP, mmap.PAGESIZE))
     return min(size, -(-needed // step) * step)
-
-
-@dataclass
-class RecoveryReport:
-    """What opening the log found and did. A cut is also logged as a warning."""
-
-    segments: int = 0
-    next_offset: int = 0
-    scanned_bytes: int = 0
-    truncated_segment: int | None = None
-    truncated_from: int | None = None
-    truncated_bytes: int = 0
-    cut_reason: str | None = None
-    # zeros after the last batch, within its 4 KiB block: the padding of a direct append (not damage)
-    padding_bytes: int = 0
-    rebuilt_indexes: list[int] = field(default_factory=list)
 
 
 @dataclass

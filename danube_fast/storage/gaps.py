@@ -55,7 +55,6 @@ class GapAwareLog(TopicLog):
 
     def __init__(self, wal: Wal, cloud: CloudReader, wait: float) -> None:
         super().__init__(wal, cloud)
-        self.gaps: list[Gap] = []
         self._wait = wait
         self._since = time.monotonic()
 

@@ -56,6 +56,10 @@ class ReadableLog(Protocol):
 
     def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None: ...
 
+    def empty_between(self, low: int, high: int) -> int:
+        """How many offsets of [low, high) hold no record (declared empty by the object tier)."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Range:
@@ -220,6 +224,9 @@ class TopicLog:
     def __init__(self, wal: Wal, cloud: CloudReader | None = None) -> None:
         self.wal = wal
         self.cloud = cloud
+        # Offset ranges (first, last, broker) a dead broker has still to recover; only a GapAwareLog
+        # (storage/gaps.py) has any.
+        self.gaps: list[tuple[int, int, int]] = []
         self.behind_retention = 0  # offsets readers skipped because retention had deleted them
         self._told_floor = -1  # the first retained offset the last "behind retention" warning named
 
@@ -241,6 +248,12 @@ class TopicLog:
 
     def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None:
         return self.wal.cached(offset, max_bytes)
+
+    def empty_between(self, low: int, high: int) -> int:
+        return self.cloud.empty_between(low, high) if self.cloud is not None else 0
+
+    def drop_below(self, floor: int) -> None:
+        """Retention deleted every offset below `floor` (a GapAwareLog forgets its gaps there)."""
 
     async def wait_committed(self, offset: int) -> None:
         await self.wal.wait_committed(offset)
@@ -285,9 +298,7 @@ def records_between(log: ReadableLog, low: int, high: int) -> int:
     empty. Offsets are not dense: a topic taken over after a crash goes on a reservation (10 million offsets)
     higher, and a lag counted in offsets then reads 10 million for a subscription a few records behind."""
     count = max(0, high - low)
-    if count and isinstance(log, TopicLog) and log.cloud is not None:
-        count -= log.cloud.empty_between(low, high)
-    return count
+    return count - log.empty_between(low, high) if count else 0
 
 
 if TYPE_CHECKING:

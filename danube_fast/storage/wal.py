@@ -29,9 +29,10 @@ from typing import Any
 
 from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
-from danube_fast.storage._wal_common import AppendResult, RecoveryReport
+from danube_fast.storage._wal_common import AppendResult
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
+from danube_fast.storage.log_loader import RecoveryReport
 from danube_fast.storage.objects.format import Footer
 from danube_fast.storage.segmented_log import SegmentedLog
 from danube_fast.storage.tail_cache import BatchCache, CacheBudget, CachedGroup
@@ -484,6 +485,9 @@ class Wal:
         if data is None:
             return None
         return data, frames.span(data)[1]
+
+    def empty_between(self, low: int, high: int) -> int:
+        return 0  # a WAL's offsets are dense: every one holds a record
 
     def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None:
         """What `read` would answer from memory alone, without waiting: None when `offset` is not both

@@ -13,9 +13,11 @@ from typing import Any
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
+from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.subscription import Subscription
+from danube_fast.broker.topic import DispatchParts, Topic
 from danube_fast.meta.resources import SubscriptionType
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
@@ -138,3 +140,20 @@ async def reliable(tmp_path: Path, kind: SubscriptionType, config: DispatchConfi
             await dispatcher.close()
     finally:
         await wal.close()
+
+
+def attach_subscription(topic: Topic, name: str, kind: SubscriptionType, buffer: int = 100) -> Subscription:
+    """A subscription of `topic` with the dispatcher the topic gives it (live for a NonReliable one)."""
+
+    def no_saver(topic: Topic, name: str) -> Callable[[int], Any]:
+        raise AssertionError("a live subscription has no cursor")
+
+    async def no_dead_letters(topic: Topic, msg: pb.StreamMessage) -> None:
+        raise AssertionError("a live subscription has no dead letters")
+
+    parts = DispatchParts(DispatchConfig(buffer=buffer), ByteBudget(DispatchConfig.broker_bytes), no_saver,
+                          no_dead_letters)
+    sub = Subscription(topic.full, name, kind)
+    sub.dispatcher = topic.dispatcher_for(sub, 0, parts)
+    topic.add_subscription(sub)
+    return sub

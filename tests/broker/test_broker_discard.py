@@ -7,9 +7,8 @@ from pathlib import Path
 
 from broker_support import Run
 
+from danube_fast.broker.assemble import assemble
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.topics import Topics
-from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -18,25 +17,26 @@ from danube_fast.storage import SyncPolicy, WalConfig
 
 def test_a_discarded_topic_ends_its_consumers_streams(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
-        store = await EmbeddedStore.open(str(tmp_path / "meta.db"))
-        config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("none")))
-        topics = await Topics.open(config, store, 1)
+        config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("none")),
+                              broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="")
+        broker = await assemble(config)
+        await broker.start()
+        ctx = broker.ctx
         try:
             name = TopicName("default", "t")
-            topic = await topics.topic_for_producer(name, DeliveryMode.RELIABLE)
-            consumer_id = await topics.subscriptions.subscribe(topic, pb.ConsumerRequest(
+            topic = await ctx.topics.topic_for_producer(name, DeliveryMode.RELIABLE)
+            consumer_id = await ctx.subscriptions.subscribe(topic, pb.ConsumerRequest(
                 topic_name=topic.full, consumer_name="c", subscription="s", subscription_type=0))
-            consumer = topics.clients.find_consumer(consumer_id)
+            consumer = ctx.clients.find_consumer(consumer_id)
             assert consumer is not None and not consumer.removed
 
-            await topics.mark_broken(name, RuntimeError("the WAL could not be opened"))
+            await ctx.topics.mark_broken(name, RuntimeError("the WAL could not be opened"))
 
             assert consumer.removed  # its stream ends
-            assert topics.clients.find_consumer(consumer_id) is None
-            assert topics.clients.gone(consumer_id) is not None  # a health check answers CLOSE
-            assert topics.find(topic.full) is None and topics.broken() == [topic.full]
+            assert ctx.clients.find_consumer(consumer_id) is None
+            assert ctx.clients.gone(consumer_id) is not None  # a health check answers CLOSE
+            assert ctx.topics.find(topic.full) is None and ctx.topics.broken() == [topic.full]
         finally:
-            await topics.close()
-            await store.close()
+            await broker.stop()
 
     run(main(), timeout=20)

@@ -3,7 +3,7 @@ buffers that drop for the slow consumer only; no active consumer → dropped and
 
 from __future__ import annotations
 
-from broker_support import Run, message, payloads, receive
+from broker_support import Run, attach_subscription, message, payloads, receive
 
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.live import LiveDispatcher
@@ -19,10 +19,7 @@ def topic() -> Topic:
 
 
 def subscribe(t: Topic, name: str, kind: SubscriptionType, buffer: int = 100) -> Subscription:
-    sub = Subscription(t.full, name, kind)
-    sub.dispatcher = LiveDispatcher(sub, buffer)
-    t.add_subscription(sub)
-    return sub
+    return attach_subscription(t, name, kind, buffer)
 
 
 def join(sub: Subscription, cid: int, filters: list[str] | None = None) -> tuple[Consumer, int]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-from broker_support import Run, message, offsets, receive
+from broker_support import Run, attach_subscription, message, offsets, receive
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.broker import metrics
@@ -13,12 +15,10 @@ from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
-from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import NonReliableTopic, ProducerEntry, ReliableTopic, Topic
-from danube_fast.broker.topics import Topics
 from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -26,14 +26,12 @@ from danube_fast.storage import SyncPolicy, Wal, WalConfig
 from danube_fast.storage.tail_cache import CacheBudget
 
 
-def topics_of(*topics: Topic, cache_budget: CacheBudget | None = None) -> Topics:
-    """The registry `render` reads, holding just these topics (no store behind it)."""
-    registry = Topics.__new__(Topics)
-    registry._topics = {t.full: t for t in topics}
-    registry._broken = {}
-    registry.budget = ByteBudget(1 << 20)
-    registry.cache_budget = cache_budget or CacheBudget(1 << 20)
-    return registry
+def topics_of(*topics: Topic, cache_budget: CacheBudget | None = None) -> Any:
+    """What `render` reads of a broker's context, holding just these topics (no store behind them)."""
+    registry = SimpleNamespace(served=lambda: list(topics), broken=lambda: [],
+                               stored=lambda: [t for t in topics if isinstance(t, ReliableTopic)])
+    logs = SimpleNamespace(released=lambda: 0, cache_budget=cache_budget or CacheBudget(1 << 20))
+    return SimpleNamespace(topics=registry, budget=ByteBudget(1 << 20), logs=logs)
 
 
 def samples(text: str) -> dict[str, float]:
@@ -56,9 +54,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
     async def main() -> None:
         t = NonReliableTopic(TopicName("default", 'we"ird\\name'), Policy(), Unfenced(None))
         t.add_producer(ProducerEntry(1, "p", t))
-        sub = Subscription(t.full, "sub\nline", SubscriptionType.EXCLUSIVE)
-        sub.dispatcher = LiveDispatcher(sub, 2)
-        t.add_subscription(sub)
+        sub = attach_subscription(t, "sub\nline", SubscriptionType.EXCLUSIVE, buffer=2)
         c = Consumer(1, "c", sub, [], 10)
         sub.add(c)
         token = c.attach()
@@ -130,6 +126,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_topic_bytes_in_total{{{tl}}}": 6,
                 f"danube_topic_producers{{{tl}}}": 0,
                 f"danube_topic_committed_offset{{{tl}}}": 3,
+                f"danube_topic_behind_retention_total{{{tl}}}": 0,
                 f"danube_subscription_messages_out_total{{{sl}}}": 4,
                 f"danube_subscription_lag{{{sl}}}": 2,  # committed 3, floor 0
                 f"danube_subscription_consumers{{{sl}}}": 1,
@@ -164,9 +161,7 @@ def test_delivered_counter_does_not_go_down_when_a_consumer_leaves(run: Run) -> 
 
     async def main() -> None:
         t = NonReliableTopic(TopicName("default", "t"), Policy(), Unfenced(None))
-        sub = Subscription(t.full, "s", SubscriptionType.SHARED)
-        sub.dispatcher = LiveDispatcher(sub, 10)
-        t.add_subscription(sub)
+        sub = attach_subscription(t, "s", SubscriptionType.SHARED, buffer=10)
         c = Consumer(1, "c", sub, [], 10)
         sub.add(c)
         token = c.attach()

@@ -1,7 +1,8 @@
-"""In-process admin nodes for the service and CLI tests: a broker's admin port (BrokerAdmin,
-ClusterNamespaceAdmin, ClusterTopicAdmin) on a real grpc.aio server on a free loopback port, over its own
-Topics (standalone: the topics it creates are assigned to it) and a ClusterView of the shared store; the
-broker is registered with that port as its admin_addr, as membership registers it."""
+"""In-process brokers for the admin service and CLI tests: real brokers (assemble()) over one shared metadata
+store, on free loopback ports, standalone (the topics each creates are assigned to it). The cluster's
+metadata is the tests' to write (brokers registered, drained or unreachable; who leads), so each broker's
+place in the cluster is a node that does nothing instead of its membership; a broker is registered with its
+admin port as membership registers it."""
 
 from __future__ import annotations
 
@@ -14,20 +15,17 @@ from typing import Any
 import grpc
 from cluster_support import lead, register
 
-from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.assemble import assemble
 from danube_fast.broker.cluster.moves import Move
-from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
+from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.services.forward import Forwarder
-from danube_fast.broker.services.policy_admin import PolicyAdminService
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.context import BrokerContext
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.meta.embedded import EmbeddedStore
-from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2 as admin
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
-from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
-from danube_fast.schema import SchemaRegistry, TopicSchemas
+from danube_fast.schema import TopicSchemas
 from danube_fast.storage import SyncPolicy, WalConfig
 from danube_fast.testing.ports import free_port
 
@@ -52,14 +50,31 @@ class FakeRebalancer:
         return self.moves if max_moves is None else self.moves[:max_moves]
 
 
+class QuietNode:
+    """A broker's place in the cluster that does nothing: the tests write what membership would."""
+
+    async def start(self) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 @dataclass
 class Node:
     broker_id: int
     port: int
-    topics: Topics
+    ctx: BrokerContext
     schemas: TopicSchemas
     view: ClusterView
     channel: grpc.aio.Channel
+
+    @property
+    def topics(self) -> TopicRegistry:
+        return self.ctx.topics
 
     @property
     def addr(self) -> str:
@@ -73,31 +88,20 @@ class Node:
 @contextlib.asynccontextmanager
 async def admin_node(store: MetadataStore, broker_id: int, data_dir: Path,
                      rebalancer: FakeRebalancer | None = None) -> AsyncIterator[Node]:
-    config = BrokerConfig(data_dir=str(data_dir), wal=WalConfig(sync=SyncPolicy("none")))
-    topics = await Topics.open(config, store, broker_id)
-    schemas = TopicSchemas(store, SchemaRegistry(store))
-    cache = await LocalCache.start(store, CACHE_PREFIXES)
-    view = ClusterView(cache)
-    forwarder = Forwarder()
-    server = grpc.aio.server()
-    admin_grpc.add_BrokerAdminServicer_to_server(
-        BrokerAdmin(view, store, broker_id, forwarder, rebalancer), server)
-    admin_grpc.add_NamespaceAdminServicer_to_server(ClusterNamespaceAdmin(topics, view), server)
-    admin_grpc.add_TopicAdminServicer_to_server(ClusterTopicAdmin(topics, schemas, view, store, forwarder),
-                                                server)
-    policy_grpc.add_PolicyAdminServicer_to_server(PolicyAdminService(topics, store, cache), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    (data_dir / "broker_id").parent.mkdir(parents=True, exist_ok=True)
+    (data_dir / "broker_id").write_text(f"{broker_id}\n")  # the id the tests registered it under
+    config = BrokerConfig(data_dir=str(data_dir), wal=WalConfig(sync=SyncPolicy("none")),
+                          broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="")
+    broker = await assemble(config, store=store, node=QuietNode(), rebalancer=rebalancer)
+    await broker.start()
+    port = broker.listening.admin_port
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         await register(store, broker_id, admin_port=port)
-        yield Node(broker_id, port, topics, schemas, view, channel)
+        yield Node(broker_id, port, broker.ctx, broker.schemas, ClusterView(broker.cache), channel)
     finally:
         await channel.close()
-        await server.stop(None)
-        await forwarder.close()
-        await cache.close()
-        await topics.close()
+        await broker.stop()
 
 
 @contextlib.asynccontextmanager

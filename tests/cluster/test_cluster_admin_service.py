@@ -152,7 +152,7 @@ def test_cluster_admin_service_topics_across_brokers(run: Any, tmp_path: Path) -
             # Y's topic gets a subscription (its consumer active) and a schema subject.
             y_plain = y.topics.find("/ns1/y-plain")
             assert y_plain is not None
-            consumer_id = await y.topics.subscriptions.subscribe(y_plain, api.ConsumerRequest(
+            consumer_id = await y.ctx.subscriptions.subscribe(y_plain, api.ConsumerRequest(
                 topic_name="/ns1/y-plain", consumer_name="c1", subscription="sub-y", subscription_type=1))
             await y.schemas.registry.register("orders", "string", b"")
             await y.schemas.configure(y_plain, "orders", "warn", False)
@@ -194,7 +194,7 @@ def test_cluster_admin_service_topics_across_brokers(run: Any, tmp_path: Path) -
             unsub = admin.SubscriptionRequest(topic="/ns1/y-plain", subscription="sub-y")
             busy = await rpc_error(x_topics.Unsubscribe(unsub))
             assert busy.code() == grpc.StatusCode.NOT_FOUND and "active consumers" in busy.details()
-            y.topics.clients.consumer(consumer_id).active = False
+            y.ctx.clients.consumer(consumer_id).active = False
             await x_topics.Unsubscribe(unsub)
             assert "sub-y" not in y_plain.subscriptions
             assert list((await x_topics.ListSubscriptions(admin.TopicRequest(name="/ns1/y-plain")))

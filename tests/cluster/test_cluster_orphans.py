@@ -22,6 +22,8 @@ from danube_fast.broker.cluster import reconciler as reconciler_module
 from danube_fast.broker.cluster.reconciler import Reconciler
 from danube_fast.meta import keys
 from danube_fast.names import TopicName
+from danube_fast.storage import WalConfig
+from danube_fast.storage.log_manager import LogManager
 
 Run = Callable[..., Any]
 ME = 7
@@ -37,10 +39,8 @@ class Cache:
 
 def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int = 0) -> Reconciler:
     wal_root = tmp_path / "wal"
-    topics = SimpleNamespace(find=lambda full: None, forget_broken=lambda name: None,
-                             wal_dir=lambda name: str(wal_root / name.namespace / name.topic))
-    r = Reconciler(SimpleNamespace(wal_root=str(wal_root)), None, cache, topics,  # type: ignore[arg-type]
-                   SimpleNamespace(broker_id=ME), SimpleNamespace(changed=lambda: None))  # type: ignore[arg-type]
+    topics = SimpleNamespace(find=lambda full: None, forget_broken=lambda name: None)
+    logs = LogManager(str(wal_root), WalConfig())
     left = [failures]
 
     async def recover(name: TopicName, directory: str) -> None:
@@ -50,8 +50,12 @@ def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int
         recovered.append(name.full)
         Path(directory).rmdir()
 
-    r.recover = recover
-    return r
+    async def loaded(topic: object) -> None:
+        pass
+
+    return Reconciler(SimpleNamespace(wal_root=str(wal_root)), None, cache, topics,  # type: ignore[arg-type]
+                      logs, SimpleNamespace(broker_id=ME), SimpleNamespace(changed=lambda: None),  # type: ignore[arg-type]
+                      None, recover, loaded)  # type: ignore[arg-type]
 
 
 def test_an_assignment_gone_after_the_start_recovers_the_wal_left_behind(

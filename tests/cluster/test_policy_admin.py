@@ -51,7 +51,7 @@ def test_policies_of_namespaces_and_topics(run: Any, tmp_path: Path) -> None:
                                                                      changes='{"retentionSizeInMB": 10}'))
             policy = json.loads(own.policy)
             assert own.own and policy["retentionSizeInMB"] == 10 and policy["retentionTimeInMinutes"] == 1440
-            assert (await x.topics.policy_of(TopicName("ns1", "t"))).retention_size_mb == 10
+            assert (await x.ctx.namespaces.read_topic_policy(TopicName("ns1", "t"))).retention_size_mb == 10
             await on_x.SetNamespacePolicy(pb.SetNamespacePolicyRequest(
                 namespace="ns1", changes='{"retentionTimeInMinutes": 5}'))
             mine = json.loads((await on_x.GetTopicPolicy(pb.TopicPolicyRequest(topic="/ns1/t"))).policy)

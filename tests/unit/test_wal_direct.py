@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from danube_fast.storage.objects.format import parse_footer
-from danube_fast.storage.segmented_log import FILE_HEADER
+from danube_fast.storage.segments import FILE_HEADER
 from tests.unit.test_wal_engine import (
     Batches,
     Model,

@@ -34,7 +34,8 @@ from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCor
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.storage._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
 from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
-from danube_fast.storage.segmented_log import FILE_HEADER, SegmentedLog
+from danube_fast.storage.segmented_log import SegmentedLog
+from danube_fast.storage.segments import FILE_HEADER
 
 WAL_MODULES = {"native": "danube_fast.storage._wal", "pure": "danube_fast.storage._wal_py"}
 CODEC_MODULES = {"native": "danube_fast.codec._frames", "pure": "danube_fast.codec._frames_py"}

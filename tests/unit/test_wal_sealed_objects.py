@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from danube_fast.storage import segmented_log
+from danube_fast.storage import segments
 from danube_fast.storage.objects.format import build_object, parse_footer
-from danube_fast.storage.segmented_log import FILE_HEADER
+from danube_fast.storage.segments import FILE_HEADER
 from tests.unit.test_wal_engine import (
     SEGMENT,
     Batches,
@@ -181,7 +181,7 @@ def test_the_footer_index_is_the_one_an_uploaded_object_would_have(
 ) -> None:
     """Every index entry at least the footer's interval after the last one taken (entries_every), as
     build_object picks them from the batches (with every batch indexed, the two must agree)."""
-    monkeypatch.setattr(segmented_log, "FOOTER_INDEX_INTERVAL", 300)
+    monkeypatch.setattr(segments, "FOOTER_INDEX_INTERVAL", 300)
     log, model = sealed(frames, open_log, 38)
     bases = log.segment_bases
     for base, following in itertools.pairwise(bases):

@@ -22,11 +22,12 @@ from danube_fast.broker.cluster.reconciler import Reconciler
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BrokerMode, BrokerRegistration, BrokerState, Unassigned
 from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
+from danube_fast.storage.log_manager import LogManager
 
 log = logging.getLogger("danube_fast.cluster")
 
@@ -34,36 +35,33 @@ DRAIN_TIMEOUT = 15.0  # seconds a stopping broker waits for its topics to be sea
 
 
 class ClusterNode:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, topics: Topics, cache: LocalCache,
-                 registration: BrokerRegistration, placement: ClusterPlacement | None) -> None:
-        """`placement`: the one Topics was built with in cluster mode; None standalone."""
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: TopicRegistry,
+                 logs: LogManager, registration: BrokerRegistration, placement: ClusterPlacement | None,
+                 tier: Tier, on_loaded: Callable[[Topic], Awaitable[None]]) -> None:
+        """`placement`: the registry's in cluster mode, None standalone (membership alone); `cache` mirrors
+        /cluster/ at least (the broker's); `on_loaded`: what applies to a topic placed here before it serves
+        anyone."""
         self.config = config
         self.store = store
         self.topics = topics
         self.membership = Membership(store, topics.broker_id, config.cluster.name, registration,
                                      config.cluster.lease_ttl_s, config.cluster.load_report_ms / 1000,
                                      topics.names)
-        self.cache = cache  # mirrors /cluster/ at least; owned by the broker
-        self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
-        self.placement = placement
+        self.cache = cache
         self.reconciler: Reconciler | None = None
         self.load_manager: LoadManager | None = None
+        if placement is not None:
+            recover = Orphans(config, store, tier, topics.broker_id).recover
+            self.reconciler = Reconciler(config, store, cache, topics, logs, self.membership, placement, tier,
+                                         recover, on_loaded)
+            self.load_manager = LoadManager(store, cache, self.membership.election, config.cluster)
 
     async def start(self) -> None:
         await self.membership.start()
-        if self.placement is None:
-            return
-        reconciler = Reconciler(self.config, self.store, self.cache, self.topics, self.membership,
-                                self.placement)
-        tier = self.topics.tier
-        if isinstance(tier, Tier):  # cluster mode has an object tier (server.py always opens one)
-            reconciler.attach, reconciler.drain = tier.attach, tier.drain
-            reconciler.recover = Orphans(self.config, self.store, tier, self.topics.broker_id).recover
-        reconciler.on_loaded = self.on_loaded
-        self.reconciler = reconciler
-        self.load_manager = LoadManager(self.store, self.cache, self.membership.election, self.config.cluster)
-        await reconciler.start()
-        self.load_manager.start()
+        if self.reconciler is not None:
+            await self.reconciler.start()
+        if self.load_manager is not None:
+            self.load_manager.start()
 
     async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
         """Hand every topic this broker serves to the others (sealed), when there are others."""

@@ -27,8 +27,9 @@ from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.topic import ReliableTopic, Topic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.tiering import Tier
+from danube_fast.broker.topic import Topic, stored
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership
@@ -36,6 +37,7 @@ from danube_fast.meta.local_cache import EventFeed, LocalCache
 from danube_fast.meta.resources import UNLOAD, Unassigned
 from danube_fast.meta.store import MetadataError, MetadataStore
 from danube_fast.names import TopicName
+from danube_fast.storage.log_manager import LogManager
 
 log = logging.getLogger("danube_fast.cluster")
 
@@ -46,30 +48,30 @@ ORPHAN_RETRY_MAX = 30.0  # seconds between tries to recover an orphan WAL, at mo
 MOVED_ON_RETRIES = 3
 MOVED_ON_DELAY = 0.05
 
-# Hooks the object tier adds (broker/tiering.py, cluster/orphans.py): start serving a loaded topic's uploads
-# and tiered reads, drain them at a sealed unload, recover an orphan WAL directory.
-Attach = Callable[[ReliableTopic, int | None], Awaitable[None]]
-Drain = Callable[[ReliableTopic], Awaitable[None]]
-Recover = Callable[[TopicName, str], Awaitable[None]]
+Recover = Callable[[TopicName, str], Awaitable[None]]  # an orphan WAL directory into the objects
 
 
 class Reconciler:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: Topics,
-                 membership: Membership, placement: ClusterPlacement) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: TopicRegistry,
+                 logs: LogManager, membership: Membership, placement: ClusterPlacement, tier: Tier,
+                 recover: Recover, on_loaded: Callable[[Topic], Awaitable[None]]) -> None:
+        """`tier`: starts a loaded topic's uploads and drains them at a sealed unload; `recover`: an orphan
+        WAL directory (cluster/orphans.py); `on_loaded`: what must apply to a topic before it serves anyone
+        (its schema configuration)."""
         self._config = config
         self._store = store
         self._cache = cache
         self._topics = topics
+        self._logs = logs
         self._membership = membership
         self._placement = placement
+        self._tier = tier
+        self._recover_orphan_wal = recover
+        self._on_loaded = on_loaded
         self.me = membership.broker_id
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._follower: asyncio.Task[None] | None = None
-        self.attach: Attach | None = None
-        self.drain: Drain | None = None
-        self.recover: Recover | None = None
-        self.on_loaded: Callable[[Topic], Awaitable[None]] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -130,7 +132,7 @@ class Reconciler:
         topic = self._topics.find(name.full)
         if kv is None:
             self._topics.forget_broken(name)  # no longer this broker's to load
-            if topic is None and os.path.isdir(self._topics.wal_dir(name)):
+            if topic is None and os.path.isdir(self._logs.directory(name)):
                 # A WAL left here (a crash) whose assignment the cache still showed when the broker started,
                 # so the start's orphan pass passed it over: recover it now, or readers wait at its gap and
                 # finally read past acknowledged records (the chaos campaign caught it).
@@ -162,7 +164,7 @@ class Reconciler:
         ownership = self._ownership(keys.broker_topic(self.me, ns, t), revision)
         await ownership.revalidate()  # the cache may lag: never load on a stale assignment
         point = await handoff.load_point(self._store, ns, t, self.me)
-        directory = self._topics.wal_dir(name)
+        directory = self._logs.directory(name)
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
         m = self._membership
@@ -173,16 +175,15 @@ class Reconciler:
                                               sequences=point.sequences)
         if topic is None:
             return
-        if self.on_loaded is not None:
-            await self.on_loaded(topic)
-        if not isinstance(topic, ReliableTopic):
-            guard.reservation = None
+        await self._on_loaded(topic)
+        reliable = stored(topic)
+        if reliable is None:
+            guard.reservation = None  # nothing stored: no offsets to reserve
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
             crashpoints.reach(crashpoints.MID_LOAD)
-            if self.attach is not None:
-                await self.attach(topic, None if point.keep_local else point.start - 1)
+            await self._tier.attach(reliable, None if point.keep_local else point.start - 1)
 
     # -- unload --------------------------------------------------------------------------------------------
 
@@ -194,28 +195,26 @@ class Reconciler:
         ns, t = topic.name.namespace, topic.name.topic
 
         async def seal(topic: Topic) -> None:
-            if not isinstance(topic, ReliableTopic):
-                return
-            if self.drain is not None:
-                await self.drain(topic)
+            reliable = stored(topic)
+            if reliable is None:
+                return  # nothing stored: nothing to hand over
+            await self._tier.drain(reliable)
             gaps = guard.reservation.gaps if guard.reservation is not None else []
             await guard.write(handoff.state_ops(ns, t, self.me, sealed=True,
-                                                last=topic.wal.committed_offset - 1, gaps=gaps,
-                                                sequences=topic.sequences.snapshot()))
+                                                last=reliable.wal.committed_offset - 1, gaps=gaps,
+                                                sequences=reliable.sequences.snapshot()))
             crashpoints.reach(crashpoints.AFTER_SEAL)
 
         await self._topics.unload_topic(topic, seal)
 
     async def _lose(self, topic: Topic) -> None:
         await self._topics.unload_topic(topic, None)
-        if isinstance(topic, ReliableTopic):
-            await self._recover(topic.name, topic.wal.directory)
+        reliable = stored(topic)
+        if reliable is not None:
+            await self._recover(topic.name, reliable.wal.directory)
 
     async def _recover(self, name: TopicName, directory: str) -> None:
-        if self.recover is not None:
-            await self.recover(name, directory)
-        else:
-            log.warning("%s: orphan WAL %s kept (no object tier to recover it into)", name, directory)
+        await self._recover_orphan_wal(name, directory)
 
     async def _recover_orphans(self) -> None:
         """WAL directories of topics not assigned here: left by a crash or a lost ownership."""
@@ -238,7 +237,7 @@ class Reconciler:
         delay = RETRY_DELAY
         while True:
             async with self._locks.setdefault((name.namespace, name.topic), asyncio.Lock()):
-                directory = self._topics.wal_dir(name)
+                directory = self._logs.directory(name)
                 if self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic)) is not None or \
                         self._topics.find(name.full) is not None or not os.path.isdir(directory):
                     return  # assigned here again (its load recovers it), or recovered already

@@ -3,8 +3,8 @@ WAL, no per-message work, a window of unacknowledged bytes, cumulative and indiv
 
 It moves the subscription's Cursor (dispatch/cursor.py: the ack floor, the individual acks above it, when
 it is saved), the same one the per-message ReliableDispatcher moves, so a subscription can go between the
-two APIs: Topics swaps the dispatcher when a consumer of the other kind subscribes while nobody of this kind
-is streaming.
+two APIs: Subscriptions swaps the dispatcher when a consumer of the other kind subscribes while nobody of
+this kind is streaming.
 
 The window the client names is capped at [dispatch] window_bytes, and the unacknowledged bytes count in the
 broker's ByteBudget (budget.py): while it is spent, a stream with something unacknowledged waits for room.
@@ -83,8 +83,14 @@ class BatchDispatcher:
         self._release(self._unacked_bytes)
         self._wake.set()
 
+    def stream_replaced(self, consumer: Consumer) -> None:
+        pass  # a fast-API stream is never replaced by a Danube API one (subscriptions.py switches)
+
     def taken(self, size: int) -> None:
         """Consumer streams of the Danube API take nothing from a subscription served by batches."""
+
+    def counters(self) -> dict[str, int]:
+        return {"redelivered": self.redelivered, "dead_lettered": self.dead_lettered, "unacked": self.unacked}
 
     def _release(self, size: int) -> None:
         self._unacked_bytes -= size

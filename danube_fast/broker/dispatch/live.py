@@ -75,6 +75,15 @@ class LiveDispatcher:
         self.dropped += len(consumer.drain_queue())  # buffered for a stream that is gone
         self.taken(size)
 
+    def stream_replaced(self, consumer: Consumer) -> None:
+        pass  # what the old stream had queued moves on with the consumer
+
+    def stop_streams(self) -> None:
+        pass  # live streams end with their consumers (Clients)
+
+    def counters(self) -> dict[str, int]:
+        return {"dropped": self.dropped}
+
     @property
     def backlog(self) -> int:
         return sum(c.queued for c in self._sub.consumers)

@@ -187,6 +187,16 @@ class ReliableDispatcher:
     def unacked(self) -> int:
         return len(self._pending) + len(self._waiting)
 
+    def counters(self) -> dict[str, int]:
+        return {"redelivered": self.redelivered, "dead_lettered": self.dead_lettered, "unacked": self.unacked}
+
+    def stream_replaced(self, consumer: Consumer) -> None:
+        """Messages the old stream had taken may never have reached the client: delivered again."""
+        self.consumer_lost(consumer)
+
+    def stop_streams(self) -> None:
+        pass  # per-message streams end with their consumers (Clients)
+
     @property
     def held_bytes(self) -> int:
         """Bytes read for delivery and not yet released: read ahead, in flight, waiting for redelivery."""

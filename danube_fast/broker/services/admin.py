@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import DanubeError, invalid, not_found
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.names import (
@@ -42,14 +42,15 @@ def delivery_mode(value: int) -> DeliveryMode:
 
 
 class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
 
     @unary
     async def GetNamespaceTopics(self, request: pb.NamespaceRequest, context: Context
                                  ) -> pb.TopicListResponse:
         ns = namespace_name(request.name)
-        if not self._topics.namespace_exists(ns):
+        if not self._ctx.namespaces.exists(ns):
             raise not_found(f"namespace {ns} does not exist")
         return pb.TopicListResponse(topics=self._topic_names(ns))
 
@@ -59,14 +60,14 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
 
     @unary
     async def GetNamespacePolicies(self, request: pb.NamespaceRequest, context: Context) -> pb.PolicyResponse:
-        policy = self._topics.namespace_policy(namespace_name(request.name))
+        policy = self._ctx.namespaces.policy(namespace_name(request.name))
         return pb.PolicyResponse(policies=json.dumps(policy.to_obj()))
 
     @unary
     async def CreateNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
         ns = namespace_name(request.name)
         try:
-            await self._topics.create_namespace(ns)
+            await self._ctx.namespaces.create(ns)
         except DanubeError as e:
             raise not_found(f"Unable to create the namespace {ns} due to: {e}") from e
         return pb.NamespaceResponse(success=True)
@@ -75,15 +76,16 @@ class NamespaceAdmin(pb_grpc.NamespaceAdminServicer):
     async def DeleteNamespace(self, request: pb.NamespaceRequest, context: Context) -> pb.NamespaceResponse:
         ns = namespace_name(request.name)
         try:
-            await self._topics.delete_namespace(ns)
+            await self._ctx.namespaces.delete(ns)
         except DanubeError as e:
             raise not_found(f"Unable to delete the namespace {ns} due to: {e}") from e
         return pb.NamespaceResponse(success=True)
 
 
 class TopicAdmin(pb_grpc.TopicAdminServicer):
-    def __init__(self, topics: Topics, schemas: TopicSchemas) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext, schemas: TopicSchemas) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
         self._schemas = schemas
 
     async def _create(self, name: TopicName, dispatch_strategy: int, subject: str | None) -> None:
@@ -101,7 +103,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
                             "not registered")
 
     def _info(self, topic: Topic) -> pb.TopicInfo:
-        return pb.TopicInfo(name=topic.full, broker_id=str(self._topics.broker_id),
+        return pb.TopicInfo(name=topic.full, broker_id=str(self._ctx.broker_id),
                             delivery=topic.delivery.value)
 
     @unary
@@ -161,7 +163,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
         topic = self._topics.find(name.full)
         if topic is None:
             raise not_found(f"Unable to unsubscribe: topic {name} does not exist")
-        await self._topics.subscriptions.unsubscribe(topic, request.subscription)
+        await self._ctx.subscriptions.unsubscribe(topic, request.subscription)
         return pb.SubscriptionResponse(success=True)
 
     @unary
@@ -171,7 +173,7 @@ class TopicAdmin(pb_grpc.TopicAdminServicer):
         if topic is None:
             return pb.DescribeTopicResponse(name=request.name, delivery=DeliveryMode.NON_RELIABLE.value)
         response = pb.DescribeTopicResponse(name=request.name, subscriptions=sorted(topic.subscriptions),
-                                            broker_id=str(self._topics.broker_id),
+                                            broker_id=str(self._ctx.broker_id),
                                             delivery=topic.delivery.value)
         await self._schema_fields(response, topic)
         return response

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from danube_fast import latency
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError, invalid, not_found
 from danube_fast.names import clip, parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -26,13 +26,14 @@ def _internal(message: str) -> ApiError:
 
 
 class ConsumerService(pb_grpc.ConsumerServiceServicer):
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
 
     @unary
     async def Subscribe(self, request: pb.ConsumerRequest, context: Context) -> pb.ConsumerResponse:
         topic = self._topics.topic_for_consumer(parse_topic(request.topic_name))
-        cid = await self._topics.subscriptions.subscribe(topic, request)
+        cid = await self._ctx.subscriptions.subscribe(topic, request)
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=cid,
                                    consumer_name=request.consumer_name)
 
@@ -45,9 +46,9 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
         until the client has been told CLOSE (or HEALTH_WAIT) and then ends with OK, instead of failing
         thousands of times a second; an id never seen (e.g. from before a restart) gets NOT_FOUND (C.8),
         slowed down by UNKNOWN_DELAY for the same reason."""
-        consumer = self._topics.clients.find_consumer(request.consumer_id)
+        consumer = self._ctx.clients.find_consumer(request.consumer_id)
         if consumer is None:
-            told_close = self._topics.clients.gone(request.consumer_id)
+            told_close = self._ctx.clients.gone(request.consumer_id)
             if told_close is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(told_close.wait(), HEALTH_WAIT)
@@ -80,7 +81,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
         call, which the official client raises to the application (docs/WIRE.md B.9)."""
         name = parse_topic(msg_id.topic_name)
         topic = self._topics.find(name.full)
-        if topic is None and self._topics.clients.moved(name.full):
+        if topic is None and self._ctx.clients.moved(name.full):
             return None
         if topic is None:
             raise _internal(f"Error {what} message: Topic {name} not found on this broker")

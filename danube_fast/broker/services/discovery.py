@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from danube_fast.broker.ownership import Placement
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import invalid, not_found
 from danube_fast.names import parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -17,9 +16,10 @@ LOOKUP_POLL = 0.02  # seconds between looks at a topic that has no owner right n
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):
-    def __init__(self, topics: Topics, placement: Placement, url: Callable[[], str]) -> None:
-        self._topics = topics
-        self._placement = placement
+    def __init__(self, ctx: BrokerContext, url: Callable[[], str]) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
+        self._placement = ctx.placement
         self._url = url  # dialable by the client: http://host:port (D.2)
 
     @unary
@@ -38,7 +38,7 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
                 return self._answer(request, pb.TopicLookupResponse.Connect, url)
             owner = placement.owner(name)
             registration = placement.registration(owner) if owner is not None \
-                and owner != self._topics.broker_id else None
+                and owner != self._ctx.broker_id else None
             if registration is not None:
                 return self._answer(request, pb.TopicLookupResponse.Redirect, registration.broker_addr)
             if waited >= placement.assign_wait or not self._topics.exists(name):
@@ -64,20 +64,21 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):
 class HealthService(pb_grpc.HealthCheckServicer):
     """Unknown ids answer CLOSE, never an error: an error silently ends the client's health loop (D.10)."""
 
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
 
     @unary
     async def HealthCheck(self, request: pb.HealthCheckRequest, context: Context) -> pb.HealthCheckResponse:
         ok = pb.HealthCheckResponse.OK
         close = pb.HealthCheckResponse.CLOSE
         if request.client == pb.HealthCheckRequest.Producer:
-            known = self._topics.clients.has_producer(request.id)
+            known = self._ctx.clients.has_producer(request.id)
             return pb.HealthCheckResponse(status=ok if known else close)
         if request.client == pb.HealthCheckRequest.Consumer:
-            c = self._topics.clients.find_consumer(request.id)
+            c = self._ctx.clients.find_consumer(request.id)
             if c is not None and c.active:
                 return pb.HealthCheckResponse(status=ok)
-            self._topics.clients.told_close(request.id)
+            self._ctx.clients.told_close(request.id)
             return pb.HealthCheckResponse(status=close)
         raise invalid(f"Invalid client type {request.client} (0 Producer, 1 Consumer)")

@@ -24,10 +24,10 @@ import grpc
 
 from danube_fast import latency
 from danube_fast.broker.clients import new_id
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.services.status import Context
-from danube_fast.broker.topic import ReliableTopic, Topic
-from danube_fast.broker.topics import Topics
+from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import (
     BatchRequest,
@@ -51,8 +51,10 @@ class FastProducerService(fast_grpc.FastProducerServicer):
     # into a protobuf message and copied out of it again.
     request_decoders = {"Produce": decode_produce_request}
 
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
+        self._subscriptions = ctx.subscriptions
 
     async def Produce(self, request_iterator: AsyncIterator[ProduceRequest], context: Context
                       ) -> AsyncIterator[fast.ProduceResponse]:
@@ -102,8 +104,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
             raise ApiError("FAILED_PRECONDITION", f"topic {topic.full} validates payloads against a schema: "
                                                   "publish to it through the Danube API")
         producer_id = await self._topics.add_producer(topic, req.producer_name, 0)
-        if isinstance(topic, ReliableTopic):
-            await topic.sequences.ready(topic.wal)  # what the WAL holds is known before any batch is taken
+        await topic.ready_for_batches()
         return topic, producer_id, req.producer_name
 
     async def _read(self, requests: AsyncIterator[ProduceRequest], topic: Topic, producer_id: int, name: str,
@@ -125,11 +126,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     fut.set_exception(e)
                 else:
                     append = functools.partial(_publish, topic, data, records)
-                    if sequenced is not None and isinstance(topic, ReliableTopic):
-                        # A batch it already holds is answered with the first copy's offsets (sequences.py).
-                        fut = topic.sequences.publish(name, *sequenced, append, topic.fence.confirm)
-                    else:
-                        fut = asyncio.ensure_future(append())
+                    fut = topic.publish_once(name, sequenced, append)
                     # Should the client go first, nobody answers this one: its outcome is not an error here.
                     fut.add_done_callback(_retrieved)
                 await pending.put((seq, fut))
@@ -199,8 +196,10 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
     # Records go out as bytes written by fast_wire.py (the batches copied once, not twice through a message).
     response_serializers = {"Consume": serialize_request}
 
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
+        self._subscriptions = ctx.subscriptions
 
     async def Consume(self, request_iterator: AsyncIterator[fast.ConsumeRequest], context: Context
                       ) -> AsyncIterator[fast.ConsumeResponse | bytes]:
@@ -213,7 +212,7 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 raise invalid("the first request of a Consume stream must be Subscribe")
             req = first.subscribe
             topic = self._topics.topic_for_consumer(parse_topic(req.topic))
-            batches = await self._topics.subscriptions.subscribe_batches(topic, req.subscription,
+            batches = await self._ctx.subscriptions.subscribe_batches(topic, req.subscription,
                                                                          req.consumer_name)
         except DanubeError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
@@ -241,9 +240,10 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 error = reader.exception()
                 assert isinstance(error, DanubeError)
                 await context.abort(grpc.StatusCode[error.grpc_code], str(error))
-            if self._topics.stopping or self._topics.find(topic.full) is not topic:
+            if self._subscriptions.stopping or self._topics.find(topic.full) is not topic:
                 # Not the end of the subscription: the client looks the topic up and subscribes again.
-                why = "the broker is stopping" if self._topics.stopping else "the topic left this broker"
+                why = "the broker is stopping" if self._subscriptions.stopping else \
+                    "the topic left this broker"
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
                                     f"{why}: look {topic.full} up again and resubscribe")
         finally:

@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
-from danube_fast.broker.topics import Topics
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import encode_read_response, records_data, serialize_request
-from danube_fast.errors import ApiError, DanubeError, OffsetOutOfRange, invalid, precondition
+from danube_fast.errors import ApiError, DanubeError, OffsetOutOfRange, invalid
 from danube_fast.names import parse_topic
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -44,8 +44,10 @@ class FastReaderService(fast_grpc.FastReaderServicer):
     # Read responses go out as bytes written by fast_wire.py (the batches copied once, not twice).
     response_serializers = {"Read": serialize_request}
 
-    def __init__(self, topics: Topics) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
+        self._subscriptions = ctx.subscriptions
 
     @unary
     async def Offsets(self, request: fast.OffsetsRequest, context: Context) -> fast.OffsetsResponse:
@@ -61,9 +63,10 @@ class FastReaderService(fast_grpc.FastReaderServicer):
             return
         room = min(request.max_bytes or DEFAULT_READ_BYTES, MAX_READ_BYTES)
         while low < end:
-            if self._topics.stopping or self._topics.find(topic.full) is not topic:
+            if self._subscriptions.stopping or self._topics.find(topic.full) is not topic:
                 # As for a fast consumer: not the end of the read, the client looks the topic up again.
-                why = "the broker is stopping" if self._topics.stopping else "the topic left this broker"
+                why = "the broker is stopping" if self._subscriptions.stopping else \
+                    "the topic left this broker"
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
                                     f"{why}: look {topic.full} up again and read on from offset {low}")
             got = await _next_records(log, low, end, room)
@@ -76,10 +79,8 @@ class FastReaderService(fast_grpc.FastReaderServicer):
     def _readable(self, name: str) -> tuple[ReliableTopic, ReadableLog]:
         """The topic and what it is read through; INVALID_ARGUMENT for a bad name or an unknown topic,
         UNAVAILABLE when another broker serves it, FAILED_PRECONDITION when it is NonReliable."""
-        topic = self._topics.topic_for_consumer(parse_topic(name))
-        if not isinstance(topic, ReliableTopic):
-            raise precondition(f"topic {topic.full} is NonReliable: it keeps no records to read "
-                               "(FastReader reads Reliable topics)")
+        topic = self._topics.topic_for_consumer(parse_topic(name)).require_stored(
+            "FastReader reads Reliable topics")
         return topic, topic.log
 
 

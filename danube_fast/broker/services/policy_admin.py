@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError, invalid, not_found
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
@@ -51,8 +51,9 @@ def view(policy: Policy, own: bool = False) -> pb.PolicyView:
 
 
 class PolicyAdminService:
-    def __init__(self, topics: Topics, store: MetadataStore, cache: LocalCache) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext, store: MetadataStore, cache: LocalCache) -> None:
+        self._topics = ctx.topics
+        self._namespaces = ctx.namespaces
         self._store = store
         self._cache = cache
 
@@ -73,7 +74,7 @@ class PolicyAdminService:
     async def GetTopicPolicy(self, request: pb.TopicPolicyRequest, context: Context) -> pb.PolicyView:
         name = self._stored(request.topic)[0]  # a partitioned topic's partitions are set together
         own = await self._store.get(keys.topic_policy(name.namespace, name.topic))
-        return view(self._topics.policy_from(name, own), own is not None)
+        return view(self._namespaces.topic_policy(name, own), own is not None)
 
     @unary
     async def SetTopicPolicy(self, request: pb.SetTopicPolicyRequest, context: Context) -> pb.PolicyView:
@@ -81,7 +82,7 @@ class PolicyAdminService:
         for name in self._stored(request.topic):
             key = keys.topic_policy(name.namespace, name.topic)
             own = await self._store.get(key)
-            policy = changed(self._topics.policy_from(name, own), request.changes, f"topic {name.full}")
+            policy = changed(self._namespaces.topic_policy(name, own), request.changes, f"topic {name.full}")
             await self._swap(own, key, policy)
         assert policy is not None
         return view(policy, own=True)
@@ -91,7 +92,7 @@ class PolicyAdminService:
         stored = self._stored(request.topic)
         for name in stored:
             await self._store.delete(keys.topic_policy(name.namespace, name.topic))
-        return view(self._topics.policy_from(stored[0], None))
+        return view(self._namespaces.topic_policy(stored[0], None))
 
     def _stored(self, topic: str) -> list[TopicName]:
         """The topic, or a partitioned topic's partitions (its base name stands for all of them: a policy

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from danube_fast import latency
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import denied, invalid, precondition
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.names import check_name, clip, parse_topic
@@ -20,8 +20,9 @@ from danube_fast.schema import SubjectNotFound, TopicSchemas
 
 
 class ProducerService(pb_grpc.ProducerServiceServicer):
-    def __init__(self, topics: Topics, schemas: TopicSchemas) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext, schemas: TopicSchemas) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
         self._schemas = schemas
 
     @unary
@@ -49,7 +50,7 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
 
     @unary
     async def SendMessage(self, request: pb.StreamMessage, context: Context) -> pb.MessageResponse:
-        entry = self._topics.clients.producer(request.msg_id.producer_id)
+        entry = self._ctx.clients.producer(request.msg_id.producer_id)
         topic = entry.topic
         if request.msg_id.topic_name != topic.full:
             raise denied(f"Unable to publish the message: producer {request.msg_id.producer_id} is "

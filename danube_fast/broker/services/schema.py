@@ -23,9 +23,9 @@ GetLatestSchema answer the definition as registered, not v0.7.3's wrapped enum: 
 
 from __future__ import annotations
 
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError, not_found
 from danube_fast.meta.store import BadValue
 from danube_fast.names import check_name, clip
@@ -50,8 +50,9 @@ def _schema_response(view: SchemaView, requested_id: int | None = None) -> pb.Ge
 
 
 class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
-    def __init__(self, topics: Topics, schemas: TopicSchemas) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext, schemas: TopicSchemas) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
         self._schemas = schemas
         self._registry = schemas.registry
 

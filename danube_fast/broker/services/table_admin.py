@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import time
 
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.forward import is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.tables import TableStatus, TableWriter
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError, not_found, precondition
 from danube_fast.names import parse_topic
 from danube_fast.proto import TableAdmin_pb2 as pb
 
 
 class TableAdminService:
-    def __init__(self, topics: Topics, writer: TableWriter) -> None:
-        self._topics = topics
+    def __init__(self, ctx: BrokerContext, writer: TableWriter) -> None:
+        self._ctx = ctx
+        self._topics = ctx.topics
         self._writer = writer
 
     @unary

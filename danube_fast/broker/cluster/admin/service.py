@@ -22,11 +22,11 @@ from danube_fast import names
 from danube_fast.broker.cluster.admin import ops as admin_ops
 from danube_fast.broker.cluster.moves import Rebalancer
 from danube_fast.broker.cluster.view import ClusterView
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.admin import NamespaceAdmin, TopicAdmin, delivery_mode, namespace_name
 from danube_fast.broker.services.forward import Forwarder, is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import Topic
-from danube_fast.broker.topics import Topics
 from danube_fast.client.rpc import M, WireMessage
 from danube_fast.errors import DanubeError, invalid, not_found, precondition, unavailable
 from danube_fast.meta import keys
@@ -159,8 +159,8 @@ class BrokerAdmin(pb_grpc.BrokerAdminServicer):
 class ClusterNamespaceAdmin(NamespaceAdmin):
     """GetNamespaceTopics and DeleteNamespace over the topics of every broker (the namespace markers)."""
 
-    def __init__(self, topics: Topics, view: ClusterView) -> None:
-        super().__init__(topics)
+    def __init__(self, ctx: BrokerContext, view: ClusterView) -> None:
+        super().__init__(ctx)
         self._view = view
 
     def _topic_names(self, ns: str) -> list[str]:
@@ -196,19 +196,19 @@ class _StoredTopic:
 class ClusterTopicAdmin(TopicAdmin):
     """TopicAdmin over the topics of every broker: listings and owners from the ClusterView, details from the
     store, DeleteTopic / Unsubscribe / ListSubscriptions by the owner. CreateTopic and
-    CreatePartitionedTopic are TopicAdmin's, through this broker's Topics, wherever the topic is placed."""
+    CreatePartitionedTopic are TopicAdmin's, through this broker's registry, wherever the topic is placed."""
 
-    def __init__(self, topics: Topics, schemas: TopicSchemas, view: ClusterView, store: MetadataStore,
+    def __init__(self, ctx: BrokerContext, schemas: TopicSchemas, view: ClusterView, store: MetadataStore,
                  forwarder: Forwarder) -> None:
-        super().__init__(topics, schemas)
+        super().__init__(ctx, schemas)
         self._view = view
         self._store = store
         self._forwarder = forwarder
-        self._me = topics.broker_id
+        self._me = ctx.broker_id
 
     async def _create(self, name: TopicName, dispatch_strategy: int, subject: str | None) -> None:
         """In a cluster the load manager may place a new topic on another broker, or not yet: the topic is
-        created all the same (Topics answers UNAVAILABLE, for a producer to look it up again), and its
+        created all the same (the registry answers UNAVAILABLE, for a producer to look it up again), and its
         schema subject goes to its metadata. A topic that already exists anywhere is refused."""
         if await self._store.get(keys.topic_root(name.namespace, name.topic)) is not None:
             raise not_found(f"Unable to create the topic {name} due to: it already exists")

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from danube_fast.broker.cluster.admin.service import forward
 from danube_fast.broker.cluster.view import ClusterView
+from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.services.table_admin import TableAdminService
 from danube_fast.broker.tables import TableWriter
-from danube_fast.broker.topics import Topics
 from danube_fast.errors import ApiError
 from danube_fast.names import parse_topic
 from danube_fast.proto import TableAdmin_pb2 as pb
 
 
 class ClusterTableAdmin(TableAdminService):
-    def __init__(self, topics: Topics, writer: TableWriter, view: ClusterView, forwarder: Forwarder) -> None:
-        super().__init__(topics, writer)
+    def __init__(self, ctx: BrokerContext, writer: TableWriter, view: ClusterView,
+                 forwarder: Forwarder) -> None:
+        super().__init__(ctx, writer)
         self._view = view
         self._forwarder = forwarder
 
@@ -30,7 +31,7 @@ class ClusterTableAdmin(TableAdminService):
             owner = self._view.owner(topic.namespace, topic.topic)
             # An unassigned partition (moving) has no status to show now; this broker's own, not loaded
             # (or loading), has none either.
-            if owner is not None and owner != self._topics.broker_id:
+            if owner is not None and owner != self._ctx.broker_id:
                 by_owner.setdefault(owner, set()).add(name)
         found: list[pb.TableStatus] = []
         for owner, names in sorted(by_owner.items()):

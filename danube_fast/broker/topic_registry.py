@@ -1,53 +1,41 @@
-"""The topics this broker serves: their life (load, create, unload, delete) and the namespaces they live in.
+"""The topics this broker serves: their life (load, create, unload, delete) and how services find them.
 
-Topics owns the map of served topics, the topics whose load failed, and the two registries built around
-them: `clients` (clients.py: producers and consumers by id, and the tombstones clients are told about) and
-`subscriptions` (subscriptions.py: subscribe, unsubscribe, dispatchers, dead letters, the idle reaper).
-Services read topics through `find`, `served` and `names`, never through the map itself.
+TopicRegistry owns the map of served topics, the creation locks and the topics whose load failed; its parts
+are given to it: the namespaces (namespaces.py), the WALs (storage/log_manager.py), the object tier
+(tiering.py), the placement (ownership.py) and the producers and consumers by id (clients.py). It builds the
+subscriptions (subscriptions.py), which need it back for dead letters. Services find topics through `find`,
+`served` and `names`, never through the map itself.
 
 Ownership: everything here lives on the event loop; the metadata store is written first and memory changed
 after the write succeeded, so a failed write leaves nothing half-made. Standalone mode serves every topic of
-the store. On start it loads namespaces' topics, their WALs, producers, subscriptions and cursors, which is
-how a restart (after SIGTERM or SIGKILL) picks up where the last run stopped.
-
-Reads on the request path are memory lookups; namespace existence and policies come from the LocalCache of
-`/namespaces/`, so a namespace created through the store by an admin is seen without a restart.
+the store: on start it loads their WALs, producers, subscriptions and cursors, which is how a restart (after
+SIGTERM or SIGKILL) picks up where the last run stopped. In cluster mode the reconciler loads what the
+placement assigns here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import os
-import shutil
 from collections.abc import Awaitable, Callable, Sequence
 
 from danube_fast import names
 from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
-from danube_fast.broker.ownership import Fence, LocalPlacement, Placement, Unfenced
+from danube_fast.broker.namespaces import Namespaces
+from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
 from danube_fast.broker.tiering import Tier, WalOnly
-from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic
-from danube_fast.errors import (
-    ApiError,
-    exhausted,
-    invalid,
-    not_found,
-    precondition,
-    unavailable,
-)
+from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic, stored
+from danube_fast.errors import ApiError, exhausted, invalid, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import (
     JSON,
     NULL,
     DeliveryMode,
-    Policy,
     Producer,
     ProducerAccessMode,
     SubscriptionCursor,
@@ -55,17 +43,12 @@ from danube_fast.meta.resources import (
     TopicDelivery,
     TopicRoot,
 )
-from danube_fast.meta.store import BadValue, Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
+from danube_fast.meta.store import Compare, Delete, KeyValue, MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.storage.gaps import Gap
-from danube_fast.storage.tail_cache import CacheBudget
-from danube_fast.storage.tiered import TopicLog
-from danube_fast.storage.wal import Wal
+from danube_fast.storage.log_manager import LogManager
 
 log = logging.getLogger("danube_fast.broker")
-
-BOOTSTRAP_NAMESPACES = ("default", "system")
-CACHE_WAIT = 5.0  # seconds to wait for the cache to see this broker's own write
 
 
 def partition_prefix(name: TopicName) -> str:
@@ -85,92 +68,45 @@ def partitions_in(found: Sequence[KeyValue], name: TopicName) -> list[str]:
     return [TopicName(name.namespace, short).full for short in shorts]
 
 
-class Topics:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, broker_id: int,
-                 placement: Placement, tier: Tier | None = None) -> None:
+class TopicRegistry:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, namespaces: Namespaces,
+                 logs: LogManager, tier: Tier | WalOnly, placement: Placement, clients: Clients,
+                 budget: ByteBudget, broker_id: int) -> None:
+        """`cache` watches `/namespaces/` (where topics are listed); `budget`: the bytes every dispatcher
+        holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py)."""
         self._config = config
         self._store = store
         self._cache = cache
+        self._namespaces = namespaces
+        self._logs = logs
+        self._tier = tier
+        self._placement = placement
+        self._clients = clients
         self.broker_id = broker_id
         self._topics: dict[str, Topic] = {}
         self._creating: dict[str, asyncio.Lock] = {}
-        self._reaper: asyncio.Task[None] | None = None
-        self._sweeper: asyncio.Task[None] | None = None  # releases idle topics' logs (_release_idle_logs)
-        self.placement = placement  # where topics live (broker/ownership.py)
-        self.tier: Tier | WalOnly = tier if tier is not None else WalOnly()
-        self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
-        # Bytes every dispatcher holds for delivery, against [dispatch] broker_bytes (dispatch/budget.py).
-        self.budget = ByteBudget(config.dispatch.broker_bytes)
-        # Bytes every topic's tail cache holds, against [wal] cache_total_bytes (storage/tail_cache.py).
-        self.cache_budget = CacheBudget(config.wal.cache_total_bytes)
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.
         self._broken: dict[str, str] = {}
-        self.clients = Clients()  # producers and consumers by id (clients.py)
-        self.subscriptions = Subscriptions(config, store, self.clients, self.budget, self.topic_for_producer,
+        self.subscriptions = Subscriptions(config, store, clients, budget, self.topic_for_producer,
                                            self.served)
 
-    @classmethod
-    async def open(cls, config: BrokerConfig, store: MetadataStore, broker_id: int, tier: Tier | None = None,
-                   placement: Placement | None = None) -> Topics:
-        """Standalone mode (`LocalPlacement`, the default) loads every topic of the store here; in cluster
-        mode the placement loads the topics assigned to this broker once it is a member."""
-        for ns in BOOTSTRAP_NAMESPACES:
-            await store.transaction([Compare(keys.namespace_policy(ns), "version", "==", 0)],
-                                    [Put(keys.namespace_policy(ns), config.policy.to_json())], [])
-        cache = await LocalCache.start(store, [keys.namespaces_prefix()])
-        self = cls(config, store, cache, broker_id, placement or LocalPlacement(broker_id), tier)
-        try:
-            if not self.placement.clustered:
-                await self._load()
-        except BaseException:
-            await self.close()
-            raise
-        self._reaper = asyncio.create_task(self.subscriptions.reap_idle(), name="reap-idle-subscriptions")
-        if config.wal.idle_release_ms:
-            self._sweeper = asyncio.create_task(self._release_idle_logs(config.wal.idle_release_ms / 1000),
-                                                name="release-idle-logs")
-        return self
-
-    async def _release_idle_logs(self, idle: float) -> None:
-        """Topics whose log saw no append and no read for `idle` seconds give back its cache, descriptors
-        and index mappings ([wal] idle_release_ms); the next use reopens them. The topic itself, its
-        producers, subscriptions and consumers stay: Danube clients hold ids that must keep resolving."""
-        while True:
-            await asyncio.sleep(max(1.0, idle / 4))
-            released = 0
-            for topic in list(self._topics.values()):
-                if not isinstance(topic, ReliableTopic):
-                    continue
-                try:
-                    released += await topic.wal.release_if_idle(idle)
-                except Exception as e:  # a closed or failed log: its owner reports that
-                    log.debug("releasing the idle log of %s: %s", topic.full, e)
-            if released:
-                log.info("released the logs of %d idle topics", released)
-
-    def released_logs(self) -> int:
-        """Reliable topics served now whose log is released (idle)."""
-        return sum(1 for t in self._topics.values() if isinstance(t, ReliableTopic) and t.wal.released)
+    async def start(self) -> None:
+        """Standalone mode (`LocalPlacement`) loads every topic of the store here; in cluster mode the
+        reconciler loads the topics assigned to this broker once it is a member."""
+        if not self._placement.clustered:
+            await self._load()
+        self.subscriptions.start()
+        self._logs.start()
 
     def stop_streams(self) -> None:
-        """The broker is stopping: every consumer stream ends (with OK, so clients notice and look the topic
-        up again, docs/WIRE.md C.8), fast consumers' streams with UNAVAILABLE."""
-        self.stopping = True
-        for c in self.clients.consumers():
-            c.end_streams()
-        for topic in self._topics.values():
-            for sub in topic.subscriptions.values():
-                if isinstance(sub.dispatcher, BatchDispatcher):
-                    sub.dispatcher.stop_streams()
+        self.subscriptions.stop_streams()
 
     async def close(self) -> None:
         """Stop dispatching, persist every cursor, fsync and close every WAL."""
-        for task in (self._reaper, self._sweeper):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        for c in self.clients.consumers():
+        await self.subscriptions.stop()
+        await self._logs.stop()
+        for c in self._clients.consumers():
             c.end_streams()
         for topic in self._topics.values():
             for sub in topic.subscriptions.values():
@@ -179,7 +115,6 @@ class Topics:
                 except Exception as e:  # keep closing the others; the WAL still holds the data
                     log.error("closing subscription %s on %s: %s", sub.name, topic.full, e)
             await self._close_storage(topic)
-        await self._cache.close()
 
     # -- loading -------------------------------------------------------------------------------------
 
@@ -193,8 +128,8 @@ class Topics:
             name = TopicName(ns, short)
             try:
                 topic = await self.load_topic(name)
-                if isinstance(topic, ReliableTopic):
-                    await self.tier.attach(topic, None)
+                if topic is not None:
+                    await self._attach_tier(topic)
             except Exception as e:
                 if isinstance(e, MetadataError) and e.retriable:
                     raise  # the store itself is down: no topic can load
@@ -222,7 +157,7 @@ class Topics:
         topic = self._topics.pop(name.full, None)
         if topic is None:
             return
-        self.clients.forget_producers(topic)
+        self._clients.forget_producers(topic)
         with contextlib.suppress(Exception):
             await self.subscriptions.close(topic, save=False)
         with contextlib.suppress(Exception):
@@ -253,7 +188,7 @@ class Topics:
             p = Producer.from_json(kv.value, key=kv.key)
             entry = ProducerEntry(p.producer_id, p.producer_name, topic)
             topic.add_producer(entry)
-            self.clients.add_producer(entry)
+            self._clients.add_producer(entry)
         cursors: dict[str, int] = {}
         records: list[SubscriptionRecord] = []
         for kv in subscriptions:
@@ -265,35 +200,26 @@ class Topics:
         for rec in records:
             start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
             self.subscriptions.attach(topic, rec.subscription_name, rec.subscription_type, start)
-        self.clients.came_back(topic.full)
+        self._clients.came_back(topic.full)
         self._broken.pop(topic.full, None)
         log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
-                 len(topic.producers), len(topic.subscriptions),
-                 f", WAL at offset {topic.wal.committed_offset}" if isinstance(topic, ReliableTopic) else "")
+                 len(topic.producers), len(topic.subscriptions), topic.describe())
         return topic
-
-    def wal_dir(self, name: TopicName) -> str:
-        return os.path.join(self._config.wal_root, name.namespace, name.topic)
 
     async def _open_topic(self, name: TopicName, delivery: DeliveryMode, fence: Fence | None = None,
                           initial_offset: int = 0, gaps: Sequence[Gap] = (), sequences: JSON = None) -> Topic:
         """`fence` None: standalone's (Unfenced)."""
-        wal = None
-        readable = None
+        wal = readable = None
         if delivery == DeliveryMode.RELIABLE:
-            wal = await Wal.open(self.wal_dir(name), self._config.wal, initial_offset=initial_offset,
-                                 cache_budget=self.cache_budget)
-            report = wal.recovery
-            if report.truncated_bytes:
-                log.warning("WAL of %s: recovery cut %d bytes (%s)", name, report.truncated_bytes, report)
-            readable = await self.tier.log_for(name, wal, gaps)
-        topic = new_topic(name, delivery, await self.policy_of(name), fence or Unfenced(self._store), wal,
-                          readable)
-        if isinstance(topic, ReliableTopic):
+            wal = await self._logs.open(name, initial_offset)
+            readable = await self._tier.log_for(name, wal, gaps)
+        policy = await self._namespaces.read_topic_policy(name)
+        topic = new_topic(name, delivery, policy, fence or Unfenced(self._store), wal, readable)
+        if readable is not None:
+            reliable = topic.require_stored("a topic with a WAL")
             if sequences is not None:
-                topic.sequences.restore(sequences)  # before the topic is served: no batch can come first
-            if isinstance(readable, TopicLog):
-                topic.sequences.with_tier(readable, self._config.cluster.producer_gap_wait_ms / 1000)
+                reliable.sequences.restore(sequences)  # before the topic is served: no batch can come first
+            reliable.sequences.with_tier(readable, self._config.cluster.producer_gap_wait_ms / 1000)
         self._topics[name.full] = topic
         return topic
 
@@ -305,43 +231,21 @@ class Topics:
         topic.fence.close()
         await topic.fence.settle()
         self._topics.pop(topic.full, None)
-        self.clients.moved_away(topic)
+        self._clients.moved_away(topic)
         await self.subscriptions.close(topic, save=seal is not None)
-        if isinstance(topic, ReliableTopic):
-            await topic.wal.sync()
+        reliable = stored(topic)
+        if reliable is not None:
+            await reliable.wal.sync()
         try:
             if seal is not None:
                 await seal(topic)
         finally:
             await self._close_storage(topic)
-        if seal is not None and isinstance(topic, ReliableTopic):
-            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
+        if seal is not None and reliable is not None:
+            await self._logs.remove(topic.name)
         log.info("unloaded %s (%s)", topic.full, "sealed" if seal is not None else "ownership lost")
 
-    def _policy(self, name: TopicName) -> Policy:
-        kv = self._cache.get(keys.namespace_policy(name.namespace))
-        return Policy.from_json(kv.value, key=kv.key) if kv is not None else self._config.policy
-
-    def policy_from(self, name: TopicName, own: KeyValue | None) -> Policy:
-        """The topic's policy given what its own policy key holds (`own`): that policy if it has a valid one,
-        else its namespace's (from the cache: a change there applies at once). A value that is not a policy
-        is logged and passed over rather than stop the topic."""
-        if own is not None:
-            try:
-                return Policy.from_json(own.value, key=own.key)
-            except BadValue as e:
-                log.warning("%s: its own policy is not valid, the namespace's applies: %s", name.full, e)
-        return self._policy(name)
-
-    async def policy_of(self, name: TopicName) -> Policy:
-        """The topic's policy as the metadata says now (docs/METADATA.md: a topic's own policy replaces its
-        namespace's)."""
-        return self.policy_from(name, await self._store.get(keys.topic_policy(name.namespace, name.topic)))
-
     # -- topics --------------------------------------------------------------------------------------
-
-    def namespace_exists(self, namespace: str) -> bool:
-        return self._cache.get(keys.namespace_policy(namespace)) is not None
 
     def find(self, name: str) -> Topic | None:
         return self._topics.get(name)
@@ -349,6 +253,10 @@ class Topics:
     def served(self) -> list[Topic]:
         """The topics this broker serves now."""
         return list(self._topics.values())
+
+    def stored(self) -> list[ReliableTopic]:
+        """The served topics that keep their records (Reliable)."""
+        return [r for t in self._topics.values() if (r := stored(t)) is not None]
 
     def names(self) -> list[str]:
         """The full names of the topics this broker serves now, sorted."""
@@ -371,11 +279,7 @@ class Topics:
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, docs/WIRE.md
         C.4)."""
-        topic = self._topics.get(name.full)
-        if topic is None:
-            self.check_loadable(name)
-        if topic is None and self.placement.clustered and self.exists(name):
-            raise self.placement.taken(name)
+        topic = self._served_here(name)
         if topic is None:
             lock = self._creating.setdefault(name.full, asyncio.Lock())
             async with lock:
@@ -386,12 +290,18 @@ class Topics:
                                f"{name} is {topic.delivery.value}, the producer asked for {delivery.value}")
         return topic
 
-    def topic_for_consumer(self, name: TopicName) -> Topic:
+    def _served_here(self, name: TopicName) -> Topic | None:
+        """The topic if this broker serves it; None if it may be made here; else why not (its load failed,
+        or another broker serves it)."""
         topic = self._topics.get(name.full)
         if topic is None:
             self.check_loadable(name)
-        if topic is None and self.placement.clustered and self.exists(name):
-            raise self.placement.taken(name)
+            if self._placement.clustered and self.exists(name):
+                raise self._placement.taken(name)
+        return topic
+
+    def topic_for_consumer(self, name: TopicName) -> Topic:
+        topic = self._served_here(name)
         if topic is None:
             raise invalid(f"topic {name} does not exist: consumers never create topics (create it with a "
                           "producer or the admin API first)")
@@ -402,7 +312,7 @@ class Topics:
         whatever the WAL left on disk are removed before the error is answered."""
         names.check_topic(name)  # dead-letter and partition names are made here, not parsed
         ns, short = name.namespace, name.topic
-        if not self.namespace_exists(ns):
+        if not self._namespaces.exists(ns):
             raise unavailable(f"Unable to find the namespace {ns}, the topic can be created only for an "
                               "existing namespace")
         base = names.partition_base(short)
@@ -414,25 +324,24 @@ class Topics:
                                              "name already exist")
         root = keys.topic_root(ns, short)
         # Standalone assigns the topic to itself; in a cluster the leader's load manager places it (C.4).
-        place = self.placement.place_new(name)
+        place = self._placement.place_new(name)
         txn = await self._store.transaction(
             [Compare(root, "version", "==", 0)],
             [Put(root, TopicRoot(0).to_json()), Put(keys.namespace_topic(ns, short), NULL),
              Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()), place], [])
         if not txn.succeeded:
-            raise self.placement.taken(name)
+            raise self._placement.taken(name)
 
         async def open_here() -> Topic:
             try:
                 topic = await self._open_topic(name, delivery)
-                if isinstance(topic, ReliableTopic):
-                    await self.tier.attach(topic, None)
+                await self._attach_tier(topic)
             except BaseException as e:
                 await self._undo_create(name, e)
                 raise
             return topic
 
-        topic = await self.placement.created(name, open_here, self._topics.get)
+        topic = await self._placement.created(name, open_here, self._topics.get)
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
 
@@ -448,9 +357,7 @@ class Topics:
                 Delete(keys.broker_topic(self.broker_id, ns, short))], [])
         except MetadataError as e:  # the topic then fails to load at the next start, alone (see _load)
             log.error("undoing the creation of %s: its metadata stays: %s", name, e)
-        directory = self.wal_dir(name)
-        await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(shutil.rmtree, directory, ignore_errors=True))
+        await self._logs.remove(name)
 
     async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""
@@ -468,49 +375,27 @@ class Topics:
             Delete(keys.storage_topic_prefix(ns, short), prefix=True),
             Delete(keys.broker_topic(self.broker_id, ns, short))], [])
         self._topics.pop(topic.full, None)
-        self.clients.forget_producers(topic)
+        self._clients.forget_producers(topic)
         await self.subscriptions.close(topic, save=False)
         await self._close_storage(topic)  # the uploader stops before the topic's objects go
-        if isinstance(topic, ReliableTopic):
-            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, topic.wal.directory)
-            await self.tier.forget(topic.name)
+        if stored(topic) is not None:
+            await self._logs.remove(topic.name)
+            await self._tier.forget(topic.name)
         log.info("deleted topic %s", topic.full)
+
+    async def _attach_tier(self, topic: Topic) -> None:
+        """A stored topic's uploader starts, from what the object tier's descriptors say it holds."""
+        reliable = stored(topic)
+        if reliable is not None:
+            await self._tier.attach(reliable, None)
 
     async def _close_storage(self, topic: Topic) -> None:
         """The uploader stops (an upload in progress is abandoned; its data stays in the WAL), then the WAL
         is fsynced and closed."""
-        if isinstance(topic, ReliableTopic):
-            await self.tier.detach(topic)
-            await topic.wal.close()
-
-    async def create_namespace(self, namespace: str) -> None:
-        key = keys.namespace_policy(namespace)
-        txn = await self._store.transaction([Compare(key, "version", "==", 0)],
-                                            [Put(key, self._config.policy.to_json())], [])
-        if not txn.succeeded:
-            raise ApiError("ALREADY_EXISTS", f"namespace {namespace} already exists")
-        await self._cache.wait_for_revision(txn.revision, CACHE_WAIT, key=key)
-
-    async def delete_namespace(self, namespace: str) -> None:
-        if not self.namespace_exists(namespace):
-            raise not_found(f"namespace {namespace} does not exist")
-        if any(t.name.namespace == namespace for t in self._topics.values()):
-            raise precondition(f"namespace {namespace} still has topics: delete them first")
-        txn = await self._store.transaction([], [Delete(keys.namespace_prefix(namespace), prefix=True)], [])
-        await self._cache.wait_for_revision(txn.revision, CACHE_WAIT)
-
-    def namespaces(self) -> list[str]:
-        found = []
-        for kv in self._cache.get_prefix(keys.namespaces_prefix()):
-            with contextlib.suppress(ValueError):
-                found.append(keys.parse_namespace_policy(kv.key))
-        return sorted(found)
-
-    def namespace_policy(self, namespace: str) -> Policy:
-        kv = self._cache.get(keys.namespace_policy(namespace))
-        if kv is None:
-            raise not_found(f"namespace {namespace} does not exist")
-        return Policy.from_json(kv.value, key=kv.key)
+        reliable = stored(topic)
+        if reliable is not None:
+            await self._tier.detach(reliable)
+            await self._logs.close(reliable.wal)
 
     # -- producers -----------------------------------------------------------------------------------
 
@@ -523,13 +408,13 @@ class Topics:
         limit = topic.policy.max_producers_per_topic
         if limit and len(topic.producers) >= limit:
             raise exhausted(f"topic {topic.full} has reached max_producers_per_topic ({limit})")
-        pid = self.clients.new_producer_id()
+        pid = self._clients.new_producer_id()
         mode = ProducerAccessMode(access_mode) if access_mode in (0, 1) else ProducerAccessMode.SHARED
         record = Producer(mode, pid, producer_name, True, topic.full)
         key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
         await self._store.put(key, record.to_json())
         entry = ProducerEntry(pid, producer_name, topic)
         topic.add_producer(entry)
-        self.clients.add_producer(entry)
+        self._clients.add_producer(entry)
         return pid
 
