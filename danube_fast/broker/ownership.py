@@ -29,7 +29,8 @@ class Fence(Protocol):
     """Per topic, owned by it. An append is `admit(n)`, the append, `done()` (whatever its outcome), then
     `confirm()` before it is acknowledged; a NonReliable publish only `confirm()`s."""
 
-    next: int  # the offset the next admitted record gets (set from the WAL when the topic loads)
+    def start_at(self, offset: int) -> None:
+        """The offset the next admitted record gets: where the topic's WAL continues (once, at its load)."""
 
     async def admit(self, records: int) -> None: ...
 
@@ -56,7 +57,9 @@ class Unfenced:
 
     def __init__(self, store: MetadataStore | None) -> None:
         self._store = store
-        self.next = 0
+
+    def start_at(self, offset: int) -> None:
+        pass
 
     async def admit(self, records: int) -> None:
         pass

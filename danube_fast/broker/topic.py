@@ -157,7 +157,7 @@ class ReliableTopic(Topic):
         self.log = log if log is not None else TopicLog(wal)
         self.uploader: Uploader | None = None  # with an object tier, while the topic is served
         self.sequences = ProducerSequences()  # what idempotent producers stored (sequences.py)
-        fence.next = wal.committed_offset
+        fence.start_at(wal.committed_offset)
 
     @property
     def start_offset(self) -> int:

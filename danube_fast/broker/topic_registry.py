@@ -357,7 +357,7 @@ class TopicRegistry:
                 Delete(keys.broker_topic(self.broker_id, ns, short))], [])
         except MetadataError as e:  # the topic then fails to load at the next start, alone (see _load)
             log.error("undoing the creation of %s: its metadata stays: %s", name, e)
-        await self._logs.remove(name)
+        await self._logs.remove(name, best_effort=True)
 
     async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -66,9 +67,15 @@ class LogManager:
         self._logs.pop(wal.directory, None)
         await wal.close()
 
-    async def remove(self, name: TopicName) -> None:
-        """Delete the topic's WAL directory (closed first by close(); a missing one is not an error)."""
-        await asyncio.get_running_loop().run_in_executor(None, _remove_tree, self.directory(name))
+    async def remove(self, name: TopicName, *, best_effort: bool = False) -> None:
+        """Delete the topic's WAL directory (closed first by close(); a missing one is not an error).
+        `best_effort`: whatever cannot be deleted is left, silently (undoing a creation that failed)."""
+        directory = self.directory(name)
+        if best_effort:
+            remove = functools.partial(shutil.rmtree, directory, ignore_errors=True)
+        else:
+            remove = functools.partial(_remove_tree, directory)
+        await asyncio.get_running_loop().run_in_executor(None, remove)
 
     def released(self) -> int:
         """Open logs that are released now (idle)."""

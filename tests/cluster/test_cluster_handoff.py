@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from danube_fast.broker.cluster import handoff
-from danube_fast.broker.cluster.guard import TopicGuard
+from danube_fast.broker.cluster.guard import TopicGuard, Write
 from danube_fast.errors import ApiError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership, OwnershipLost
@@ -140,14 +140,15 @@ async def _guard(s: MetadataStore, written: Callable[[], None] = lambda: None
     key = keys.broker_topic(5, "ns", "t")
     await s.put(key, b"null")
     ownership = await Ownership.acquire(s, 5, "ns", "t", lambda: float("inf"))
-    guard = TopicGuard("/ns/t", ownership, lambda: (1, 0), lambda: False)
+    def reservation(guard_write: Write) -> handoff.Reservation:
+        async def write(ops: Sequence[Op]) -> TxnResult:
+            result = await guard_write(ops)
+            written()
+            return result
 
-    async def write(ops: Sequence[Op]) -> TxnResult:
-        result = await guard.write(ops)
-        written()
-        return result
+        return handoff.Reservation("ns", "t", 5, write, 1000, [])
 
-    guard.reservation = handoff.Reservation("ns", "t", 5, write, 1000, [])
+    guard = TopicGuard("/ns/t", ownership, lambda: (1, 0), lambda: False, reservation)
     return guard, ownership
 
 
@@ -156,7 +157,7 @@ async def _seal_here(s: MetadataStore, guard: TopicGuard) -> None:
     await s.put(keys.unassigned("ns", "t"), b"{}")
     kv = await s.get(keys.unassigned("ns", "t"))
     assert kv is not None
-    guard.ownership = Ownership(s, kv.key, kv.create_revision, lambda: float("inf"))
+    guard.fence_on(Ownership(s, kv.key, kv.create_revision, lambda: float("inf")))
     guard.close()
 
 
@@ -185,7 +186,7 @@ def test_admissions_keep_their_order_while_the_reservation_is_written(store: Any
             await asyncio.gather(loading, first)
             await asyncio.gather(*later)
             assert order == [0, 1, 2]
-            assert guard.next == 30
+            assert guard.reservation is not None and guard._next == 30
     run(body())
 
 

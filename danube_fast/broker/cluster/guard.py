@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from danube_fast.broker.cluster.handoff import Reservation
 from danube_fast.errors import ApiError, unavailable
@@ -40,16 +40,21 @@ log = logging.getLogger("danube_fast.cluster")
 DECISION_WAIT = 5.0  # seconds `confirm` waits for the placement to seal or drop a topic whose assignment went
 
 
+Write = Callable[[Sequence[Op]], Awaitable[TxnResult]]
+
+
 class TopicGuard:
     def __init__(self, full_name: str, ownership: Ownership, epoch: Callable[[], tuple[int, int]],
-                 paused: Callable[[], bool]) -> None:
+                 paused: Callable[[], bool],
+                 reservation: Callable[[Write], Reservation] | None = None) -> None:
+        """`reservation`: builds the topic's offset reservation around this guard's `write`."""
         self.full = full_name
         self.ownership = ownership
         self._epoch = epoch  # (lease session, pause count) of the broker
         self._paused = paused
         self._validated = epoch()
-        self.reservation: Reservation | None = None
-        self.next = 0  # the offset the next admitted record gets (Reliable)
+        self.reservation = reservation(self.write) if reservation is not None else None
+        self._next = 0  # the offset the next admitted record gets (Reliable)
         self._closing = asyncio.Event()
         self._pending = 0  # admitted appends not done yet
         self._idle = asyncio.Event()
@@ -57,6 +62,17 @@ class TopicGuard:
         self._extending: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one revalidation or reservation write at a time
         self._order = asyncio.Lock()  # admissions in arrival order (asyncio.Lock is FIFO)
+
+    def start_at(self, offset: int) -> None:
+        self._next = offset
+
+    def stores_nothing(self) -> None:
+        """A NonReliable topic: nothing is appended, so no offsets are reserved."""
+        self.reservation = None
+
+    def fence_on(self, ownership: Ownership) -> None:
+        """From now on every check and write is fenced on `ownership` (an unload marker's: the seal)."""
+        self.ownership = ownership
 
     @property
     def closing(self) -> bool:
@@ -98,7 +114,7 @@ class TopicGuard:
             await self._check(True)
             reservation = self.reservation
             if reservation is not None:
-                last = self.next + records - 1
+                last = self._next + records - 1
                 if reservation.needs(last):
                     async with self._lock:
                         if reservation.needs(last):
@@ -107,7 +123,7 @@ class TopicGuard:
                         raise self._refuse("it is moving")
                 elif reservation.low(last) and self._extending is None:
                     self._extending = asyncio.create_task(self._extend_quietly(last))
-                self.next += records
+                self._next += records
             self._pending += 1
             self._idle.clear()
 

@@ -168,9 +168,9 @@ class Reconciler:
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
         m = self._membership
-        guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused)
         block = self._config.cluster.reserve_offsets
-        guard.reservation = handoff.Reservation(ns, t, self.me, guard.write, block, point.gaps)
+        guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused,
+                           lambda write: handoff.Reservation(ns, t, self.me, write, block, point.gaps))
         topic = await self._topics.load_topic(name, guard, initial_offset=point.start, gaps=point.gaps,
                                               sequences=point.sequences)
         if topic is None:
@@ -178,7 +178,7 @@ class Reconciler:
         await self._on_loaded(topic)
         reliable = stored(topic)
         if reliable is None:
-            guard.reservation = None  # nothing stored: no offsets to reserve
+            guard.stores_nothing()
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
@@ -191,7 +191,7 @@ class Reconciler:
         """The unload (docs/TOPIC_MOVE.md), every write fenced on the unload marker that names this broker."""
         guard = topic.fence
         assert isinstance(guard, TopicGuard)
-        guard.ownership = self._ownership(marker_key, marker_revision)
+        guard.fence_on(self._ownership(marker_key, marker_revision))
         ns, t = topic.name.namespace, topic.name.topic
 
         async def seal(topic: Topic) -> None:
