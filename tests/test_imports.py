@@ -236,3 +236,11 @@ def test_the_mode_check_counter_sees_a_check() -> None:
     source = "def f(t):\n    return isinstance(t, (int, ReliableTopic))\n\n\ndef g(d):\n    # why\n" \
              "    return isinstance(d, BatchDispatcher)\n"
     assert mode_checks(source, "x.py") == [(2, False), (7, True)]
+
+
+def test_the_log_keeps_recovery_apart() -> None:
+    """SegmentedLog holds appends, reads and their locking; recovery (log_loader.py) and the segment files
+    (segments.py) are units of their own, so the log stays readable in one sitting."""
+    lines = (PACKAGE / "storage" / "segmented_log.py").read_text().count("\n")
+    assert lines < 400, f"storage/segmented_log.py has {lines} lines: move a unit out"
+    assert "danube_fast.storage.log_loader" in graph()["danube_fast.storage.segmented_log"]
