@@ -97,6 +97,7 @@ class Broker:
             # Topics' schema configurations are in place before any producer can publish.
             await self.schemas.registry.load()
             await self.schemas.load(self.topics.served())
+            await self.tables.prepare()
             await self.listeners.client.start()
             await self.listeners.admin.start()
             if self.listeners.metrics is not None:

@@ -148,6 +148,19 @@ class TableWriter:
         if kv is None or TableCatalog.from_json(kv.value, key=key) != self.location:
             await self._store.put(key, self.location.to_json())
 
+    async def prepare(self) -> None:
+        """Before the broker serves: when a policy asks for tables, import the table libraries and open the
+        catalog now. Done at the first table pass instead, that is 0.7 s of imports holding the GIL while
+        producers wait for their acks (bench/RESULTS.md, "Tables"). A topic whose table is turned on later
+        pays it then, once."""
+        self._loop = asyncio.get_running_loop()
+        served = self._topics.stored()
+        own = await own_policies(self._store, served)
+        modes = [self._namespaces.topic_policy(t.name, own.get(t.full)).table_mode for t in served]
+        modes += [self._namespaces.policy(ns).table_mode for ns in self._namespaces.names()]
+        if any(mode != "none" for mode in modes):
+            await self._in_thread(self._open_catalog)
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name="tables")
@@ -257,13 +270,10 @@ class TableWriter:
 
     def _table_names(self) -> list[tuple[str, str]]:
         """Every table of the catalog, as (namespace, table)."""
-        if self._catalog is None:
-            from danube_fast.tables.catalog import open_catalog
-
-            self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
+        catalog = self._open_catalog()
         found = []
-        for namespace in self._catalog.list_namespaces():
-            for ident in self._catalog.list_tables(namespace):
+        for namespace in catalog.list_namespaces():
+            for ident in catalog.list_tables(namespace):
                 found.append((str(ident[0]), str(ident[-1])))
         return found
 
@@ -443,16 +453,24 @@ class TableWriter:
 
     # -- worker thread ----------------------------------------------------------------------------------
 
-    def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:
-        from danube_fast.tables.catalog import dead_letter_name, load_or_create, open_catalog
-
+    def _open_catalog(self) -> Catalog:
+        """The catalog, opened on first use, with the modules a commit needs imported."""
         if self._catalog is None:
+            from danube_fast.tables import commit, envelope, maintenance, typed  # noqa: F401
+            from danube_fast.tables.catalog import open_catalog
+
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
+        return self._catalog
+
+    def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:
+        from danube_fast.tables.catalog import dead_letter_name, load_or_create
+
+        catalog = self._open_catalog()
         base, partition = _stored(topic)
         mode = "envelope" if dead_letters else self._modes.get(topic.full, "envelope")
         if dead_letters:
             base = dead_letter_name(base)
-        return load_or_create(self._catalog, topic.name.namespace, base, partition >= 0,
+        return load_or_create(catalog, topic.name.namespace, base, partition >= 0,
                               self._config.hour_partitions, self._config.row_group_rows, mode)
 
     def _reload(self, table: Table) -> Table:
