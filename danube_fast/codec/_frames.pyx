@@ -1145,19 +1145,34 @@ cdef inline void _put_text(unsigned char* data, int32_t* offsets, Py_ssize_t i, 
 
 def decode_arrow(buf, bint verify=True):
     """Decode a buffer of back-to-back batches into one pyarrow.RecordBatch (schema ARROW_SCHEMA)."""
+    return decode_arrow_chunks((buf,), verify)
+
+
+def decode_arrow_chunks(bufs, bint verify=True):
+    """The batches of several buffers, one buffer after another, as one pyarrow.RecordBatch: its Arrow
+    buffers are allocated and wrapped once for all of them, and every chunk is copied in under one release
+    of the GIL (a table commit decodes a few hundred chunks of the log). A FrameCorrupt's position is within
+    the buffer that holds the bad batch."""
     pa = _pyarrow()
     schema = arrow_schema()
-    cdef _Input inp = _Input(buf)
+    cdef list inputs = []
     cdef Totals t
     memset(&t, 0, sizeof(Totals))
-    # Compressed batches are expanded (and checked) first; the passes below then see plain batches.
-    expanded = _expand_all(inp.ptr, inp.size, verify)
-    if expanded is not None:
-        inp = _Input(expanded)
-        verify = False
-    # Sizing walks only record headers; the CRC is checked batch by batch in _fill, right before the batch
-    # is copied, so the payload bytes come from DRAM once (measured: 4.0 -> 5.x GiB/s, bench/RESULTS.md).
-    _check_all(inp.ptr, inp.size, &t)
+    cdef _Input inp
+    cdef bint plain_verify
+    for buf in bufs:
+        inp = _Input(buf)
+        plain_verify = verify
+        # Compressed batches are expanded (and checked) first; the passes below then see plain batches.
+        expanded = _expand_all(inp.ptr, inp.size, verify)
+        if expanded is not None:
+            inp = _Input(expanded)
+            plain_verify = False
+        # Sizing walks only record headers; the CRC is checked batch by batch in _fill, right before the
+        # batch is copied, so the payload bytes come from DRAM once (measured: 4.0 -> 5.x GiB/s,
+        # bench/RESULTS.md).
+        _check_all(inp.ptr, inp.size, &t)
+        inputs.append((inp, plain_verify))
     if t.records == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
     for what, size in (("payload", t.payload_bytes), ("routing key", t.key_bytes),
@@ -1187,20 +1202,41 @@ def decode_arrow(buf, bint verify=True):
     cdef unsigned char* sver_valid = cols.alloc("sver_valid", bitmap)
     cdef int64_t* svers = <int64_t*>cols.alloc("sver", n * 8)
     cdef Py_ssize_t key_nulls = 0, attr_nulls = 0, sid_nulls = 0, sver_nulls = 0, bad = -1
+    cdef Py_ssize_t row = 0, entry = 0, chunk = 0, chunks = len(inputs)
     cdef uint32_t computed = 0
-    with nogil:
-        memset(key_valid, 0, bitmap)
-        memset(attr_valid, 0, bitmap)
-        memset(sid_valid, 0, bitmap)
-        memset(sver_valid, 0, bitmap)
-        key_offs[0] = val_offs[0] = prod_offs[0] = map_offs[0] = akey_offs[0] = aval_offs[0] = 0
-        _fill(inp.ptr, inp.size, offsets, stamps, key_valid, key_offs, key_data, val_offs, val_data,
-              prod_offs, prod_data, attr_valid, map_offs, akey_offs, akey_data, aval_offs, aval_data,
-              sid_valid, sids, sver_valid, svers, &key_nulls, &attr_nulls, &sid_nulls, &sver_nulls,
-              verify, &bad, &computed)
-    if bad >= 0:
-        raise FrameCorrupt(f"CRC mismatch: stored 0x{load_u32(inp.ptr + bad + OFF_CRC):08x}, "
-                           f"computed 0x{computed:08x}", bad)
+    # The chunks as C arrays, so that one nogil block copies them all.
+    cdef const unsigned char** ptrs = <const unsigned char**>malloc(chunks * sizeof(void*))
+    cdef Py_ssize_t* sizes = <Py_ssize_t*>malloc(chunks * sizeof(Py_ssize_t))
+    cdef unsigned char* verifies = <unsigned char*>malloc(chunks)
+    if ptrs == NULL or sizes == NULL or verifies == NULL:
+        free(ptrs)
+        free(sizes)
+        free(verifies)
+        raise MemoryError()
+    try:
+        for chunk in range(chunks):
+            inp = inputs[chunk][0]
+            ptrs[chunk], sizes[chunk], verifies[chunk] = inp.ptr, inp.size, inputs[chunk][1]
+        with nogil:
+            memset(key_valid, 0, bitmap)
+            memset(attr_valid, 0, bitmap)
+            memset(sid_valid, 0, bitmap)
+            memset(sver_valid, 0, bitmap)
+            key_offs[0] = val_offs[0] = prod_offs[0] = map_offs[0] = akey_offs[0] = aval_offs[0] = 0
+            for chunk in range(chunks):
+                _fill(ptrs[chunk], sizes[chunk], offsets, stamps, key_valid, key_offs, key_data, val_offs,
+                      val_data, prod_offs, prod_data, attr_valid, map_offs, akey_offs, akey_data, aval_offs,
+                      aval_data, sid_valid, sids, sver_valid, svers, &key_nulls, &attr_nulls, &sid_nulls,
+                      &sver_nulls, verifies[chunk], &bad, &computed, &row, &entry)
+                if bad >= 0:
+                    break
+        if bad >= 0:
+            raise FrameCorrupt(f"CRC mismatch: stored 0x{load_u32(ptrs[chunk] + bad + OFF_CRC):08x}, "
+                               f"computed 0x{computed:08x}", bad)
+    finally:
+        free(ptrs)
+        free(sizes)
+        free(verifies)
     b = cols.buffers
     attributes = schema.field("attributes").type
     entries = pa.StructArray.from_arrays(
@@ -1232,10 +1268,11 @@ cdef void _fill(const unsigned char* buf, Py_ssize_t size, int64_t* offsets, int
                 int32_t* aval_offs, unsigned char* aval_data, unsigned char* sid_valid, int64_t* sids,
                 unsigned char* sver_valid, int64_t* svers, Py_ssize_t* key_nulls, Py_ssize_t* attr_nulls,
                 Py_ssize_t* sid_nulls, Py_ssize_t* sver_nulls, bint verify, Py_ssize_t* bad,
-                uint32_t* computed) noexcept nogil:
-    """Second pass over batches whose structure _check_all validated: CRC (if `verify`), then copies.
-    Stops at the first CRC mismatch and reports its position in `bad`."""
-    cdef Py_ssize_t pos = 0, row = 0, entry = 0
+                uint32_t* computed, Py_ssize_t* row_io, Py_ssize_t* entry_io) noexcept nogil:
+    """Second pass over batches whose structure _check_all validated: CRC (if `verify`), then copies, from
+    row `row_io` and attribute entry `entry_io` on (both moved past what this buffer held). Stops at the
+    first CRC mismatch and reports its position in `bad`."""
+    cdef Py_ssize_t pos = 0, row = row_io[0], entry = entry_io[0]
     cdef const unsigned char* p
     cdef const unsigned char* q
     cdef const unsigned char* r
@@ -1257,6 +1294,7 @@ cdef void _fill(const unsigned char* buf, Py_ssize_t size, int64_t* offsets, int
             computed[0] = crc32c_update(0, p + CRC_FROM, length - CRC_FROM)
             if computed[0] != load_u32(p + OFF_CRC):
                 bad[0] = pos
+                row_io[0], entry_io[0] = row, entry
                 return
         name = p + HEADER_BYTES
         q = name + name_len + addr_len + (SEQ_BYTES if load_u16(p + OFF_FLAGS) & FLAG_SEQUENCED else 0)
@@ -1311,3 +1349,4 @@ cdef void _fill(const unsigned char* buf, Py_ssize_t size, int64_t* offsets, int
             q = rend
             row += 1
         pos += length
+    row_io[0], entry_io[0] = row, entry

@@ -870,11 +870,17 @@ def _as_int64(value: int) -> int:
 
 def decode_arrow(buf: Buffer, verify: bool = True) -> pa.RecordBatch:
     """All records of `buf` as one RecordBatch with ARROW_SCHEMA."""
+    return decode_arrow_chunks((buf,), verify)
+
+
+def decode_arrow_chunks(bufs: Iterable[Buffer], verify: bool = True) -> pa.RecordBatch:
+    """All records of several buffers, one after another, as one RecordBatch with ARROW_SCHEMA."""
     pa, schema = _pyarrow(), arrow_schema()
     columns: dict[str, list[Any]] = {field.name: [] for field in schema}
-    with _reading(buf) as view:
-        for header, records in _batches(view, verify):
-            _append_rows(columns, header, records)
+    for buf in bufs:
+        with _reading(buf) as view:
+            for header, records in _batches(view, verify):
+                _append_rows(columns, header, records)
     arrays = [pa.array(columns[field.name], type=field.type) for field in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 

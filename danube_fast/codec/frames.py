@@ -23,6 +23,7 @@ if PURE and not TYPE_CHECKING:
         arrow_schema,
         crc32c,
         decode_arrow,
+        decode_arrow_chunks,
         decode_records,
         encode_batch,
         encode_payloads,
@@ -47,6 +48,7 @@ else:
         arrow_schema,
         crc32c,
         decode_arrow,
+        decode_arrow_chunks,
         decode_records,
         encode_batch,
         encode_payloads,
@@ -76,7 +78,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "ARROW_SCHEMA", "COMPRESSIONS", "HEADER_SIZE", "IMPL", "MAGIC", "MAX_BATCH_BYTES", "VERSION",
-    "BatchHeader", "Record", "arrow_schema", "crc32c", "decode_arrow", "decode_records", "encode_batch",
-    "encode_payloads", "fill_room", "iter_records", "join_after_room", "parse_header", "scan_batches", "span",
-    "stamp_base_offset", "verify_batch",
+    "BatchHeader", "Record", "arrow_schema", "crc32c", "decode_arrow", "decode_arrow_chunks",
+    "decode_records", "encode_batch", "encode_payloads", "fill_room", "iter_records", "join_after_room",
+    "parse_header", "scan_batches", "span", "stamp_base_offset", "verify_batch",
 ]

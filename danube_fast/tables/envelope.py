@@ -106,19 +106,16 @@ def envelope(decoded: pa.RecordBatch, topic: str, partition: int) -> pa.RecordBa
 
 def rows_of(data: list[memoryview], start: int, end: int, topic: str, partition: int) -> pa.Table:
     """The records of offsets [start, end) of `data` (whole batches, which may begin before `start`) in the
-    envelope's columns, as one chunk: decoded by the native codec chunk by chunk, then joined once, so that
-    the envelope's columns and pyiceberg's projection of the rows are made once per commit instead of once
-    per chunk (in the broker, Python that holds the GIL while producers wait for their acks)."""
+    envelope's columns, as one chunk: the native codec decodes every chunk into one set of Arrow buffers, so
+    that the envelope's columns and pyiceberg's projection of the rows are made once per commit instead of
+    once per chunk (in the broker, Python that holds the GIL while producers wait for their acks)."""
     import pyarrow.compute as pc
 
     from danube_fast.codec import frames
 
-    decoded = pa.Table.from_batches([frames.decode_arrow(chunk, verify=True) for chunk in data],
-                                    schema=frames.ARROW_SCHEMA)
+    decoded = frames.decode_arrow_chunks(data, verify=True)
     if decoded.num_rows:
         offsets = decoded.column("offset")
         if offsets[0].as_py() < start or offsets[-1].as_py() >= end:
             decoded = decoded.filter(pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end)))
-    joined = decoded.combine_chunks()
-    batches = [envelope(batch, topic, partition) for batch in joined.to_batches()]
-    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+    return pa.Table.from_batches([envelope(decoded, topic, partition)], schema=ARROW_SCHEMA)

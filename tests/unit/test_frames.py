@@ -157,11 +157,17 @@ def decoders(frames: ModuleType) -> list[tuple[str, Callable[[Any, bool], Any]]]
         batch.validate(full=True)  # a returned batch must be valid Arrow: strings are UTF-8, offsets fit
         return batch
 
+    def decode_arrow_chunks(buf: Any, verify: bool) -> pa.RecordBatch:
+        batch = frames.decode_arrow_chunks([b"", buf], verify=verify)  # positions are within `buf`
+        batch.validate(full=True)
+        return batch
+
     return [
         ("scan_batches", lambda buf, verify: frames.scan_batches(buf, verify=verify)),
         ("decode_records", lambda buf, verify: frames.decode_records(buf, verify=verify)),
         ("iter_records", lambda buf, verify: list(frames.iter_records(buf, verify=verify))),
         ("decode_arrow", decode_arrow),
+        ("decode_arrow_chunks", decode_arrow_chunks),
     ]
 
 
@@ -799,3 +805,31 @@ def test_sequenced_batches_carry_session_and_sequence_and_decode_as_plain_ones(f
     unknown[18] |= 0x10  # flags bit 4: still unknown
     refresh_crc(f, unknown, 0)
     assert_corrupt_at(f, unknown, 0)
+
+
+def test_chunks_decode_as_one_buffer(frames_impl: ModuleType) -> None:
+    """decode_arrow_chunks of a buffer cut at batch bounds (compressed batches among them) is decode_arrow of
+    the whole; a bad CRC is named in the chunk that holds it."""
+    rng = random.Random(7)
+    chunks: list[bytes] = []
+    for i in range(12):
+        if i % 4 == 3:
+            payloads = [rng.randbytes(rng.randint(0, 300)) for _ in range(rng.randint(1, 20))]
+            chunks.append(bytes(frames_impl.encode_payloads(payloads, compression=("zstd", "lz4")[i % 2])))
+        else:
+            chunks.append(bytes(random_buffer(frames_impl, rng)[0]))
+    chunks.insert(5, b"")
+    whole = frames_impl.decode_arrow(b"".join(chunks))
+    joined = frames_impl.decode_arrow_chunks([memoryview(c) for c in chunks])
+    joined.validate(full=True)
+    assert joined.equals(whole)
+    assert joined.num_rows == sum(frames_impl.decode_arrow(c).num_rows for c in chunks) > 12
+    assert frames_impl.decode_arrow_chunks([]).num_rows == 0
+
+    good = bytes(frames_impl.encode_payloads([b"payload"] * 3))
+    bad = bytearray(good + good)
+    bad[-1] ^= 0xFF  # the last payload byte of the chunk's second batch: only its CRC catches it
+    with pytest.raises(FrameCorrupt) as info:
+        frames_impl.decode_arrow_chunks([chunks[0], chunks[1], bytes(bad), chunks[3]])
+    assert info.value.position == len(good)
+    assert frames_impl.decode_arrow_chunks([chunks[0], bytes(bad)], verify=False).num_rows > 6
