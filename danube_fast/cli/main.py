@@ -1,7 +1,8 @@
 """`danube-fast`: one command with a subcommand per area (`broker`; `produce` and `consume` in
 cli/messages.py; `schema ...` in cli/schemas.py; `admin metadata backup|restore`; `admin
-brokers|topics|cluster ...` in cli/admin.py; `admin security ...` in cli/security.py; `admin policies ...`
-in cli/policies.py; `admin tables ...` in cli/tables.py). Every leaf sets `run`, an async function of the
+brokers|topics|cluster ...` in cli/admin.py; `admin namespaces|subscriptions ...` in cli/namespaces.py;
+`admin security ...` in cli/security.py; `admin policies ...` in cli/policies.py; `admin tables ...` in
+cli/tables.py). Every leaf sets `run`, an async function of the
 parsed arguments that returns the summary to print (a dict of fields, an admin Listing of rows, or a bare
 string such as a token), and `what`, the words its error line starts with.
 
@@ -25,6 +26,7 @@ from danube_fast.cli import admin as admin_cli
 from danube_fast.cli import broker as broker_cli
 from danube_fast.cli import feedback
 from danube_fast.cli import messages as messages_cli
+from danube_fast.cli import namespaces as namespaces_cli
 from danube_fast.cli import policies as policies_cli
 from danube_fast.cli import schemas as schemas_cli
 from danube_fast.cli import security as security_cli
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "without their lease they would never expire and would describe brokers that are "
                         "gone (default: skip; --no-skip-ephemeral writes them without a lease)")
     admin_cli.add_parsers(admin, _leaf)
+    namespaces_cli.add_parsers(admin, _leaf)
     security_cli.add_parsers(admin, _leaf)
     policies_cli.add_parsers(admin, _leaf)
     tables_cli.add_parsers(admin, _leaf)

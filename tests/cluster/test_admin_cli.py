@@ -18,6 +18,7 @@ from danube_fast.broker.cluster.moves import Move
 from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerState, Unassigned
 from danube_fast.meta.store import MetadataStore
+from danube_fast.proto import DanubeApi_pb2 as api
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.cluster]
 on_asyncio = pytest.mark.parametrize("run", ["asyncio"], indirect=True)  # a subprocess per command: one loop
@@ -158,6 +159,48 @@ def test_admin_cli_topics(run: Any, tmp_path: Path) -> None:
             assert y.topics.find("/ns1/parts-part-0") is None  # deleted by Y, its owner
             await _synced(store, x, y)
             assert table(await cli(x, "topics", "list", "--broker", str(Y))) == [["(no", "topics)"]]
+
+    run(scenario(), timeout=100)
+
+
+@on_asyncio
+def test_admin_cli_namespaces_and_subscriptions(run: Any, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with two_brokers(tmp_path, X, Y) as (store, x, y):
+            assert await cli_json(x, "namespaces", "create", "ns2") == {"namespace": "ns2", "created": True}
+            error = await cli(y, "namespaces", "create", "ns2", code=1)
+            assert "answered NOT_FOUND" in error and "already exists" in error, error
+            await cli(y, "topics", "create", "/ns2/held", "--reliable")
+            await _synced(store, x, y)
+            assert await cli_json(y, "namespaces", "list") == {"namespaces": [
+                {"namespace": n} for n in ("default", "ns1", "ns2", "system")]}
+            described = await cli_json(x, "namespaces", "describe", "ns2")
+            assert described.pop("policy")["max_message_size"] > 0
+            assert described == {"namespace": "ns2", "topics": [{"topic": "/ns2/held"}]}
+            refused = await cli(x, "namespaces", "delete", "ns2", code=1)
+            assert "answered NOT_FOUND" in refused and "still has 1 topics" in refused, refused
+
+            held = y.topics.find("/ns2/held")
+            assert held is not None
+            await y.ctx.subscriptions.subscribe(held, api.ConsumerRequest(
+                topic_name=held.full, consumer_name="c", subscription="audit", subscription_type=1))
+            assert table(await cli(x, "subscriptions", "list", "/ns2/held")) == [
+                ["topic", "/ns2/held"], [], ["SUBSCRIPTION"], ["audit"]]
+            busy = await cli(x, "subscriptions", "delete", "/ns2/held", "audit", code=1)
+            assert "active consumers" in busy, busy
+            for consumer in held.subscriptions["audit"].consumers:
+                consumer.active = False
+            assert await cli_json(x, "subscriptions", "delete", "/ns2/held", "audit") == {
+                "topic": "/ns2/held", "subscription": "audit", "deleted": True}
+            assert await cli_json(y, "subscriptions", "list", "/ns2/held") == {
+                "topic": "/ns2/held", "subscriptions": []}
+
+            await cli(x, "topics", "delete", "/ns2/held")
+            await _synced(store, x, y)
+            assert await cli_json(x, "namespaces", "delete", "ns2") == {"namespace": "ns2", "deleted": True}
+            await _synced(store, x, y)
+            listed = await cli_json(y, "namespaces", "list")
+            assert "ns2" not in [n["namespace"] for n in listed["namespaces"]]
 
     run(scenario(), timeout=100)
 

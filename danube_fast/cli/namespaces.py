@@ -1,0 +1,91 @@
+"""`danube-fast admin namespaces ...` and `admin subscriptions ...`: the namespace and subscription calls of
+danube_admin (docs/WIRE.md C.14) on a running broker's admin port, answered for the whole cluster.
+
+    admin namespaces list
+    admin namespaces describe NS           (its policy and its topics)
+    admin namespaces create NS
+    admin namespaces delete NS             (an empty namespace only)
+    admin subscriptions list /NS/TOPIC
+    admin subscriptions delete /NS/TOPIC SUB   (one without active consumers)
+
+Output: a table, or with --output json an object, as the other areas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from danube_fast.cli.admin import Leaf, Listing, Run, Subparsers, call, connection_options
+from danube_fast.proto import DanubeAdmin_pb2 as pb
+
+
+def _path(service: str, method: str) -> str:
+    return f"/{pb.DESCRIPTOR.services_by_name[service].full_name}/{method}"
+
+
+async def _list(args: argparse.Namespace) -> Listing:
+    answer = await call(args, _path("BrokerAdmin", "ListNamespaces"), pb.Empty(), pb.NamespaceListResponse)
+    return Listing("namespaces", [("namespace", "NAMESPACE")], [{"namespace": n} for n in answer.namespaces])
+
+
+async def _describe(args: argparse.Namespace) -> Listing:
+    request = pb.NamespaceRequest(name=args.namespace)
+    policy = await call(args, _path("NamespaceAdmin", "GetNamespacePolicies"), request, pb.PolicyResponse)
+    topics = await call(args, _path("NamespaceAdmin", "GetNamespaceTopics"), request, pb.TopicListResponse)
+    return Listing("topics", [("topic", "TOPIC")], [{"topic": "/" + t} for t in topics.topics],
+                   {"namespace": args.namespace, "policy": json.loads(policy.policies)})
+
+
+async def _create(args: argparse.Namespace) -> dict[str, object]:
+    await call(args, _path("NamespaceAdmin", "CreateNamespace"), pb.NamespaceRequest(name=args.namespace),
+               pb.NamespaceResponse)
+    return {"namespace": args.namespace, "created": True}
+
+
+async def _delete(args: argparse.Namespace) -> dict[str, object]:
+    await call(args, _path("NamespaceAdmin", "DeleteNamespace"), pb.NamespaceRequest(name=args.namespace),
+               pb.NamespaceResponse)
+    return {"namespace": args.namespace, "deleted": True}
+
+
+async def _subscriptions(args: argparse.Namespace) -> Listing:
+    answer = await call(args, _path("TopicAdmin", "ListSubscriptions"), pb.TopicRequest(name=args.topic),
+                        pb.SubscriptionListResponse)
+    return Listing("subscriptions", [("subscription", "SUBSCRIPTION")],
+                   [{"subscription": s} for s in answer.subscriptions], {"topic": args.topic})
+
+
+async def _unsubscribe(args: argparse.Namespace) -> dict[str, object]:
+    request = pb.SubscriptionRequest(topic=args.topic, subscription=args.subscription)
+    await call(args, _path("TopicAdmin", "Unsubscribe"), request, pb.SubscriptionResponse)
+    return {"topic": args.topic, "subscription": args.subscription, "deleted": True}
+
+
+def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
+    """The `namespaces` and `subscriptions` areas of `danube-fast admin`; `leaf` is main.py's."""
+
+    def command(parent: Subparsers, name: str, what: str, run: Run,
+                help_text: str) -> argparse.ArgumentParser:
+        parser = leaf(parent, name, what, run, help_text, help_text[0].upper() + help_text[1:] + ".")
+        connection_options(parser)
+        return parser
+
+    namespaces = admin.add_parser("namespaces", help="list, describe, create and delete namespaces"
+                                  ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    command(namespaces, "list", "namespaces list", _list, "list the cluster's namespaces")
+    for name, run, help_text in (
+            ("describe", _describe, "show a namespace's policy and its topics"),
+            ("create", _create, "create a namespace, with the broker's default policy"),
+            ("delete", _delete, "delete a namespace that has no topics")):
+        parser = command(namespaces, name, f"namespaces {name}", run, help_text)
+        parser.add_argument("namespace", metavar="NS")
+
+    subscriptions = admin.add_parser("subscriptions", help="list and delete a topic's subscriptions"
+                                     ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    command(subscriptions, "list", "subscriptions list", _subscriptions,
+            "list a topic's subscriptions").add_argument("topic", metavar="/NS/TOPIC")
+    d = command(subscriptions, "delete", "subscriptions delete", _unsubscribe,
+                "delete a subscription and its cursor (refused while a consumer of it is connected)")
+    d.add_argument("topic", metavar="/NS/TOPIC")
+    d.add_argument("subscription", metavar="SUB")
