@@ -1,7 +1,9 @@
 """Broker settings: defaults, then a TOML config file, then command-line flags (each overrides the last).
 
 Every setting with its default (tests/unit/test_config_sample.py loads this sample and holds it to the
-dataclasses below: a setting added there must be added here):
+dataclasses below: a setting added there must be added here). Three memory settings default to "auto": the
+dataclass's value, lowered to a share of the memory the broker may use when that is under 4 GiB
+(broker/memory.py); a number, in the file, sets them:
 
 ```toml
 [broker]
@@ -12,8 +14,9 @@ admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
-malloc_keep_bytes = 268435456     # freed memory glibc keeps for reuse before giving it back to the kernel
-                                  # (danube_fast/allocator.py); 0 = glibc's defaults
+malloc_keep_bytes = "auto"        # freed memory glibc keeps for reuse before giving it back to the kernel
+                                  # (danube_fast/allocator.py); 0 = glibc's defaults; auto = 256 MiB, or
+                                  # 1/16 of usable memory when smaller (at least 16 MiB)
 retention_check_ms = 60000        # how often the owner applies retention to its topics (docs/RETENTION.md)
 stall_dump_ms = 0                 # an event loop stalled this long logs where it is stuck
                                   # (broker/stall_dump.py); 0 = off
@@ -37,8 +40,9 @@ direct_io = true                  # with sync = always, append with O_DIRECT (ha
 direct_reads = false              # with direct appends, read with O_DIRECT too: less CPU per byte, but
                                   # readers no longer share cached reads (docs/ARCHITECTURE.md "Direct reads")
 cache_bytes = 1073741824          # recent committed records kept in memory for readers, per topic ...
-cache_total_bytes = 1073741824    # ... and for every topic together, the oldest going first
-                                  # (docs/ARCHITECTURE.md "Tail cache")
+cache_total_bytes = "auto"        # ... and for every topic together, the oldest going first
+                                  # (docs/ARCHITECTURE.md "Tail cache"); auto = 1 GiB, or 1/4 of usable
+                                  # memory when smaller (at least 16 MiB)
 
 [dispatch]
 window = 1000                     # reliable: unacknowledged messages in flight per consumer
@@ -53,10 +57,11 @@ idle_subscription_ms = 60000      # non-reliable subscriptions without consumers
 window_bytes = 16777216           # per consumer, both APIs: bytes delivered and not acknowledged (reliable)
                                   # or queued (non-reliable); one message bigger than this still goes, alone.
                                   # A fast-API consumer asking a bigger window_bytes gets this one
-broker_bytes = 268435456          # every consumer together: bytes read for delivery and not yet acknowledged
+broker_bytes = "auto"             # every consumer together: bytes read for delivery and not yet acknowledged
                                   # (non-reliable: queued). Beyond it reliable dispatch leaves the data in the
                                   # WAL for later and non-reliable dispatch drops; a subscription holding
-                                  # nothing still gets one read (see broker/dispatch/budget.py)
+                                  # nothing still gets one read (see broker/dispatch/budget.py); auto =
+                                  # 256 MiB, or 1/16 of usable memory when smaller (at least 16 MiB)
 
 [cluster]                         # cluster mode (--mode cluster); standalone uses only object_store
 name = "danube"
@@ -126,17 +131,27 @@ table_retention_minutes = 0       # tableRetentionInMinutes: the table keeps row
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from danube_fast.broker import memory
 from danube_fast.meta.resources import Policy
 from danube_fast.security.config import SecurityConfig, SecurityConfigError
 from danube_fast.storage.config import SyncPolicy, WalConfig
 from danube_fast.tables.config import TablesConfig
 
 MAX_SEGMENT_BYTES = 1 << 30  # the WAL's limit (_wal.pyx MAX_SEGMENT: positions are u32)
+SECTIONS = ("broker", "wal", "dispatch", "policy", "cluster", "security", "tables")
+# A memory setting (memory.SHARES) at this value, or left out, is sized from usable memory by `load`. In the
+# dataclasses these settings hold their largest default: a config built in code (tests, the bench's own
+# processes) is not sized.
+AUTO = "auto"
+
+log = logging.getLogger("danube_fast.broker")
 
 
 class ConfigError(ValueError):
@@ -157,7 +172,7 @@ class DispatchConfig:
     # Memory follows bytes, not message counts: 1,000 messages of 1 MiB per stalled consumer took a broker
     # to 1.5 GiB with two of them.
     window_bytes: int = 16 * 1024 * 1024
-    broker_bytes: int = 256 * 1024 * 1024
+    broker_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
 
 
 @dataclass(frozen=True)
@@ -189,7 +204,7 @@ class BrokerConfig:
     prom_exporter: str = "127.0.0.1:9040"
     advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
-    malloc_keep_bytes: int = 256 * 1024 * 1024
+    malloc_keep_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
     retention_check_ms: int = 60_000
     stall_dump_ms: int = 0
     wal: WalConfig = field(default_factory=WalConfig)
@@ -249,43 +264,76 @@ def _table(data: dict[str, Any], section: str) -> dict[str, Any]:
     return value
 
 
-def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
-    """Defaults, then the TOML file at `path`, then `overrides` (flag values; None means not given)."""
+def load(path: str | None, overrides: dict[str, Any],
+         usable: Callable[[], memory.UsableMemory | None] = memory.usable_memory) -> BrokerConfig:
+    """Defaults, then the TOML file at `path`, then `overrides` (flag values; None means not given); the
+    memory settings neither sets are then sized from `usable()` (memory.SHARES), and logged in one line."""
     config = BrokerConfig()
+    auto = set(memory.SHARES)
     if path:
         try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from e
-        unknown = set(data) - {"broker", "wal", "dispatch", "policy", "cluster", "security", "tables"}
+        unknown = set(data) - set(SECTIONS)
         if unknown:
             raise ConfigError(f"config file {path}: unknown sections {sorted(unknown)}")
-        wal_data = dict(_table(data, "wal"))
-        sync = wal_data.pop("sync", None)
-        wal = _typed("wal", wal_data, WalConfig, config.wal)
+        tables = {section: dict(_table(data, section)) for section in SECTIONS}
+        for share in memory.SHARES:
+            value = tables[share.section].get(share.name, AUTO)
+            if value == AUTO:
+                tables[share.section].pop(share.name, None)
+            elif isinstance(value, str):
+                raise ConfigError(f'[{share.section}] {share.name} must be int or "{AUTO}", got {value!r}')
+            else:
+                auto.discard(share)
+        sync = tables["wal"].pop("sync", None)
+        wal = _typed("wal", tables["wal"], WalConfig, config.wal)
         if sync is not None:
             try:
                 wal = replace(wal, sync=SyncPolicy.parse(str(sync)))
             except ValueError as e:
                 raise ConfigError(f"[wal] {e}") from e
-        config = replace(_typed("broker", _table(data, "broker"), BrokerConfig, config), wal=wal,
-                         dispatch=_typed("dispatch", _table(data, "dispatch"), DispatchConfig,
-                                         config.dispatch),
-                         policy=_typed("policy", _table(data, "policy"), Policy, config.policy),
-                         cluster=_typed("cluster", _table(data, "cluster"), ClusterConfig, config.cluster),
-                         security=_typed("security", _table(data, "security"), SecurityConfig,
-                                         config.security),
-                         tables=_typed("tables", _table(data, "tables"), TablesConfig, config.tables))
+        config = replace(_typed("broker", tables["broker"], BrokerConfig, config), wal=wal,
+                         dispatch=_typed("dispatch", tables["dispatch"], DispatchConfig, config.dispatch),
+                         policy=_typed("policy", tables["policy"], Policy, config.policy),
+                         cluster=_typed("cluster", tables["cluster"], ClusterConfig, config.cluster),
+                         security=_typed("security", tables["security"], SecurityConfig, config.security),
+                         tables=_typed("tables", tables["tables"], TablesConfig, config.tables))
     given = {k: v for k, v in overrides.items() if v is not None}
     cluster_given = {k.removeprefix("cluster."): given.pop(k) for k in list(given)
                      if k.startswith("cluster.")}
     security_given = {k.removeprefix("security."): given.pop(k) for k in list(given)
                       if k.startswith("security.")}
+    auto -= {share for share in auto if share.section == "broker" and share.name in given}
     config = replace(config, cluster=replace(config.cluster, **cluster_given),
                      security=replace(config.security, **security_given), **given)
+    config, line = _sized(config, auto, usable())
     check(config)
+    log.info("%s", line)
     return config
+
+
+def _sized(config: BrokerConfig, auto: set[memory.Share],
+           usable: memory.UsableMemory | None) -> tuple[BrokerConfig, str]:
+    """`config` with the settings in `auto` sized from `usable`, and the log line that says so."""
+    chosen: dict[str, dict[str, Any]] = {"broker": {}, "wal": {}, "dispatch": {}}
+    sized, given = [], []
+    for share in memory.SHARES:
+        if share in auto:
+            default = getattr(_section(BrokerConfig(), share.section), share.name)
+            chosen[share.section][share.name] = share.of(default, usable)
+            sized.append((share, chosen[share.section][share.name]))
+        else:
+            given.append((share, getattr(_section(config, share.section), share.name)))
+    config = replace(config, wal=replace(config.wal, **chosen["wal"]),
+                     dispatch=replace(config.dispatch, **chosen["dispatch"]), **chosen["broker"])
+    return config, memory.describe(usable, sized, given)
+
+
+def _section(config: BrokerConfig, section: str) -> Any:
+    return config if section == "broker" else getattr(config, section)
 
 
 def check(config: BrokerConfig) -> None:

@@ -50,7 +50,8 @@ class WalConfig:
     # them (a page, doubling up to 64 KiB steps), so an idle topic holds one page, not this much.
     index_max_bytes: int = 1024 * 1024
     # Recent committed groups kept in memory for readers (storage/tail_cache.py): at most this much per topic,
-    # and at most cache_total_bytes for every topic of the broker together (the oldest go first).
+    # and at most cache_total_bytes for every topic of the broker together (the oldest go first). The broker's
+    # config loader lowers cache_total_bytes's default where memory is small (broker/memory.py).
     cache_bytes: int = 1024 * 1024 * 1024
     cache_total_bytes: int = 1024 * 1024 * 1024
     # Segments already in the object tier stay on local disk up to this many bytes per topic (the newest

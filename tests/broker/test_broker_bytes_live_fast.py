@@ -16,6 +16,7 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.live import LiveDispatcher
+from danube_fast.broker.memory import UsableMemory
 from danube_fast.broker.subscription import Subscription
 from danube_fast.codec import frames
 from danube_fast.meta.resources import SubscriptionType
@@ -48,7 +49,7 @@ def dispatcher(sub: Subscription) -> LiveDispatcher:
 
 
 def test_the_byte_settings_are_read_and_checked(tmp_path: Path) -> None:
-    defaults = load(None, {}).dispatch
+    defaults = load(None, {}, usable=lambda: UsableMemory(64 << 30, "physical memory")).dispatch
     assert (defaults.window_bytes, defaults.broker_bytes) == (16 << 20, 256 << 20)
     path = tmp_path / "broker.toml"
     path.write_text("[dispatch]\nwindow_bytes = 4096\nbroker_bytes = 65536\n")

@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from danube_fast.broker.config import BrokerConfig, ConfigError, DispatchConfig, load
+from danube_fast.broker.memory import UsableMemory
 from danube_fast.meta.resources import Policy
 from danube_fast.storage.config import SyncPolicy, WalConfig
+
+
+def plenty() -> UsableMemory:
+    """Memory enough for every memory default to stay as the dataclasses say (the sizing:
+    tests/unit/test_memory_defaults.py)."""
+    return UsableMemory(64 << 30, "physical memory")
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -19,7 +26,7 @@ def write(tmp_path: Path, text: str) -> str:
 
 
 def test_defaults_without_a_file() -> None:
-    config = load(None, {})
+    config = load(None, {}, usable=plenty)
     assert config == BrokerConfig()
     assert config.mode == "standalone"
     assert config.broker_addr == "127.0.0.1:6650"
@@ -57,7 +64,7 @@ max_redeliveries = 3
 [policy]
 max_consumers_per_topic = 10
 """)
-    config = load(path, {})
+    config = load(path, {}, usable=plenty)
     assert config.data_dir == "/var/lib/danube"
     assert config.broker_addr == "0.0.0.0:7650"
     assert config.admin_addr == "127.0.0.1:50051"  # untouched

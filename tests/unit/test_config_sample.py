@@ -1,5 +1,6 @@
 """The TOML sample in broker/config.py's docstring is every setting at its default: loaded, it is
-BrokerConfig(), and no field of a section's dataclass is missing from it (one place shows every setting)."""
+BrokerConfig() where memory is plentiful and what no file at all gives where it is not (its memory settings
+say "auto"), and no field of a section's dataclass is missing from it (one place shows every setting)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from danube_fast.broker import config
+from danube_fast.broker.memory import UsableMemory
 
 SECTIONS: dict[str, Any] = {"broker": config.BrokerConfig(), **{
     name: getattr(config.BrokerConfig(), name)
@@ -25,7 +27,11 @@ def sample() -> str:
 def test_the_sample_loads_as_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"
     path.write_text(sample())
-    assert config.load(str(path), {}) == config.BrokerConfig()
+    plenty, small = UsableMemory(64 << 30, "physical memory"), UsableMemory(1 << 30, "physical memory")
+    assert config.load(str(path), {}, usable=lambda: plenty) == config.BrokerConfig()
+    loaded = config.load(str(path), {}, usable=lambda: small)
+    assert loaded == config.load(None, {}, usable=lambda: small)
+    assert loaded.wal.cache_total_bytes < config.BrokerConfig().wal.cache_total_bytes  # sized, not pinned
 
 
 def test_every_setting_is_in_the_sample() -> None:
