@@ -61,6 +61,7 @@ from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
 from danube_fast.security.rbac import Authorizer
+from danube_fast.security.revocation import DenyList
 from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
 from danube_fast.storage.log_manager import LogManager
 from danube_fast.tables.catalog import cluster_catalog, file_io, standalone_catalog
@@ -127,7 +128,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
                 return None if consumer is None else consumer.subscription.topic_name
 
             privileged = [*security.super_admins, *security.broker_principals]
-            gate = Gate(security, Authorizer(cache, privileged), consumer_topic)
+            gate = Gate(security, Authorizer(cache, privileged), consumer_topic, DenyList(cache))
         metrics = MetricsServer(ctx, retention, tables) if config.prom_exporter else None
         client, admin, listening = await _bind(config, gate, metrics, undo)
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one

@@ -598,3 +598,47 @@ def parse_security_binding(key: str) -> tuple[str, str, str]:
         principal, role, *names = parts
         return principal, role, ("/" + "/".join(names)) if names else "cluster"
     raise InvalidKey(f"{key!r} is not a security binding key")
+
+
+# The deny list of tokens (docs/SECURITY.md#revoking-tokens): one key per revoked token id (`jti`) and one per
+# principal whose tokens issued before a time are refused. A jti is an opaque string of the token's issuer:
+# one that contains '/' or NUL, or is longer than MAX_JTI, cannot be a key and is revoked by its subject only.
+
+MAX_JTI = 256
+_REVOKED_TOKEN: _Shape = ("security", "revoked", "jti", _ANY)
+_REVOKED_SUBJECT: _Shape = ("security", "revoked", "sub", _ANY)
+
+
+def security_revoked_prefix() -> str:
+    return _prefix("security", "revoked")
+
+
+def security_revoked_tokens_prefix() -> str:
+    return _prefix("security", "revoked", "jti")
+
+
+def security_revoked_token(jti: str) -> str:
+    """`/security/revoked/jti/{jti}`: the token with this `jti` is refused (a RevokedToken)."""
+    if isinstance(jti, str) and len(jti) > MAX_JTI:
+        raise InvalidKey(f"jti must be at most {MAX_JTI} characters, not {len(jti)}")
+    return _key("security", "revoked", "jti", _name(jti, "jti"))
+
+
+def parse_security_revoked_token(key: str) -> str:
+    (jti,) = _match(key, _REVOKED_TOKEN, "revoked token")
+    return jti
+
+
+def security_revoked_subjects_prefix() -> str:
+    return _prefix("security", "revoked", "sub")
+
+
+def security_revoked_subject(principal: str) -> str:
+    """`/security/revoked/sub/{principal}`: the principal's tokens issued before a time are refused (a
+    RevokedSubject)."""
+    return _key("security", "revoked", "sub", _name(principal, "principal"))
+
+
+def parse_security_revoked_subject(key: str) -> str:
+    (principal,) = _match(key, _REVOKED_SUBJECT, "revoked subject")
+    return principal

@@ -30,7 +30,11 @@ Which key holds what:
 | retention_state                              | RetentionState                        |
 | tables_catalog                               | TableCatalog                          |
 | table_pointer                                | TablePointer                          |
+| security_revoked_token                       | RevokedToken                          |
+| security_revoked_subject                     | RevokedSubject                        |
 
+Roles and bindings (`security_role`, `security_binding`) have no resource here: security/rbac.py writes
+and reads their small JSON.
 The legacy `/subscriptions/{subscription}/{consumer_id}` value has no documented shape (upstream shows
 none) and nothing here writes it, so it has no resource.
 """
@@ -58,6 +62,7 @@ from danube_fast.meta.resources_schema import (
     SchemaMetadata,
     SchemaVersion,
 )
+from danube_fast.meta.resources_security import RevokedSubject, RevokedToken
 from danube_fast.meta.resources_storage import (
     CurrentObject,
     ObjectDescriptor,
@@ -107,6 +112,8 @@ __all__ = [
     "Resource",
     "ResourceKind",
     "RetentionState",
+    "RevokedSubject",
+    "RevokedToken",
     "SchemaDefinition",
     "SchemaIndexEntry",
     "SchemaKind",

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13SecurityAdmin.proto\x12\x17\x64\x61nube_fast.security.v1\")\n\x04Role\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bpermissions\x18\x02 \x03(\t\"\x1b\n\x0bRoleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10ListRolesRequest\"8\n\x08RoleList\x12,\n\x05roles\x18\x01 \x03(\x0b\x32\x1d.danube_fast.security.v1.Role\"9\n\x07\x42inding\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x03 \x01(\t\"7\n\x13ListBindingsRequest\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\r\n\x05scope\x18\x02 \x01(\t\"A\n\x0b\x42indingList\x12\x32\n\x08\x62indings\x18\x01 \x03(\x0b\x32 .danube_fast.security.v1.Binding\"\x1a\n\x07\x44\x65leted\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x32\xd7\x04\n\rSecurityAdmin\x12G\n\x07PutRole\x12\x1d.danube_fast.security.v1.Role\x1a\x1d.danube_fast.security.v1.Role\x12N\n\x07GetRole\x12$.danube_fast.security.v1.RoleRequest\x1a\x1d.danube_fast.security.v1.Role\x12Y\n\tListRoles\x12).danube_fast.security.v1.ListRolesRequest\x1a!.danube_fast.security.v1.RoleList\x12T\n\nDeleteRole\x12$.danube_fast.security.v1.RoleRequest\x1a .danube_fast.security.v1.Deleted\x12J\n\x04\x42ind\x12 .danube_fast.security.v1.Binding\x1a .danube_fast.security.v1.Binding\x12L\n\x06Unbind\x12 .danube_fast.security.v1.Binding\x1a .danube_fast.security.v1.Deleted\x12\x62\n\x0cListBindings\x12,.danube_fast.security.v1.ListBindingsRequest\x1a$.danube_fast.security.v1.BindingListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13SecurityAdmin.proto\x12\x17\x64\x61nube_fast.security.v1\")\n\x04Role\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bpermissions\x18\x02 \x03(\t\"\x1b\n\x0bRoleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10ListRolesRequest\"8\n\x08RoleList\x12,\n\x05roles\x18\x01 \x03(\x0b\x32\x1d.danube_fast.security.v1.Role\"9\n\x07\x42inding\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x03 \x01(\t\"7\n\x13ListBindingsRequest\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\r\n\x05scope\x18\x02 \x01(\t\"A\n\x0b\x42indingList\x12\x32\n\x08\x62indings\x18\x01 \x03(\x0b\x32 .danube_fast.security.v1.Binding\"\x1a\n\x07\x44\x65leted\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\";\n\x12RevokeTokenRequest\x12\x0b\n\x03jti\x18\x01 \x01(\t\x12\x0b\n\x03\x65xp\x18\x02 \x01(\x04\x12\x0b\n\x03sub\x18\x03 \x01(\t\"3\n\x14RevokeSubjectRequest\x12\x0b\n\x03sub\x18\x01 \x01(\t\x12\x0e\n\x06\x62\x65\x66ore\x18\x02 \x01(\x04\"W\n\nRevocation\x12\x0b\n\x03jti\x18\x01 \x01(\t\x12\x0b\n\x03sub\x18\x02 \x01(\t\x12\x0b\n\x03\x65xp\x18\x03 \x01(\x04\x12\x0e\n\x06\x62\x65\x66ore\x18\x04 \x01(\x04\x12\x12\n\nrevoked_at\x18\x05 \x01(\x04\"\x18\n\x16ListRevocationsRequest\"|\n\x0eRevocationList\x12\x33\n\x06tokens\x18\x01 \x03(\x0b\x32#.danube_fast.security.v1.Revocation\x12\x35\n\x08subjects\x18\x02 \x03(\x0b\x32#.danube_fast.security.v1.Revocation\"+\n\x0fUnrevokeRequest\x12\x0b\n\x03jti\x18\x01 \x01(\t\x12\x0b\n\x03sub\x18\x02 \x01(\t2\xe2\x07\n\rSecurityAdmin\x12G\n\x07PutRole\x12\x1d.danube_fast.security.v1.Role\x1a\x1d.danube_fast.security.v1.Role\x12N\n\x07GetRole\x12$.danube_fast.security.v1.RoleRequest\x1a\x1d.danube_fast.security.v1.Role\x12Y\n\tListRoles\x12).danube_fast.security.v1.ListRolesRequest\x1a!.danube_fast.security.v1.RoleList\x12T\n\nDeleteRole\x12$.danube_fast.security.v1.RoleRequest\x1a .danube_fast.security.v1.Deleted\x12J\n\x04\x42ind\x12 .danube_fast.security.v1.Binding\x1a .danube_fast.security.v1.Binding\x12L\n\x06Unbind\x12 .danube_fast.security.v1.Binding\x1a .danube_fast.security.v1.Deleted\x12\x62\n\x0cListBindings\x12,.danube_fast.security.v1.ListBindingsRequest\x1a$.danube_fast.security.v1.BindingList\x12_\n\x0bRevokeToken\x12+.danube_fast.security.v1.RevokeTokenRequest\x1a#.danube_fast.security.v1.Revocation\x12\x63\n\rRevokeSubject\x12-.danube_fast.security.v1.RevokeSubjectRequest\x1a#.danube_fast.security.v1.Revocation\x12k\n\x0fListRevocations\x12/.danube_fast.security.v1.ListRevocationsRequest\x1a\'.danube_fast.security.v1.RevocationList\x12V\n\x08Unrevoke\x12(.danube_fast.security.v1.UnrevokeRequest\x1a .danube_fast.security.v1.Deletedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BINDINGLIST']._serialized_end=379
   _globals['_DELETED']._serialized_start=381
   _globals['_DELETED']._serialized_end=407
-  _globals['_SECURITYADMIN']._serialized_start=410
-  _globals['_SECURITYADMIN']._serialized_end=1009
+  _globals['_REVOKETOKENREQUEST']._serialized_start=409
+  _globals['_REVOKETOKENREQUEST']._serialized_end=468
+  _globals['_REVOKESUBJECTREQUEST']._serialized_start=470
+  _globals['_REVOKESUBJECTREQUEST']._serialized_end=521
+  _globals['_REVOCATION']._serialized_start=523
+  _globals['_REVOCATION']._serialized_end=610
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=612
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=636
+  _globals['_REVOCATIONLIST']._serialized_start=638
+  _globals['_REVOCATIONLIST']._serialized_end=762
+  _globals['_UNREVOKEREQUEST']._serialized_start=764
+  _globals['_UNREVOKEREQUEST']._serialized_end=807
+  _globals['_SECURITYADMIN']._serialized_start=810
+  _globals['_SECURITYADMIN']._serialized_end=1804
 # @@protoc_insertion_point(module_scope)

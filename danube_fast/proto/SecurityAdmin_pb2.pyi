@@ -61,3 +61,55 @@ class Deleted(_message.Message):
     EXISTED_FIELD_NUMBER: _ClassVar[int]
     existed: bool
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("jti", "exp", "sub")
+    JTI_FIELD_NUMBER: _ClassVar[int]
+    EXP_FIELD_NUMBER: _ClassVar[int]
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    jti: str
+    exp: int
+    sub: str
+    def __init__(self, jti: _Optional[str] = ..., exp: _Optional[int] = ..., sub: _Optional[str] = ...) -> None: ...
+
+class RevokeSubjectRequest(_message.Message):
+    __slots__ = ("sub", "before")
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    sub: str
+    before: int
+    def __init__(self, sub: _Optional[str] = ..., before: _Optional[int] = ...) -> None: ...
+
+class Revocation(_message.Message):
+    __slots__ = ("jti", "sub", "exp", "before", "revoked_at")
+    JTI_FIELD_NUMBER: _ClassVar[int]
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    EXP_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
+    jti: str
+    sub: str
+    exp: int
+    before: int
+    revoked_at: int
+    def __init__(self, jti: _Optional[str] = ..., sub: _Optional[str] = ..., exp: _Optional[int] = ..., before: _Optional[int] = ..., revoked_at: _Optional[int] = ...) -> None: ...
+
+class ListRevocationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RevocationList(_message.Message):
+    __slots__ = ("tokens", "subjects")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Revocation]
+    subjects: _containers.RepeatedCompositeFieldContainer[Revocation]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Revocation, _Mapping]]] = ..., subjects: _Optional[_Iterable[_Union[Revocation, _Mapping]]] = ...) -> None: ...
+
+class UnrevokeRequest(_message.Message):
+    __slots__ = ("jti", "sub")
+    JTI_FIELD_NUMBER: _ClassVar[int]
+    SUB_FIELD_NUMBER: _ClassVar[int]
+    jti: str
+    sub: str
+    def __init__(self, jti: _Optional[str] = ..., sub: _Optional[str] = ...) -> None: ...

@@ -69,6 +69,26 @@ class SecurityAdminStub:
                 request_serializer=SecurityAdmin__pb2.ListBindingsRequest.SerializeToString,
                 response_deserializer=SecurityAdmin__pb2.BindingList.FromString,
                 _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/danube_fast.security.v1.SecurityAdmin/RevokeToken',
+                request_serializer=SecurityAdmin__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=SecurityAdmin__pb2.Revocation.FromString,
+                _registered_method=True)
+        self.RevokeSubject = channel.unary_unary(
+                '/danube_fast.security.v1.SecurityAdmin/RevokeSubject',
+                request_serializer=SecurityAdmin__pb2.RevokeSubjectRequest.SerializeToString,
+                response_deserializer=SecurityAdmin__pb2.Revocation.FromString,
+                _registered_method=True)
+        self.ListRevocations = channel.unary_unary(
+                '/danube_fast.security.v1.SecurityAdmin/ListRevocations',
+                request_serializer=SecurityAdmin__pb2.ListRevocationsRequest.SerializeToString,
+                response_deserializer=SecurityAdmin__pb2.RevocationList.FromString,
+                _registered_method=True)
+        self.Unrevoke = channel.unary_unary(
+                '/danube_fast.security.v1.SecurityAdmin/Unrevoke',
+                request_serializer=SecurityAdmin__pb2.UnrevokeRequest.SerializeToString,
+                response_deserializer=SecurityAdmin__pb2.Deleted.FromString,
+                _registered_method=True)
 
 
 class SecurityAdminServicer:
@@ -118,6 +138,33 @@ class SecurityAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeToken(self, request, context):
+        """refuse the token with this jti
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeSubject(self, request, context):
+        """refuse a principal's older tokens
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevocations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unrevoke(self, request, context):
+        """remove one entry of the deny list
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SecurityAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +202,26 @@ def add_SecurityAdminServicer_to_server(servicer, server):
                     servicer.ListBindings,
                     request_deserializer=SecurityAdmin__pb2.ListBindingsRequest.FromString,
                     response_serializer=SecurityAdmin__pb2.BindingList.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=SecurityAdmin__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=SecurityAdmin__pb2.Revocation.SerializeToString,
+            ),
+            'RevokeSubject': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeSubject,
+                    request_deserializer=SecurityAdmin__pb2.RevokeSubjectRequest.FromString,
+                    response_serializer=SecurityAdmin__pb2.Revocation.SerializeToString,
+            ),
+            'ListRevocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevocations,
+                    request_deserializer=SecurityAdmin__pb2.ListRevocationsRequest.FromString,
+                    response_serializer=SecurityAdmin__pb2.RevocationList.SerializeToString,
+            ),
+            'Unrevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unrevoke,
+                    request_deserializer=SecurityAdmin__pb2.UnrevokeRequest.FromString,
+                    response_serializer=SecurityAdmin__pb2.Deleted.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +413,114 @@ class SecurityAdmin:
             '/danube_fast.security.v1.SecurityAdmin/ListBindings',
             SecurityAdmin__pb2.ListBindingsRequest.SerializeToString,
             SecurityAdmin__pb2.BindingList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.security.v1.SecurityAdmin/RevokeToken',
+            SecurityAdmin__pb2.RevokeTokenRequest.SerializeToString,
+            SecurityAdmin__pb2.Revocation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeSubject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.security.v1.SecurityAdmin/RevokeSubject',
+            SecurityAdmin__pb2.RevokeSubjectRequest.SerializeToString,
+            SecurityAdmin__pb2.Revocation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.security.v1.SecurityAdmin/ListRevocations',
+            SecurityAdmin__pb2.ListRevocationsRequest.SerializeToString,
+            SecurityAdmin__pb2.RevocationList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unrevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.security.v1.SecurityAdmin/Unrevoke',
+            SecurityAdmin__pb2.UnrevokeRequest.SerializeToString,
+            SecurityAdmin__pb2.Deleted.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,9 @@ Mode = Literal["none", "tls", "tls_jwt"]
 MODES = ("none", "tls", "tls_jwt")
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+# The most clock skew any broker may allow on exp and nbf: a revoked token's entry is useless once its exp is
+# this far behind (security/revocation.py), whatever leeway each broker of the cluster has.
+MAX_LEEWAY_S = 300
 
 
 class SecurityConfigError(ValueError):
@@ -106,5 +109,5 @@ class SecurityConfig:
         if not self.jwt_issuer or not self.jwt_audience:
             raise SecurityConfigError("[security] tls_jwt needs jwt_issuer and jwt_audience: every token's "
                                       "iss and aud are checked")
-        if self.jwt_leeway_s < 0 or self.jwt_leeway_s > 300:
-            raise SecurityConfigError("[security] jwt_leeway_s must be in 0..300")
+        if self.jwt_leeway_s < 0 or self.jwt_leeway_s > MAX_LEEWAY_S:
+            raise SecurityConfigError(f"[security] jwt_leeway_s must be in 0..{MAX_LEEWAY_S}")

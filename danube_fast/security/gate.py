@@ -1,9 +1,10 @@
 """Who is calling, and may they: the check every RPC of both ports passes before its servicer sees the request
 (services/wire_guard.py calls `admit` with the first decoded request of each call).
 
-The principal comes from a verified bearer token (`authorization: Bearer <jwt>`) or, on mTLS, from the
-client certificate's subject as grpc verified it (`context.auth_context()`), as `cert:<CN>`. Nothing else a
-client sends names anyone: upstream's `x-danube-internal-broker` header, for one, is ignored.
+The principal comes from a verified bearer token (`authorization: Bearer <jwt>`) that is not on the deny
+list (security/revocation.py) or, on mTLS, from the client certificate's subject as grpc verified it
+(`context.auth_context()`), as `cert:<CN>`. Nothing else a client sends names anyone: upstream's
+`x-danube-internal-broker` header, for one, is ignored.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from danube_fast.errors import denied, unauthenticated
 from danube_fast.security.config import SecurityConfig
 from danube_fast.security.rbac import Authorizer, Permission
+from danube_fast.security.revocation import DenyList
 from danube_fast.security.rules import RULES, ConsumerTopic
 from danube_fast.security.tokens import CERT_PREFIX, TokenRefused, TokenVerifier
 
@@ -44,10 +46,12 @@ def cert_principal(common_name: str | None) -> str | None:
 
 
 class Gate:
-    def __init__(self, config: SecurityConfig, authorizer: Authorizer, consumer_topic: ConsumerTopic) -> None:
+    def __init__(self, config: SecurityConfig, authorizer: Authorizer, consumer_topic: ConsumerTopic,
+                 deny_list: DenyList) -> None:
         self._config = config
         self._verifier = TokenVerifier(config) if config.jwt else None
         self._authorizer = authorizer
+        self._deny_list = deny_list
         self._consumer_topic = consumer_topic
         self._privileged = frozenset(config.super_admins) | frozenset(config.broker_principals)
 
@@ -55,11 +59,7 @@ class Gate:
         """The caller, or UNAUTHENTICATED saying what is missing or wrong."""
         token = bearer_token(context.invocation_metadata()) if self._verifier is not None else None
         if token is not None:
-            assert self._verifier is not None
-            try:
-                return self._verifier.verify(token)
-            except TokenRefused as e:
-                raise unauthenticated(f"authentication failed: {e}") from None
+            return self._authenticated(token)
         if self._config.verify_client:
             principal = certificate_principal(context)
             if principal is not None:
@@ -69,14 +69,23 @@ class Gate:
                                   "'danube-fast admin security tokens create')")
         raise unauthenticated("authentication required: a client certificate signed by the broker's CA")
 
+    def _authenticated(self, token: str) -> str:
+        """The principal of a token that verifies and was not revoked; UNAUTHENTICATED saying why not."""
+        assert self._verifier is not None
+        try:
+            verified = self._verifier.claims(token)
+        except TokenRefused as e:
+            raise unauthenticated(f"authentication failed: {e}") from None
+        revoked = self._deny_list.refusal(verified)
+        if revoked is not None:
+            raise unauthenticated(f"authentication failed: {revoked}")
+        return verified.principal
+
     def admit_metrics(self, token: str | None, common_name: str | None = None) -> None:
         """The Prometheus endpoint: a principal with Lookup cluster-wide, from a bearer token or, on mTLS,
         from the client certificate the TLS handshake verified (`common_name`: its CN)."""
         if token is not None and self._verifier is not None:
-            try:
-                principal = self._verifier.verify(token)
-            except TokenRefused as e:
-                raise unauthenticated(f"authentication failed: {e}") from None
+            principal = self._authenticated(token)
         elif self._config.verify_client and (certified := cert_principal(common_name)) is not None:
             principal = certified
         elif self._verifier is not None:

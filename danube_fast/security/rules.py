@@ -127,7 +127,8 @@ RULES: dict[str, Rule] = {
     "danube_admin.TopicAdmin/DescribeTopic": Rule(L, _field("name")),
     # The admin port: ours
     **{f"danube_fast.security.v1.SecurityAdmin/{m}": Rule(CLUSTER_ADMIN, _cluster)
-       for m in ("PutRole", "GetRole", "ListRoles", "DeleteRole", "Bind", "Unbind", "ListBindings")},
+       for m in ("PutRole", "GetRole", "ListRoles", "DeleteRole", "Bind", "Unbind", "ListBindings",
+                 "RevokeToken", "RevokeSubject", "ListRevocations", "Unrevoke")},
     "danube_fast.policy.v1.PolicyAdmin/SetNamespacePolicy": Rule(NS, _field("namespace",
                                                                             kind=namespace_scope)),
     "danube_fast.policy.v1.PolicyAdmin/GetTopicPolicy": Rule(L, _field("topic")),

@@ -8,6 +8,9 @@ own). What is checked is in docs/SECURITY.md; the short form:
 - `sub` names the principal: a non-empty string without `/` that does not start with `cert:` (the prefix of
   certificate principals, which a token must not be able to claim).
 
+`jti` and `iat`, when present, are kept for the deny list (security/revocation.py), which the gate asks after
+this check; the tokens `sign_token` makes carry both.
+
 A verified token is cached until it expires, so a stream or a run of unary calls with one token pays for one
 signature check (about 20-60 µs), not one per message.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +36,15 @@ class TokenRefused(Exception):
 
 
 @dataclass(frozen=True)
-class _Verified:
+class VerifiedToken:
+    """A token whose signature and claims checked out: the principal it names, and what the deny list looks
+    at (its `jti`, its `iat`; None when the token has none)."""
+
     principal: str
     not_before: float
     expires: float
+    jti: str | None = None
+    issued_at: float | None = None
 
 
 def check_principal(principal: str, what: str = "sub") -> str:
@@ -61,15 +70,19 @@ class TokenVerifier:
         else:
             with open(config.jwt_public_key_file, "rb") as f:
                 self._key = f.read()
-        self._cache: dict[str, _Verified] = {}
+        self._cache: dict[str, VerifiedToken] = {}
 
     def verify(self, token: str) -> str:
         """The principal the token names, or TokenRefused."""
+        return self.claims(token).principal
+
+    def claims(self, token: str) -> VerifiedToken:
+        """The verified token, or TokenRefused."""
         now = time.time()
         hit = self._cache.get(token)
         if hit is not None:
             if hit.not_before - self._leeway <= now <= hit.expires + self._leeway:
-                return hit.principal
+                return hit
             del self._cache[token]
             raise TokenRefused("the token has expired" if now > hit.expires else "the token is not valid yet")
         claims = self._decode(token)
@@ -78,8 +91,11 @@ class TokenVerifier:
             raise TokenRefused(f"a token's sub may not start with {CERT_PREFIX!r} (certificate principals)")
         if len(self._cache) >= CACHE_ENTRIES:
             self._cache.clear()
-        self._cache[token] = _Verified(principal, float(claims.get("nbf", 0)), float(claims["exp"]))
-        return principal
+        iat = claims.get("iat")  # PyJWT checked that jti is a string and iat a number, when present
+        verified = VerifiedToken(principal, float(claims.get("nbf", 0)), float(claims["exp"]),
+                                 claims.get("jti"), None if iat is None else float(iat))
+        self._cache[token] = verified
+        return verified
 
     def _decode(self, token: str) -> dict[str, Any]:
         try:
@@ -125,7 +141,8 @@ def read_secret(path: str) -> bytes:
 def sign_token(*, key: bytes, algorithm: str, subject: str, issuer: str, audience: str, ttl_s: int,
                kid: str | None = None, now: float | None = None) -> str:
     """A token for `subject` valid for ttl_s seconds (the CLI's `security tokens create`). `key` is the HMAC
-    secret or the PEM private key."""
+    secret or the PEM private key. It carries a fresh `jti` (a uuid4) and `iat`, so that it can be revoked
+    on its own or with every token of its subject issued before a time (docs/SECURITY.md)."""
     check_principal(subject)
     if subject.startswith(CERT_PREFIX):
         raise TokenRefused(f"a token's sub may not start with {CERT_PREFIX!r}")
@@ -133,6 +150,6 @@ def sign_token(*, key: bytes, algorithm: str, subject: str, issuer: str, audienc
         raise ValueError("ttl must be positive")
     issued = int(now if now is not None else time.time())
     claims = {"sub": subject, "iss": issuer, "aud": audience, "iat": issued, "nbf": issued,
-              "exp": issued + ttl_s}
+              "exp": issued + ttl_s, "jti": str(uuid.uuid4())}
     headers = {"kid": kid} if kid else None
     return jwt.encode(claims, key, algorithm=algorithm, headers=headers)

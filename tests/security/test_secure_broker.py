@@ -3,6 +3,7 @@ gRPC calls: who gets in, who gets refused with which status, and that a refusal 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 import urllib.error
@@ -66,6 +67,30 @@ async def security_admin(broker: Broker, pki: Pki, method: str, request: Any, wh
     async with grpc.aio.secure_channel(f"127.0.0.1:{broker.admin_port}", tls(pki)) as channel:
         stub: Untyped = sec_grpc.SecurityAdminStub(channel)  # type: ignore[no-untyped-call]
         return await getattr(stub, method)(request, metadata=bearer(pki.token(who)), timeout=10)
+
+
+async def health_error(broker: Broker, pki: Pki, token: str) -> grpc.aio.AioRpcError | None:
+    """A HealthCheck with `token` on the client port (open to any authenticated principal): the error it
+    ends with, None when the broker answered."""
+    async with grpc.aio.secure_channel(broker.target, tls(pki)) as channel:
+        stub: Untyped = pb_grpc.HealthCheckStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            await stub.HealthCheck(pb.HealthCheckRequest(request_id=1), metadata=bearer(token), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return e
+    return None
+
+
+async def seconds_until_refused(broker: Broker, pki: Pki, token: str, since: float,
+                                limit: float = 5.0) -> tuple[float, grpc.aio.AioRpcError]:
+    """Seconds from `since` (time.monotonic()) until `broker` refuses `token`, calling every 20 ms for at most
+    `limit` s, and the refusal."""
+    while time.monotonic() - since < limit:
+        error = await health_error(broker, pki, token)
+        if error is not None:
+            return time.monotonic() - since, error
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{broker.target} still accepts the token {limit} s after it was revoked")
 
 
 # -- the official client --------------------------------------------------------------------------------

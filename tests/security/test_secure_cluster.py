@@ -1,13 +1,16 @@
 """Security on a real 2-broker cluster (etcd, shared object store): a role binding made through one broker
-applies on the other within a second, and admin calls forwarded between brokers go over TLS carrying the
-caller's token."""
+applies on the other within a second, a token revoked through one is refused by the other within 2 s, and
+admin calls forwarded between brokers go over TLS carrying the caller's token."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from typing import Any
 
 import grpc
+import jwt
 import pytest
 
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -17,7 +20,13 @@ from danube_fast.testing.broker import Broker
 from danube_fast.testing.cluster import Cluster
 from tests.compat.compat_support import run_async
 from tests.security.conftest import Pki, security_toml
-from tests.security.test_secure_broker import bearer, security_admin, tls
+from tests.security.test_secure_broker import (
+    bearer,
+    health_error,
+    seconds_until_refused,
+    security_admin,
+    tls,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
@@ -58,6 +67,38 @@ def test_bindings_made_on_one_broker_apply_on_the_other_within_a_second(cluster:
         assert await seconds_until(two, pki, bob, topic, allowed=True) <= 1.0
         await security_admin(two, pki, "Unbind", binding)
         assert await seconds_until(one, pki, bob, topic, allowed=False) <= 1.0
+    try:
+        run_async(scenario())
+    except BaseException:
+        print(cluster.logs())
+        raise
+
+
+def test_a_token_revoked_through_one_broker_is_refused_by_the_other_within_2_s(cluster: Cluster,
+                                                                              pki: Pki) -> None:
+    """The deny list travels as the bindings do, through each broker's watch-fed cache. Measured from the
+    moment the RevokeToken call is sent to broker one (so the store write is included) to the first refusal
+    by broker two, which is called every 20 ms from before the revocation is sent."""
+    cluster.extra_config = security_toml(pki)
+    one, two = cluster.start(2)
+    leaked, sibling = (pki.token("carol", jti=str(uuid.uuid4())) for _ in range(2))
+    jti = jwt.decode(leaked, options={"verify_signature": False})["jti"]
+
+    async def scenario() -> None:
+        for broker in (one, two):
+            assert await health_error(broker, pki, leaked) is None
+        sent = time.monotonic()
+        watching = asyncio.create_task(seconds_until_refused(two, pki, leaked, sent))
+        await security_admin(one, pki, "RevokeToken", sec_pb.RevokeTokenRequest(jti=jti, sub="carol"))
+        answered = time.monotonic() - sent
+        seconds, error = await watching
+        print(f"RevokeToken answered by broker one after {answered * 1000:.0f} ms; broker two refused the "
+              f"token {seconds * 1000:.0f} ms after it was sent")
+        assert seconds <= 2.0
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "revoked" in (error.details() or "")
+        assert await health_error(one, pki, leaked) is not None  # the answering broker had it on return
+        for broker in (one, two):
+            assert await health_error(broker, pki, sibling) is None
     try:
         run_async(scenario())
     except BaseException:

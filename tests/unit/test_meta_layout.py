@@ -10,7 +10,9 @@ place.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import pkgutil
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from danube_fast.meta import keys
+import danube_fast.meta
+from danube_fast.meta import keys, resources
 from danube_fast.meta.resources import (
     NULL,
     BadValue,
@@ -39,6 +42,8 @@ from danube_fast.meta.resources import (
     ProducerAccessMode,
     Resource,
     ResourceKind,
+    RevokedSubject,
+    RevokedToken,
     SchemaDefinition,
     SchemaIndexEntry,
     SchemaKind,
@@ -343,6 +348,62 @@ def test_seed_001_values_round_trip() -> None:
     assert Policy.from_json(Policy(max_producers_per_topic=3).to_json()).max_producers_per_topic == 3
 
 
+# --------------------------------------------------------- ours: the deny list of tokens (security keys)
+
+JTI = "6f1c2a9e-3b7d-4c51-9a0e-2f8d7c6b5a41"
+OURS = [
+    Example("security", f"/security/revoked/jti/{JTI}", '{"exp": 1768728611, "revoked_at": 1768725011, '
+            '"sub": "bob"}', RevokedToken, lambda: keys.security_revoked_token(JTI),
+            keys.parse_security_revoked_token, JTI),
+    Example("security", "/security/revoked/jti/issuer-7", '{"exp": null, "revoked_at": 1768725011}',
+            RevokedToken, lambda: keys.security_revoked_token("issuer-7"), keys.parse_security_revoked_token,
+            "issuer-7"),
+    Example("security", "/security/revoked/sub/bob", '{"before": 1768725012, "revoked_at": 1768725011}',
+            RevokedSubject, lambda: keys.security_revoked_subject("bob"), keys.parse_security_revoked_subject,
+            "bob"),
+]
+
+
+@pytest.mark.parametrize("example", OURS, ids=example_id)
+def test_our_security_keys_are_built_and_parsed_and_their_values_round_trip(example: Example) -> None:
+    test_seed_000_key_is_built_and_parsed(example)
+    test_seed_000_value_round_trips(example)
+
+
+def test_deny_list_keys_and_values() -> None:
+    assert RevokedToken.from_json(OURS[1].value.encode()) == RevokedToken(None, 1768725011)
+    assert RevokedToken(None, 1).to_json() == b'{"exp":null,"revoked_at":1}'  # exp unknown: written as null
+    assert RevokedToken(5, 1, "bob").sub == RevokedToken.from_json(OURS[0].value.encode()).sub == "bob"
+    assert RevokedSubject.from_json(OURS[2].value.encode()).before == 1768725012
+    with pytest.raises(BadValue, match="'exp' is missing"):
+        RevokedToken.from_json(b'{"revoked_at": 1}')
+    with pytest.raises(BadValue, match="'before' must be an unsigned 64-bit integer"):
+        RevokedSubject.from_json(b'{"before": "now", "revoked_at": 1}')
+    for key in (keys.security_revoked_token("t"), keys.security_revoked_subject("bob")):
+        assert key.startswith(keys.security_revoked_prefix()) and key.startswith(keys.security_prefix())
+    assert keys.security_revoked_token("t").startswith(keys.security_revoked_tokens_prefix())
+    assert keys.security_revoked_subject("t").startswith(keys.security_revoked_subjects_prefix())
+    assert not keys.security_role("revoked").startswith(keys.security_revoked_prefix())
+    assert keys.parse_security_revoked_token(keys.security_revoked_token("x" * keys.MAX_JTI)) == "x" * 256
+    with pytest.raises(InvalidKey, match="at most 256"):
+        keys.security_revoked_token("x" * (keys.MAX_JTI + 1))
+
+
+def test_every_resource_is_registered() -> None:
+    """A resource class in a resources_* module is exported by meta/resources.py and named in its table."""
+    found = []
+    for info in pkgutil.iter_modules(danube_fast.meta.__path__):
+        if info.name.startswith("resources_") and info.name != "resources_base":
+            module = importlib.import_module(f"danube_fast.meta.{info.name}")
+            found += [name for name, value in vars(module).items()
+                      if isinstance(value, type) and issubclass(value, Resource)
+                      and value.__module__ == module.__name__]
+    assert "RevokedToken" in found and "RevokedSubject" in found
+    assert [n for n in found if n not in resources.__all__] == []
+    table = resources.__doc__ or ""
+    assert [n for n in found if not re.search(rf"\| [^|]*\b{n}\b", table)] == []
+
+
 # ------------------------------------------------------------------------------------------- offsets
 
 def test_offsets_are_padded_to_20_digits() -> None:
@@ -395,6 +456,8 @@ NAME_TAKERS: list[Callable[[str], str]] = [
     lambda n: keys.object_descriptor("ns", n, 0),
     lambda n: keys.legacy_consumer(n, 1),
     lambda n: keys.topic_name(n, "t"),
+    lambda n: keys.security_revoked_token(n),
+    lambda n: keys.security_revoked_subject(n),
 ]
 
 
@@ -450,6 +513,10 @@ def test_reserved_words_raise() -> None:
     (keys.parse_schema_version, "/schemas/s/versions/4294967296"),
     (keys.split_topic_name, "default/reliable_topic"),
     (keys.split_topic_name, "/default/reliable_topic/x"),
+    (keys.parse_security_revoked_token, "/security/revoked/sub/bob"),
+    (keys.parse_security_revoked_token, "/security/revoked/jti/a/b"),
+    (keys.parse_security_revoked_subject, "/security/revoked/sub/"),
+    (keys.parse_security_role, "/security/revoked/jti/t"),
 ])
 def test_keys_of_another_shape_raise(parse: Callable[[str], Any], key: str) -> None:
     with pytest.raises(InvalidKey):
@@ -604,10 +671,11 @@ def test_resources_are_hashable_values() -> None:
 # ------------------------------------------------------------------------- one owner for path strings
 
 PATH_LITERAL = re.compile(r"(?:^|[^\w.-])/(?:cluster|topics|namespaces|schemas|danube-data|subscriptions|"
-                          r"storage/topics)(?:/|$)")
+                          r"storage/topics|security)(?:/|$)")
 
 
-PYX_PATH_LITERAL = re.compile(r"[\"']/(?:cluster|topics|namespaces|schemas|danube-data|subscriptions)\b")
+PYX_PATH_LITERAL = re.compile(r"[\"']/(?:cluster|topics|namespaces|schemas|danube-data|subscriptions|"
+                              r"security)\b")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -634,6 +702,7 @@ def test_the_scan_finds_path_literals() -> None:
     assert path_literals('x = f"/topics/{ns}/{t}"', "a.py")
     assert path_literals('x = base + "/cluster"', "a.py")
     assert path_literals('x = "/storage/topics/a"', "a.py")
+    assert path_literals('x = f"/security/revoked/jti/{jti}"', "a.py")
     assert not path_literals('"""Keys like /cluster/leader."""\nx = "./danube-data/wal"', "a.py")
     assert not path_literals('x = "/var/lib/cluster/x"', "a.py")
 

@@ -1,19 +1,30 @@
-"""SecurityAdmin on the admin port: roles and bindings in the metadata store under `/security/`
-(docs/SECURITY.md, docs/METADATA.md#security-keys). A change is answered once this broker's cache holds it,
-so the caller's next call here already sees it; other brokers see it when their cache gets the event.
+"""SecurityAdmin on the admin port: roles, bindings and the deny list of tokens in the metadata store under
+`/security/` (docs/SECURITY.md, docs/METADATA.md#security-keys). A change is answered once this broker's
+cache holds it, so the caller's next call here already sees it; other brokers see it when their cache gets
+the event.
+
+The deny list's entries by token id are dropped here once their token has expired everywhere
+(revocation.lapsed): every call that adds, lists or removes revocations first deletes the lapsed ones, each
+compared on its mod revision so that a token revoked again meanwhile stays.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.errors import invalid, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
-from danube_fast.meta.store import InvalidKey, MetadataStore
+from danube_fast.meta.resources import BadValue, RevokedSubject, RevokedToken
+from danube_fast.meta.store import Compare, Delete, InvalidKey, MetadataStore
 from danube_fast.proto import SecurityAdmin_pb2 as pb
+from danube_fast.security.config import MAX_LEEWAY_S
 from danube_fast.security.rbac import check_scope, parse_permissions, role_value
+from danube_fast.security.revocation import iso, lapsed
+from danube_fast.security.tokens import CERT_PREFIX
 
 CACHE_WAIT = 5.0  # seconds a change may take to come back through this broker's watch
 
@@ -37,10 +48,43 @@ def _role(name: str, value: bytes) -> pb.Role:
     return pb.Role(name=name, permissions=json.loads(value)["permissions"])
 
 
+def _revoked_token_key(jti: str) -> str:
+    try:
+        return keys.security_revoked_token(jti)
+    except InvalidKey as e:
+        hint = " (a token whose jti cannot be a key is revoked by its subject)" if jti else ""
+        raise invalid(f"{e}{hint}") from None
+
+
+def _revoked_subject_key(principal: str) -> str:
+    try:
+        key = keys.security_revoked_subject(principal)
+    except InvalidKey as e:
+        raise invalid(f"sub: {e}") from None
+    if principal.startswith(CERT_PREFIX):
+        raise invalid(f"{principal} is a certificate principal: it has no tokens to revoke (remove its "
+                      "bindings instead)")
+    return key
+
+
+def _token_view(jti: str, entry: RevokedToken | None) -> pb.Revocation:
+    if entry is None:  # unreadable: listed, so that it can be seen and removed
+        return pb.Revocation(jti=jti)
+    return pb.Revocation(jti=jti, sub=entry.sub or "", exp=entry.exp or 0, revoked_at=entry.revoked_at)
+
+
+def _subject_view(principal: str, entry: RevokedSubject | None) -> pb.Revocation:
+    if entry is None:
+        return pb.Revocation(sub=principal)
+    return pb.Revocation(sub=principal, before=entry.before, revoked_at=entry.revoked_at)
+
+
 class SecurityAdminService:
-    def __init__(self, store: MetadataStore, cache: LocalCache) -> None:
+    def __init__(self, store: MetadataStore, cache: LocalCache,
+                 clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._cache = cache
+        self._clock = clock
 
     async def _applied(self, revision: int) -> None:
         await self._cache.wait_for_revision(revision, CACHE_WAIT)
@@ -109,3 +153,79 @@ class SecurityAdminService:
             principal, role, scope = keys.parse_security_binding(kv.key)
             out.append(pb.Binding(principal=principal, role=role, scope=scope))
         return out
+
+    @unary
+    async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.Revocation:
+        key = _revoked_token_key(request.jti)
+        if request.sub:
+            _revoked_subject_key(request.sub)  # the same rules as a subject's
+        now = int(self._clock())
+        entry = RevokedToken(exp=request.exp or None, revoked_at=now, sub=request.sub or None)
+        if lapsed(entry, now):
+            raise invalid(f"the token expired at {iso(request.exp)}: every broker refuses it already")
+        await self._revoked_tokens(now)
+        await self._applied(await self._store.put(key, entry.to_json()))
+        return _token_view(request.jti, entry)
+
+    @unary
+    async def RevokeSubject(self, request: pb.RevokeSubjectRequest, context: Context) -> pb.Revocation:
+        key = _revoked_subject_key(request.sub)
+        now = int(self._clock())
+        if request.before == 0:
+            raise invalid("before: give the time before which the subject's tokens are refused (seconds "
+                          "since the epoch; the CLI takes ISO 8601 or 'now')")
+        if request.before > now + MAX_LEEWAY_S:
+            raise invalid(f"before {iso(request.before)} is in the future: only tokens already issued can be "
+                          "revoked (to keep a principal out, remove its bindings)")
+        entry = RevokedSubject(before=request.before, revoked_at=now)
+        await self._revoked_tokens(now)
+        await self._applied(await self._store.put(key, entry.to_json()))
+        return _subject_view(request.sub, entry)
+
+    @unary
+    async def ListRevocations(self, request: pb.ListRevocationsRequest, context: Context
+                              ) -> pb.RevocationList:
+        tokens = await self._revoked_tokens(int(self._clock()))
+        subjects = []
+        for kv in await self._store.get_prefix(keys.security_revoked_subjects_prefix()):
+            try:
+                principal = keys.parse_security_revoked_subject(kv.key)
+            except InvalidKey:
+                continue
+            try:
+                subject: RevokedSubject | None = RevokedSubject.from_json(kv.value, key=kv.key)
+            except BadValue:
+                subject = None
+            subjects.append(_subject_view(principal, subject))
+        return pb.RevocationList(tokens=[_token_view(jti, entry) for jti, entry in tokens], subjects=subjects)
+
+    @unary
+    async def Unrevoke(self, request: pb.UnrevokeRequest, context: Context) -> pb.Deleted:
+        if bool(request.jti) == bool(request.sub):
+            raise invalid("give exactly one of jti and sub")
+        key = _revoked_token_key(request.jti) if request.jti else _revoked_subject_key(request.sub)
+        await self._revoked_tokens(int(self._clock()))
+        existed = await self._store.delete(key)
+        if existed:
+            await self._applied(await self._store.current_revision())
+        return pb.Deleted(existed=existed)
+
+    async def _revoked_tokens(self, now: int) -> list[tuple[str, RevokedToken | None]]:
+        """The deny list's entries by token id, after deleting those whose token has expired everywhere;
+        None for an unreadable value (kept: the gate refuses what it covers)."""
+        kept: list[tuple[str, RevokedToken | None]] = []
+        for kv in await self._store.get_prefix(keys.security_revoked_tokens_prefix()):
+            try:
+                jti = keys.parse_security_revoked_token(kv.key)
+            except InvalidKey:
+                continue
+            try:
+                entry: RevokedToken | None = RevokedToken.from_json(kv.value, key=kv.key)
+            except BadValue:
+                entry = None
+            if entry is not None and lapsed(entry, now):
+                await self._store.transaction([Compare(kv.key, "mod_revision", "==", kv.mod_revision)],
+                                              [Delete(kv.key)])
+                continue
+            kept.append((jti, entry))
+        return kept
