@@ -15,6 +15,7 @@ broker that cannot be reached, or the status and message the broker answered.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -289,20 +290,25 @@ def connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", metavar="JWT", help="a bearer token (default: $DANUBE_TOKEN); implies TLS")
 
 
+def area(admin: Subparsers, name: str, help_text: str) -> Subparsers:
+    """An area of `danube-fast admin` (`brokers`, `topics`, ...): its commands go under it."""
+    return admin.add_parser(name, help=help_text).add_subparsers(dest="action", required=True,
+                                                                 metavar="ACTION")
+
+
+def admin_command(leaf: Leaf, parent: Subparsers, name: str, what: str, run: Run,
+                  help_text: str) -> argparse.ArgumentParser:
+    """A command of an area that calls the admin port (with the connection options)."""
+    parser = leaf(parent, name, what, run, help_text, help_text[0].upper() + help_text[1:] + ".")
+    connection_options(parser)
+    return parser
+
+
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     """The `brokers`, `topics` and `cluster` areas of `danube-fast admin`; `leaf` is main.py's."""
+    command = functools.partial(admin_command, leaf)
 
-    def command(parent: Subparsers, name: str, what: str, run: Run,
-                help_text: str) -> argparse.ArgumentParser:
-        parser = leaf(parent, name, what, run, help_text, help_text[0].upper() + help_text[1:] + ".")
-        connection_options(parser)
-        return parser
-
-    def area(name: str, help_text: str) -> Subparsers:
-        return admin.add_parser(name, help=help_text).add_subparsers(dest="action", required=True,
-                                                                     metavar="ACTION")
-
-    brokers = area("brokers", "list, drain and activate brokers")
+    brokers = area(admin, "brokers", "list, drain and activate brokers")
     command(brokers, "list", "brokers list", _brokers_list, "list the registered brokers")
     command(brokers, "leader", "brokers leader", _brokers_leader, "show the leader broker")
     command(brokers, "namespaces", "brokers namespaces", _brokers_namespaces, "list the cluster's namespaces")
@@ -324,7 +330,7 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     a.add_argument("broker_id", metavar="ID")
     a.add_argument("--reason", default="", help="recorded in the broker's state (default: admin_activate)")
 
-    topics = area("topics", "list, describe, create, delete and unload topics")
+    topics = area(admin, "topics", "list, describe, create, delete and unload topics")
     ls = command(topics, "list", "topics list", _topics_list,
                  "list the topics of a namespace (or of a broker) with their owners")
     which = ls.add_mutually_exclusive_group(required=True)
@@ -347,7 +353,7 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     c.add_argument("--schema-subject", metavar="SUBJECT", help="a registered schema subject the topic uses")
     on_topic("delete", _topics_delete, "delete a topic (a partitioned topic: all its partitions)")
 
-    cluster = area("cluster", "cluster balance and rebalancing")
+    cluster = area(admin, "cluster", "cluster balance and rebalancing")
     command(cluster, "balance", "cluster balance", _cluster_balance, "show how evenly topics are spread")
     r = command(cluster, "rebalance", "cluster rebalance", _cluster_rebalance,
                 "move topics from the busiest brokers to the idlest (the leader decides)")

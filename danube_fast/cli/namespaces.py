@@ -14,9 +14,10 @@ Output: a table, or with --output json an object, as the other areas.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
-from danube_fast.cli.admin import Leaf, Listing, Run, Subparsers, call, connection_options
+from danube_fast.cli.admin import Leaf, Listing, Subparsers, admin_command, area, call
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 
 
@@ -64,15 +65,8 @@ async def _unsubscribe(args: argparse.Namespace) -> dict[str, object]:
 
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     """The `namespaces` and `subscriptions` areas of `danube-fast admin`; `leaf` is main.py's."""
-
-    def command(parent: Subparsers, name: str, what: str, run: Run,
-                help_text: str) -> argparse.ArgumentParser:
-        parser = leaf(parent, name, what, run, help_text, help_text[0].upper() + help_text[1:] + ".")
-        connection_options(parser)
-        return parser
-
-    namespaces = admin.add_parser("namespaces", help="list, describe, create and delete namespaces"
-                                  ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    command = functools.partial(admin_command, leaf)
+    namespaces = area(admin, "namespaces", "list, describe, create and delete namespaces")
     command(namespaces, "list", "namespaces list", _list, "list the cluster's namespaces")
     for name, run, help_text in (
             ("describe", _describe, "show a namespace's policy and its topics"),
@@ -81,8 +75,7 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
         parser = command(namespaces, name, f"namespaces {name}", run, help_text)
         parser.add_argument("namespace", metavar="NS")
 
-    subscriptions = admin.add_parser("subscriptions", help="list and delete a topic's subscriptions"
-                                     ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    subscriptions = area(admin, "subscriptions", "list and delete a topic's subscriptions")
     command(subscriptions, "list", "subscriptions list", _subscriptions,
             "list a topic's subscriptions").add_argument("topic", metavar="/NS/TOPIC")
     d = command(subscriptions, "delete", "subscriptions delete", _unsubscribe,
