@@ -89,7 +89,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
     broker_id = _broker_id(config.data_dir)
     close_store = None
     if store is None:
-        store = await (open_store(config.cluster.metadata_store, timeout=10.0) if config.clustered
+        store = await (open_store(config.cluster.metadata_store, access=config.cluster.etcd_access(),
+                                  timeout=10.0) if config.clustered
                        else EmbeddedStore.open(config.metadata_path))
         close_store = store.close
     undo: list[Callable[[], Awaitable[Any]]] = []

@@ -65,7 +65,15 @@ broker_bytes = "auto"             # every consumer together: bytes read for deli
 
 [cluster]                         # cluster mode (--mode cluster); standalone uses only object_store
 name = "danube"
-metadata_store = ""               # etcd://host:port[,host:port]; required in cluster mode
+metadata_store = ""               # etcd://host:port[,host:port]; required in cluster mode; etcd over TLS:
+                                  # etcd://https://host:port[,...] (docs/SECURITY.md, "The metadata store")
+etcd_ca_file = ""                 # the CA that signed etcd's certificate; set, it turns TLS on ("" with an
+                                  # https:// endpoint: the system's CAs)
+etcd_cert_file = ""               # a client certificate and key for etcd's --client-cert-auth
+etcd_key_file = ""
+etcd_user = ""                    # etcd's authentication: the user, and its password from etcd_password,
+etcd_password = ""                # or the file etcd_password_file names, or else the environment variable
+etcd_password_file = ""           # DANUBE_ETCD_PASSWORD (no password in a config file)
 object_store = ""                 # s3://bucket/prefix or a folder all brokers share; "" = DATA_DIR/objects
 s3_endpoint = ""                  # e.g. http://127.0.0.1:9000 for MinIO or moto; "" = AWS
 s3_region = "us-east-1"
@@ -139,6 +147,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from danube_fast.broker import memory
+from danube_fast.meta.etcd_access import EtcdAccess, EtcdAccessError
 from danube_fast.meta.resources import Policy
 from danube_fast.security.config import SecurityConfig, SecurityConfigError
 from danube_fast.storage.config import SyncPolicy, WalConfig
@@ -152,6 +161,10 @@ SECTIONS = ("broker", "wal", "dispatch", "policy", "cluster", "security", "table
 AUTO = "auto"
 
 log = logging.getLogger("danube_fast.broker")
+# The fields of EtcdAccess as this file calls them, for its messages.
+ETCD_SETTINGS = {"ca_file": "[cluster] etcd_ca_file", "cert_file": "[cluster] etcd_cert_file",
+                 "key_file": "[cluster] etcd_key_file", "user": "[cluster] etcd_user",
+                 "password": "[cluster] etcd_password", "password_file": "[cluster] etcd_password_file"}
 
 
 class ConfigError(ValueError):
@@ -179,6 +192,12 @@ class DispatchConfig:
 class ClusterConfig:
     name: str = "danube"
     metadata_store: str = ""
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password: str = field(default="", repr=False)
+    etcd_password_file: str = ""
     object_store: str = ""
     s3_endpoint: str = ""
     s3_region: str = "us-east-1"
@@ -193,6 +212,11 @@ class ClusterConfig:
     assign_wait_ms: int = 5000
     gap_wait_ms: int = 600_000
     producer_gap_wait_ms: int = 30_000
+
+    def etcd_access(self) -> EtcdAccess:
+        """How the broker reaches etcd (TLS, a user); its password is resolved when the store opens."""
+        return EtcdAccess(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file, self.etcd_user,
+                          self.etcd_password, self.etcd_password_file)
 
 
 @dataclass(frozen=True)
@@ -342,6 +366,13 @@ def check(config: BrokerConfig) -> None:
     if config.clustered and not config.cluster.metadata_store.startswith("etcd://"):
         raise ConfigError("cluster mode needs [cluster] metadata_store = \"etcd://host:port\" (or "
                           "--metadata-store): the brokers of a cluster share one etcd")
+    if config.clustered:
+        access = config.cluster.etcd_access()
+        try:
+            access.check(ETCD_SETTINGS)
+            access.resolve_password(names=ETCD_SETTINGS)  # a user without a password stops here
+        except EtcdAccessError as e:
+            raise ConfigError(str(e)) from e
     if config.cluster.lease_ttl_s < 2:
         raise ConfigError("[cluster] lease_ttl_s must be at least 2")
     if config.cluster.reserve_offsets < 1000:

@@ -24,7 +24,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=("standalone", "cluster"), default=None,
                    help="standalone: embedded metadata store and WAL under the data dir (the default); "
                         "cluster: brokers sharing etcd (--metadata-store) and an object store")
-    p.add_argument("--metadata-store", metavar="URL", help="cluster mode: etcd://host:port[,host:port]")
+    p.add_argument("--metadata-store", metavar="URL",
+                   help="cluster mode: etcd://host:port[,host:port]; etcd://https://host:port for TLS "
+                        "(the [cluster] etcd_* settings give its CA, certificate and user)")
     p.add_argument("--object-store", metavar="URL",
                    help="s3://bucket/prefix or a folder (default DATA_DIR/objects)")
     p.add_argument("--cluster-name", metavar="NAME", help="default danube")

@@ -34,13 +34,24 @@ from danube_fast.cli import tables as tables_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
 from danube_fast.meta import backup
-from danube_fast.meta.connect import URL_FORMS, StoreUrl, StoreUrlError, open_store, parse_store_url
+from danube_fast.meta.connect import (
+    URL_FORMS,
+    StoreUrl,
+    StoreUrlError,
+    check_access,
+    open_store,
+    parse_store_url,
+)
+from danube_fast.meta.etcd_access import ETCD_PASSWORD_ENV, EtcdAccess
 
 PROG = "danube-fast"
 EXIT_OK, EXIT_FAILED = 0, 1  # and 2, argparse's exit code for a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141, as shells report a process that SIGPIPE ended
 
+# The fields of EtcdAccess as the options below call them, for its messages.
+ETCD_OPTIONS = {"ca_file": "--etcd-ca", "cert_file": "--etcd-cert", "key_file": "--etcd-key",
+                "user": "--etcd-user", "password_file": "--etcd-password-file"}
 Summary = dict[str, object]
 Handler = Callable[[argparse.Namespace], Awaitable[Summary | admin_cli.Listing | str]]
 
@@ -74,6 +85,28 @@ def _store_option(parser: argparse.ArgumentParser, help_text: str) -> None:
                         help=f"{help_text}: {URL_FORMS}")
     parser.add_argument("--timeout", type=positive_float, default=5.0, metavar="SECONDS",
                         help="give up on an unreachable etcd after this long (default: 5)")
+    etcd = parser.add_argument_group(
+        "etcd over TLS with authentication (docs/SECURITY.md)",
+        "TLS is on with --etcd-ca or --etcd-cert, or when an endpoint is written https://host:port.")
+    etcd.add_argument("--etcd-ca", metavar="PEM", default="",
+                      help="the CA that signed etcd's certificate (default with https://: the system's CAs)")
+    etcd.add_argument("--etcd-cert", metavar="PEM", default="",
+                      help="a client certificate for etcd's --client-cert-auth (with --etcd-key)")
+    etcd.add_argument("--etcd-key", metavar="PEM", default="", help="the client certificate's key")
+    etcd.add_argument("--etcd-user", metavar="NAME", default="",
+                      help=f"log in to etcd as this user; its password from --etcd-password-file or the "
+                           f"environment variable {ETCD_PASSWORD_ENV}")
+    etcd.add_argument("--etcd-password-file", metavar="FILE", default="",
+                      help="a file holding the user's password (one line)")
+
+
+def _etcd_access(args: argparse.Namespace) -> EtcdAccess:
+    access = EtcdAccess(ca_file=args.etcd_ca, cert_file=args.etcd_cert, key_file=args.etcd_key,
+                        user=args.etcd_user, password_file=args.etcd_password_file)
+    check_access(args.store, access)
+    access.check(ETCD_OPTIONS)
+    access.resolve_password(names=ETCD_OPTIONS)  # a user without a password is named in these words
+    return access
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _backup(args: argparse.Namespace) -> Summary:
-    store = await open_store(args.store, create=False, timeout=args.timeout)
+    store = await open_store(args.store, access=_etcd_access(args), create=False, timeout=args.timeout)
     try:
         return (await feedback.waiting("reading and writing every key", backup.backup(store, args.file))
                 ).as_json()
@@ -123,7 +156,7 @@ async def _backup(args: argparse.Namespace) -> Summary:
 
 async def _restore(args: argparse.Namespace) -> Summary:
     source = await backup.load(args.file)  # first: a bad file must not create an embedded store
-    store = await open_store(args.store, create=True, timeout=args.timeout)
+    store = await open_store(args.store, access=_etcd_access(args), create=True, timeout=args.timeout)
     shown = feedback.bar(len(source.entries), "key")
     try:
         return (await backup.restore(store, source, skip_ephemeral=args.skip_ephemeral,

@@ -1,12 +1,16 @@
-"""EtcdStore: the MetadataStore on an etcd v3 cluster, through aetcd's asyncio gRPC channel and stubs.
+"""EtcdStore: the MetadataStore on an etcd v3 cluster, through grpc.aio channels and aetcd's generated stubs.
 
-aetcd's Client opens the channel; requests use its generated etcd protocol (`aetcd.rpc`), not its helpers:
-`Client.transaction` drops the response header (the revision a transaction made), and its shared watcher
-ignores a server-side cancel without compaction (the iterator would wait forever).
+Requests use aetcd's generated etcd protocol (`aetcd.rpc`), not its Client: that opens only plaintext
+channels (etcd_member.py opens ours, with TLS when asked), `Client.transaction` drops the response header
+(the revision a transaction made), and its shared watcher ignores a server-side cancel without compaction
+(the iterator would wait forever).
 
 Every call has a deadline and etcd's "hasleader" metadata, so an unreachable or leaderless member fails fast
 with MetadataUnavailable. With several endpoints, a call that finds its endpoint unreachable moves the next
 calls to the next endpoint; it is not retried here (MetadataUnavailable is retriable: the caller decides).
+With a user (EtcdAccess), every call carries the member's auth token; a call refused for a stale token logs
+in again and is sent once more. A refused certificate or user is MetadataRefused, naming the endpoint and
+what was refused (docs/SECURITY.md#the-metadata-store-etcd-over-tls-with-authentication).
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import aetcd
 import grpc
 from aetcd import rpc
 
+from danube_fast.meta.etcd_access import HTTPS, NO_ACCESS, EtcdAccess
+from danube_fast.meta.etcd_member import HandshakeFailed, Member, stale_token
 from danube_fast.meta.store import (
     Compacted,
     Compare,
@@ -28,6 +33,7 @@ from danube_fast.meta.store import (
     KeyValue,
     LeaseNotFound,
     MetadataError,
+    MetadataRefused,
     MetadataStoreFull,
     MetadataUnavailable,
     Op,
@@ -40,16 +46,6 @@ from danube_fast.meta.store import (
     prefix_range_end,
 )
 
-CHANNEL_OPTIONS = {
-    "grpc.initial_reconnect_backoff_ms": 100,  # gRPC's defaults (1 s, growing to 120 s) would keep a
-    "grpc.min_reconnect_backoff_ms": 100,      # restarted etcd unused for minutes
-    "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.use_local_subchannel_pool": 1,  # a store's connections are its own: another store's backoff
-                                          # after a refused connect must not fail this one's first call
-    "grpc.keepalive_time_ms": 10_000,  # detects a silent partition; etcd allows pings every 5 s or more
-    "grpc.keepalive_timeout_ms": 5_000,
-    "grpc.max_receive_message_length": -1,  # a large get_prefix
-}
 REQUIRE_LEADER = (("hasleader", "true"),)  # etcd refuses the call (UNAVAILABLE) when it has no leader
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # etcd's ErrGRPCNoSpace (api/v3rpc/rpctypes/error.go), whose text is how etcd's own client tells it apart from
@@ -78,11 +74,11 @@ async def _cancel(call: Any, before: set[asyncio.Task[Any]]) -> None:
         await asyncio.wait(pending, timeout=DRAIN_SECONDS)
 
 
-def _parse(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.removeprefix("http://").rstrip("/").rpartition(":")
+def _check_endpoint(endpoint: str) -> str:
+    host, _, port = endpoint.removeprefix(HTTPS).rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"an etcd endpoint is host:port, not {endpoint!r}")
-    return host.strip("[]"), int(port)
+        raise ValueError(f"an etcd endpoint is host:port or https://host:port, not {endpoint!r}")
+    return endpoint
 
 
 def _kv(kv: Any) -> KeyValue:
@@ -123,14 +119,20 @@ def _response(op: Any) -> list[KeyValue] | int | None:
 
 
 class EtcdStore:
-    """Connect with `await EtcdStore.connect(["127.0.0.1:2379"])`; close with `await store.close()`."""
+    """Connect with `await EtcdStore.connect(["127.0.0.1:2379"])`; close with `await store.close()`. TLS
+    when an endpoint is written https:// or `access` has a CA or client certificate; a user when `access`
+    has one (its password resolved here: EtcdAccessError if there is none)."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0,
+    def __init__(self, endpoints: Sequence[str], *, access: EtcdAccess = NO_ACCESS, timeout: float = 5.0,
                  watch_retry_seconds: float = 30.0) -> None:
-        self._endpoints = list(endpoints)
-        self._clients = [aetcd.Client(*_parse(e), options=CHANNEL_OPTIONS) for e in endpoints]
-        if not self._clients:
+        if not endpoints:
             raise ValueError("EtcdStore needs at least one endpoint")
+        access.check()
+        tls = access.tls or any(e.startswith(HTTPS) for e in endpoints)
+        password = access.resolve_password()
+        self._members = [Member(_check_endpoint(e), access, tls, password) for e in endpoints]
+        self._endpoints = [m.name for m in self._members]
+        self._tls = tls
         self._active = 0
         self._timeout = timeout
         self._watch_retry_seconds = watch_retry_seconds
@@ -138,24 +140,37 @@ class EtcdStore:
         self._closed = False
 
     @classmethod
-    async def connect(cls, endpoints: Sequence[str], *, timeout: float = 5.0,
+    async def connect(cls, endpoints: Sequence[str], *, access: EtcdAccess = NO_ACCESS, timeout: float = 5.0,
                       watch_retry_seconds: float = 30.0) -> EtcdStore:
-        """Raises MetadataUnavailable if no call reaches etcd within `timeout`."""
-        store = cls(endpoints, timeout=timeout, watch_retry_seconds=watch_retry_seconds)
+        """Raises MetadataUnavailable if no call reaches etcd within `timeout`; MetadataRefused at once when
+        etcd refuses the TLS handshake (a certificate) or the user, or serves TLS to this plaintext client;
+        EtcdAccessError for settings that cannot work."""
+        store = cls(endpoints, access=access, timeout=timeout, watch_retry_seconds=watch_retry_seconds)
         deadline = time.monotonic() + timeout
+        probed = False
         try:
-            for client in store._clients:
-                await client.connect()  # creates the channel; gRPC connects on the first call
+            for member in store._members:
+                member.open()  # creates the channel; gRPC connects on the first call
             while True:
                 # A channel still in reconnect backoff (etcd just restarted) fails at once: try until the
                 # deadline, as the docstring promises, instead of giving up on the first refusal.
+                member = store._member()
                 try:
                     await store.current_revision()
                     break
-                except MetadataUnavailable:
+                except HandshakeFailed as e:
+                    if e.certain:  # a certificate refused: waiting will not change that
+                        raise MetadataRefused(str(e)) from e
                     if time.monotonic() + 0.1 > deadline:
                         raise
-                    await asyncio.sleep(0.1)
+                except MetadataUnavailable as e:
+                    if not store._tls and not probed and "Socket closed" in str(e):
+                        probed = True
+                        if await member.speaks_tls():
+                            raise member.plaintext_on_tls() from e
+                    if time.monotonic() + 0.1 > deadline:
+                        raise
+                await asyncio.sleep(0.1)
         except BaseException:
             await store.close()
             raise
@@ -163,19 +178,24 @@ class EtcdStore:
 
     async def close(self) -> None:
         self._closed = True
-        for client in self._clients:
-            await client.close()
+        for member in self._members:
+            await member.close()
 
 
-    def _client(self) -> Any:
+    def _member(self) -> Member:
         if self._closed:
             raise MetadataUnavailable("the etcd metadata store is closed")
-        return self._clients[self._active]
+        return self._members[self._active]
 
-    def _error(self, e: grpc.aio.AioRpcError) -> MetadataError:
+    def _error(self, e: grpc.aio.AioRpcError, member: Member) -> MetadataError:
         code, details = e.code(), e.details() or ""
+        refused = member.refusal(code, details)
+        if isinstance(refused, HandshakeFailed):
+            self._active = (self._active + 1) % len(self._members)
+        if refused is not None:
+            return refused
         if code in UNREACHABLE:
-            self._active = (self._active + 1) % len(self._clients)
+            self._active = (self._active + 1) % len(self._members)
             return MetadataUnavailable(f"etcd is unreachable at {', '.join(self._endpoints)}: {details}")
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and NO_SPACE in details:
             return MetadataStoreFull(f"etcd's space quota is full, its NOSPACE alarm refuses writes "
@@ -189,11 +209,18 @@ class EtcdStore:
         return MetadataError(f"etcd failed: {code.name}: {details}")
 
     async def _call(self, stub: str, method: str, request: Any) -> Any:
-        rpc_method = getattr(getattr(self._client(), stub), method)
-        try:
-            response = await rpc_method(request, timeout=self._timeout, metadata=REQUIRE_LEADER)
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from e
+        for attempt in (1, 2):
+            member = self._member()
+            try:
+                metadata = await member.metadata(REQUIRE_LEADER, self._timeout)
+                response = await getattr(getattr(member, stub), method)(request, timeout=self._timeout,
+                                                                        metadata=metadata)
+                break
+            except grpc.aio.AioRpcError as e:
+                if attempt == 1 and stale_token(e.code(), e.details() or ""):
+                    member.forget_token()
+                    continue
+                raise self._error(e, member) from e
         self._seen = max(self._seen, response.header.revision)
         return response
 
@@ -253,16 +280,23 @@ class EtcdStore:
         return int(response.ID)
 
     async def keep_alive(self, lease: int) -> int:
-        call = self._client().leasestub.LeaseKeepAlive(timeout=self._timeout, metadata=REQUIRE_LEADER)
-        try:  # one request, then half-close: etcd answers and ends the stream, so nothing is left to cancel
-            await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-            await call.done_writing()
-            response = await call.read()
-            while await call.read() is not grpc.aio.EOF:
-                pass
-            await call.code()  # gRPC has delivered the final status: no completion is left in flight
-        except grpc.aio.AioRpcError as e:
-            raise self._error(e) from e
+        for attempt in (1, 2):
+            member = self._member()
+            try:  # one request, then half-close: etcd answers and ends the stream: nothing is left to cancel
+                metadata = await member.metadata(REQUIRE_LEADER, self._timeout)
+                call = member.leasestub.LeaseKeepAlive(timeout=self._timeout, metadata=metadata)
+                await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+                await call.done_writing()
+                response = await call.read()
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+                await call.code()  # gRPC has delivered the final status: no completion is left in flight
+                break
+            except grpc.aio.AioRpcError as e:
+                if attempt == 1 and stale_token(e.code(), e.details() or ""):
+                    member.forget_token()
+                    continue
+                raise self._error(e, member) from e
         if response is grpc.aio.EOF:
             raise MetadataUnavailable(f"etcd at {', '.join(self._endpoints)} left a keep-alive unanswered")
         if response.TTL <= 0:
@@ -287,9 +321,12 @@ class EtcdStore:
         delay = RETRY_FIRST_DELAY
         while True:
             cause = "etcd ended the watch stream"
+            member = self._member()
             before = _status_tasks()
-            call = rpc.WatchStub(self._client().channel).Watch(metadata=REQUIRE_LEADER)
+            call = None
             try:
+                metadata = await member.metadata(REQUIRE_LEADER, self._timeout)
+                call = rpc.WatchStub(member.channel).Watch(metadata=metadata)
                 create.start_revision = start
                 await call.write(rpc.WatchRequest(create_request=create))
                 while (response := await call.read()) is not grpc.aio.EOF:
@@ -301,6 +338,11 @@ class EtcdStore:
                         break
                     if response.canceled:
                         cause = f"etcd canceled the watch: {response.cancel_reason}"
+                        if stale_token(grpc.StatusCode.UNAUTHENTICATED, response.cancel_reason):
+                            member.forget_token()  # the next attempt logs in again
+                        elif "PermissionDenied" in response.cancel_reason:
+                            raise member.refusal(grpc.StatusCode.PERMISSION_DENIED,
+                                                 response.cancel_reason) or MetadataRefused(cause)
                         break
                     failing_since, delay = None, RETRY_FIRST_DELAY
                     self._seen = max(self._seen, response.header.revision)
@@ -311,12 +353,13 @@ class EtcdStore:
                     if response.events:
                         start = max(start, response.events[-1].kv.mod_revision + 1)
             except grpc.aio.AioRpcError as e:
-                error = self._error(e)
+                error = self._error(e, member)
                 if not isinstance(error, MetadataUnavailable):
                     raise error from e
                 cause = str(error)
             finally:
-                await _cancel(call, before)
+                if call is not None:
+                    await _cancel(call, before)
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since >= self._watch_retry_seconds:

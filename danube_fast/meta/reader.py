@@ -15,8 +15,9 @@ import sqlite3
 from typing import Protocol
 from urllib.parse import quote
 
-from danube_fast.meta.connect import StoreNotFound, parse_store_url
+from danube_fast.meta.connect import StoreNotFound, check_access, parse_store_url
 from danube_fast.meta.embedded_db import KV_COLUMNS, store_error
+from danube_fast.meta.etcd_access import NO_ACCESS, EtcdAccess
 from danube_fast.meta.store import KeyValue, prefix_range_end
 
 
@@ -67,15 +68,17 @@ class EmbeddedReader:
         self._db.close()
 
 
-async def open_reader(url: str, *, timeout: float = 5.0) -> MetadataReader:
-    """A reader of the store `url` names (connect.URL_FORMS). StoreNotFound when an embedded store's file does
-    not exist (reading never creates one); StoreUrlError for a malformed URL; MetadataUnavailable when etcd
-    does not answer within `timeout`."""
+async def open_reader(url: str, *, access: EtcdAccess = NO_ACCESS, timeout: float = 5.0) -> MetadataReader:
+    """A reader of the store `url` names (connect.URL_FORMS), an etcd one reached with `access` (TLS, a
+    user). StoreNotFound when an embedded store's file does not exist (reading never creates one);
+    StoreUrlError for a malformed URL; MetadataUnavailable when etcd does not answer within `timeout`;
+    MetadataRefused when it refuses the TLS handshake or the user."""
     parsed = parse_store_url(url)
+    check_access(parsed, access)
     if parsed.kind == "embedded":
         if not os.path.isfile(parsed.path):
             raise StoreNotFound(f"there is no embedded metadata store at {parsed.path}")
         return await asyncio.to_thread(EmbeddedReader, parsed.path)
     from danube_fast.meta.etcd import EtcdStore
 
-    return await EtcdStore.connect(parsed.endpoints, timeout=timeout)
+    return await EtcdStore.connect(parsed.endpoints, access=access, timeout=timeout)

@@ -44,6 +44,15 @@ class MetadataReadOnly(MetadataUnavailable):
     it is writable (the file system remounted read-write)."""
 
 
+class MetadataRefused(MetadataError):
+    """The store refused this client: etcd's TLS handshake failed (this client does not trust etcd's
+    certificate, or etcd did not accept this client's), or etcd's authentication refused the user or its
+    password, or a call without one. A setting is wrong on one side: trying again does not help. The broker
+    cannot reach its metadata, so callers of the broker see UNAVAILABLE."""
+
+    grpc_code = "UNAVAILABLE"
+
+
 class MetadataCorrupt(MetadataError):
     """The embedded store's file is not a SQLite database or is damaged: restore it from a backup."""
 

@@ -1,5 +1,6 @@
 """A single real etcd server on free loopback ports, as a child process, for the tests and the benchmarks:
-no TLS, no cluster, no tuning, and a data dir that survives stop() and start().
+no cluster, no tuning, plaintext unless given a CA (then TLS with client certificates required), and a data
+dir that survives stop() and start(). enable_auth() turns etcd's authentication on.
 
 The process belongs to whoever created the EtcdServer, which must call stop().
 """
@@ -8,13 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from aetcd import rpc
+
+from danube_fast.meta.etcd_access import HTTPS, EtcdAccess
+from danube_fast.meta.etcd_member import Member
 from danube_fast.meta.store import MetadataStore, MetadataUnavailable
+from danube_fast.testing.certs import Authority, Issued
 from danube_fast.testing.ports import LOOPBACK, free_ports
 
 ETCD_START_SECONDS = 15.0
@@ -25,9 +32,12 @@ class EtcdServer:
     """One etcd process on loopback. stop() and start() keep its data dir and ports: the same server
     comes back, as after a crash or a restart in production. The log goes to `etcd.log` next to the data
     dir. The process belongs to whoever created this object: it must call stop(). `extra_args` go to etcd
-    as they are (like `--quota-backend-bytes=N`)."""
+    as they are (like `--quota-backend-bytes=N`). With `tls`, the client port serves TLS with a certificate
+    of that CA for localhost and 127.0.0.1 and requires client certificates of it (`--client-cert-auth`);
+    `client` is one, which the health check uses."""
 
-    def __init__(self, data_dir: Path, name: str = "contract", extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, data_dir: Path, name: str = "contract", extra_args: Sequence[str] = (),
+                 tls: Authority | None = None) -> None:
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("the etcd binary is missing: run scripts/system-deps.sh (Debian: etcd-server)")
@@ -36,12 +46,35 @@ class EtcdServer:
         self.name = name
         self.extra_args = list(extra_args)
         self.client_port, self.peer_port = free_ports(2)
-        self.endpoint = f"{LOOPBACK}:{self.client_port}"
+        self.tls = tls
+        self.client: Issued | None = None
+        self.tls_args: list[str] = []
+        if tls is not None:
+            pki = data_dir.parent / "etcd-pki"
+            pki.mkdir(parents=True, exist_ok=True)
+            server, self.client = tls.issue(pki, "etcd-server"), tls.issue(pki, "etcd-client")
+            self.tls_args = ["--cert-file", str(server.cert), "--key-file", str(server.key),
+                             "--trusted-ca-file", str(tls.cert), "--client-cert-auth"]
+        # host:port, or https://host:port with TLS: as a metadata store URL writes it
+        self.endpoint = f"{HTTPS if tls else ''}{LOOPBACK}:{self.client_port}"
         self.log_path = data_dir.parent / "etcd.log"
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def url(self) -> str:
+        """The metadata store URL of this server."""
+        return f"etcd://{self.endpoint}"
+
+    def access(self, user: str = "", password: str = "") -> EtcdAccess:
+        """Settings that reach this server: its CA and client certificate (with TLS), and `user`."""
+        if self.tls is None or self.client is None:
+            return EtcdAccess(user=user, password=password)
+        return EtcdAccess(str(self.tls.cert), str(self.client.cert), str(self.client.key), user, password)
+
     def start(self) -> None:
-        client, peer = f"http://{self.endpoint}", f"http://{LOOPBACK}:{self.peer_port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://{self.endpoint.removeprefix(HTTPS)}"
+        peer = f"http://{LOOPBACK}:{self.peer_port}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -49,7 +82,7 @@ class EtcdServer:
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                  "--initial-cluster", f"{self.name}={peer}", "--logger", "zap", "--log-level", "warn",
-                 *self.extra_args],
+                 *self.tls_args, *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ETCD_START_SECONDS
         while not self.healthy():
@@ -63,8 +96,13 @@ class EtcdServer:
             time.sleep(0.05)
 
     def healthy(self) -> bool:
+        context = None
+        if self.tls is not None and self.client is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.cert))
+            context.load_cert_chain(str(self.client.cert), str(self.client.key))
+        url = f"{'https' if self.tls else 'http'}://{self.endpoint.removeprefix(HTTPS)}/health"
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as response:
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 return b'"health":"true"' in response.read()
         except OSError:
             return False
@@ -92,11 +130,12 @@ class EtcdServer:
         return "unknown"
 
 
-def start_etcd(data_dir: Path, name: str = "contract", extra_args: Sequence[str] = ()) -> EtcdServer:
+def start_etcd(data_dir: Path, name: str = "contract", extra_args: Sequence[str] = (),
+               tls: Authority | None = None) -> EtcdServer:
     """A started server with its data in `data_dir` (created by etcd), trying fresh ports up to
     START_ATTEMPTS times. A failed attempt's data dir is removed: it records the ports of that attempt."""
     for attempt in range(START_ATTEMPTS):
-        server = EtcdServer(data_dir, name, extra_args)
+        server = EtcdServer(data_dir, name, extra_args, tls)
         try:
             server.start()
             return server
@@ -105,6 +144,20 @@ def start_etcd(data_dir: Path, name: str = "contract", extra_args: Sequence[str]
                 raise
             shutil.rmtree(data_dir, ignore_errors=True)
     raise AssertionError("unreachable")
+
+
+async def enable_auth(server: EtcdServer, root_password: str) -> None:
+    """etcd's authentication on, with the user root (role root: every key) and `root_password`, as
+    `etcdctl user add root; etcdctl user grant-role root root; etcdctl auth enable` would do."""
+    member = Member(server.endpoint, server.access(), server.tls is not None, "")
+    member.open()
+    try:
+        auth = rpc.AuthStub(member.channel)
+        await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password=root_password), timeout=5)
+        await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+        await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=5)
+    finally:
+        await member.close()
 
 
 async def until_reachable(s: MetadataStore, timeout: float = 8.0) -> None:

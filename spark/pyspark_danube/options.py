@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from danube_fast.access.brokers import ApiError, Credentials
-from danube_fast.access.metadata import parse_topic
+from danube_fast.access.metadata import ETCD_PASSWORD_ENV, EtcdAccess, EtcdAccessError, parse_topic
 
 EARLIEST = -2
 LATEST = -1
@@ -64,15 +64,20 @@ class Options:
     value_schema: str | None = None  # avro/json: the subject as DataSource.schema() resolved it (values.py)
     broker_timeout: float = 10.0  # seconds for the broker calls of the planning (offsets, tail)
     credentials: Credentials | None = None  # TLS and token for the broker calls (docs/SECURITY.md)
+    etcd: EtcdAccess = field(default_factory=EtcdAccess)  # TLS and user for an etcd metadataStore
     filter_pushdown: Literal["auto", "true", "false"] = "auto"  # see source.py: pushdown_safe
 
 
 SECURITY_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile", "token")  # read and write (credentials())
+# read only (etcd_access()): EtcdAccess's fields by the names of these options
+ETCD_OPTIONS = {"ca_file": "etcdCaFile", "cert_file": "etcdCertFile", "key_file": "etcdKeyFile",
+                "user": "etcdUser", "password_file": "etcdPasswordFile", "password_env": "etcdPasswordEnv"}
 # canonical name -> parser; the keys of a user's options are matched case-insensitively.
 _NAMES = ("metadataStore", "objectStore", "s3Endpoint", "s3Region", "s3AccessKeyId", "s3SecretAccessKey",
           "topic", "topics", "topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
           "endingTimestamp", "failOnDataLoss", "minPartitions", "maxRecordsPerPartition",
-          "maxOffsetsPerTrigger", "valueFormat", "brokerTimeoutMs", "filterPushdown", *SECURITY_OPTIONS)
+          "maxOffsetsPerTrigger", "valueFormat", "brokerTimeoutMs", "filterPushdown", *SECURITY_OPTIONS,
+          *ETCD_OPTIONS.values())
 _CANONICAL = {n.lower(): n for n in _NAMES}
 # Not the user's: DataSource.schema() stores the value schema it resolved (values.Resolved) under this name,
 # and the readers Spark makes from that DataSource instance parse it with the rest.
@@ -137,6 +142,7 @@ def parse(raw: Mapping[str, str], *, streaming: bool = False) -> Options:
         value_schema=None if value_format == "binary" else resolved,
         broker_timeout=(_int(given, "brokerTimeoutMs", 1) or 10_000) / 1000,
         credentials=credentials(given),
+        etcd=etcd_access(given, meta),
         filter_pushdown=_word(given, "filterPushdown", ("auto", "true", "false")),  # type: ignore[arg-type]
     )
 
@@ -153,6 +159,30 @@ def credentials(given: Mapping[str, str]) -> Credentials | None:
     if not (ca or cert or token):
         return None
     return Credentials(ca_file=ca, cert_file=cert, key_file=key, token=token)
+
+
+def etcd_access(given: Mapping[str, str], metadata_store: str) -> EtcdAccess:
+    """TLS and a user for an etcd metadataStore (docs/SECURITY.md), from the options of ETCD_OPTIONS: the
+    files must be readable, and the environment variable etcdPasswordEnv names (DANUBE_ETCD_PASSWORD by
+    default) set, where the store is opened: on the driver and on every executor. The password is read
+    there, so it does not travel in the plan."""
+    chosen = {f: given.get(option, "").strip() for f, option in ETCD_OPTIONS.items()}
+    access = EtcdAccess(ca_file=chosen["ca_file"], cert_file=chosen["cert_file"], key_file=chosen["key_file"],
+                        user=chosen["user"], password_file=chosen["password_file"],
+                        password_env=chosen["password_env"] or ETCD_PASSWORD_ENV)
+    if access.given and not metadata_store.startswith("etcd://"):
+        raise OptionError(f"the etcd options ({', '.join(o for f, o in ETCD_OPTIONS.items() if chosen[f])}) "
+                          f"are for an etcd:// metadataStore, not {metadata_store!r}")
+    for name in ("ca_file", "cert_file", "key_file", "password_file"):
+        path = chosen[name]
+        if path and not os.path.isfile(path):
+            raise OptionError(f"option {ETCD_OPTIONS[name]}: no file {path!r}")
+    try:
+        access.check(ETCD_OPTIONS)
+        access.resolve_password(names=ETCD_OPTIONS)  # here too: the driver plans with the same store
+    except EtcdAccessError as e:
+        raise OptionError(str(e)) from None
+    return access
 
 
 def _required(given: Mapping[str, str], name: str, expected: str) -> str:

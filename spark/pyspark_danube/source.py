@@ -107,7 +107,7 @@ async def _plan(opts: options.Options, bounds: Bounds) -> list[Chunk]:
     from danube_fast.access.metadata import open_reader
     from danube_fast.access.objects import open_object_store
 
-    meta = await open_reader(opts.metadata_store)
+    meta = await open_reader(opts.metadata_store, access=opts.etcd)
     try:
         store = await open_object_store(
             opts.object_store, **(opts.s3.kwargs() if opts.object_store.startswith("s3://") else {}))

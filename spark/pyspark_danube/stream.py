@@ -282,7 +282,7 @@ class _Session:
 
     async def _opened(self, work: Callable[[_Session], Awaitable[T]]) -> T:
         if self._meta is None:
-            self._meta = await open_reader(self.options.metadata_store)
+            self._meta = await open_reader(self.options.metadata_store, access=self.options.etcd)
         if self._store is None:
             opts = self.options
             self._store = await open_object_store(

@@ -141,7 +141,7 @@ async def plan_table(opts: options.Options, topic: str, where: str | None = None
     from danube_fast.access.metadata import TableCatalog, TablePointer, keys, open_reader
 
     namespace, base = topic.split("/")[1:]
-    meta = await open_reader(opts.metadata_store)
+    meta = await open_reader(opts.metadata_store, access=opts.etcd)
     try:
         stored = await stored_topics(meta, opts)  # PlanError for a topic that does not exist
         brokers = await owners(meta, stored)

@@ -80,7 +80,7 @@ def declared_schema(raw: MutableMapping[str, str]) -> StructType:
 async def _resolve(opts: options.Options) -> Resolved:
     from danube_fast.access.metadata import open_reader
 
-    meta = await open_reader(opts.metadata_store)
+    meta = await open_reader(opts.metadata_store, access=opts.etcd)
     try:
         return await resolve(meta, opts)
     finally:
