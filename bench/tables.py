@@ -13,12 +13,14 @@ acks read concurrently. Figures:
   `off` broker's from the first batch until its uploads went quiet, per MB of record batches (what the
   table writer costs: decoding, Parquet, zstd, commits).
 - `table_catch_up_s`: from the last ack until the table held every record.
-- `half_rate_*`: then, on another topic of the same brokers, once they are quiet, the same batches offered
-  at half the rate the run's first broker reached (one batch every BATCH_RECORDS / rate seconds, for
-  HALF_RATE_S): the ack p99 measured from when each batch was due, with and without tables, and the
-  freshness: what an operator sees when the broker has headroom, where the full-speed figures show a
-  machine both processes saturate (2 cores: the client, the broker and the writer).
-  `half_rate_ack_p99_late_*`: the same over the second half of the batches, without the one-time cost of the
+- `half_rate_*`, `quarter_rate_*`: then, on other topics of the same brokers, once they are quiet, the same
+  batches offered at half and at a quarter of the rate the run's first broker reached (one batch every
+  BATCH_RECORDS / rate seconds, for PACED_S each): the ack p99 measured from when each batch was due, with
+  and without tables, and the freshness: what an operator sees when the broker has headroom, where the
+  full-speed figures show a machine both processes saturate (2 cores: the client, the broker and the
+  writer). At half rate the writer alone needs about a core here (writer_cpu_ms_per_mb times the MB/s),
+  so the quarter rate is the one this machine carries with room to spare.
+  `*_ack_p99_late_*`: the same over the second half of the batches, without the one-time cost of the
   first table use.
 """
 
@@ -41,9 +43,9 @@ from danube_fast.proto import TableAdmin_pb2 as table_pb
 from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
 from danube_fast.testing.broker import Broker
 
-HALF_RATE_S = 20.0
-QUICK_HALF_RATE_S = 2.0
-HALF_TOPIC = "/default/tables_bench_half"
+PACED_S = 20.0
+QUICK_PACED_S = 2.0
+PACED = (("half_rate", 0.5), ("quarter_rate", 0.25))  # name, fraction of the first broker's full rate
 COUNT = 10_000  # batches per run: 10 M records, 2.56 GB: the produce outlasts a writer pass (lag_ms / 2)
 QUICK_COUNT = 200
 TOPIC = "/default/tables_bench"
@@ -61,7 +63,7 @@ class Run:
         self.freshness: list[float] = []  # seconds, per batch (on only)
         self.cpu = 0.0  # broker CPU seconds
         self.catch_up = 0.0
-        self.half: Run | None = None  # the half-rate phase
+        self.paced: dict[str, Run] = {}  # the paced phases, by name (PACED)
 
 
 async def _committed(channel: grpc.aio.Channel, topic: str = TOPIC) -> int:
@@ -137,13 +139,13 @@ async def _one(broker: Broker, count: int, tables: bool, topic: str = TOPIC,
 
 def run_tables(options: Options) -> list[Result]:
     count = QUICK_COUNT if options.quick else COUNT
-    half_s = QUICK_HALF_RATE_S if options.quick else HALF_RATE_S
+    paced_s = QUICK_PACED_S if options.quick else PACED_S
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-tables-", dir=options.parent_dir))
     offs: list[Run] = []
     ons: list[Run] = []
     try:
         for r in range(options.runs):
-            half_rate = None
+            full_rate = None
             for tables in ((False, True) if r % 2 == 0 else (True, False)):
                 progress(f"run {r + 1}/{options.runs}: tables {'on' if tables else 'off'}")
                 workdir = scratch / f"run{r}-{'on' if tables else 'off'}"
@@ -151,9 +153,12 @@ def run_tables(options: Options) -> list[Result]:
                 broker.start()
                 try:
                     got = asyncio.run(_one(broker, count, tables))
-                    half_rate = half_rate or got.rate / 2
-                    got.half = asyncio.run(_one(broker, int(half_s * half_rate / BATCH_RECORDS), tables,
-                                                HALF_TOPIC, half_rate))
+                    full_rate = full_rate or got.rate
+                    for name, fraction in PACED:
+                        rate = full_rate * fraction
+                        batches = int(paced_s * rate / BATCH_RECORDS)
+                        got.paced[name] = asyncio.run(_one(broker, batches, tables,
+                                                           f"/default/tables_bench_{name}", rate))
                 finally:
                     broker.stop()
                     shutil.rmtree(workdir, ignore_errors=True)  # 3.5 GB a broker: one at a time on disk
@@ -183,25 +188,26 @@ def summarise(offs: list[Run], ons: list[Run], count: int) -> list[Result]:
         Result("table_catch_up_s", "s", median([r.catch_up for r in ons]), runs),
         Result("writer_cpu_ms_per_mb", "ms/MB",
                median([(on.cpu - off.cpu) * 1e3 / mb for on, off in zip(ons, offs, strict=True)]), runs),
-        *_half([r.half for r in offs if r.half], [r.half for r in ons if r.half]),
+        *(result for name, _ in PACED for result in _paced(name, [r.paced[name] for r in offs],
+                                                             [r.paced[name] for r in ons])),
     ]
 
 
-def _half(offs: list[Run], ons: list[Run]) -> list[Result]:
+def _paced(name: str, offs: list[Run], ons: list[Run]) -> list[Result]:
     runs = len(ons)
     p99_off = [percentile(sorted(r.acks), 0.99) * 1e3 for r in offs]
     p99_on = [percentile(sorted(r.acks), 0.99) * 1e3 for r in ons]
     return [
-        Result("half_rate_records_per_s", "records/s", median([r.rate for r in ons]), runs),
-        Result("half_rate_ack_p99_off", "ms", median(p99_off), runs),
-        Result("half_rate_ack_p99_on", "ms", median(p99_on), runs, median(p99_off),
+        Result(f"{name}_records_per_s", "records/s", median([r.rate for r in ons]), runs),
+        Result(f"{name}_ack_p99_off", "ms", median(p99_off), runs),
+        Result(f"{name}_ack_p99_on", "ms", median(p99_on), runs, median(p99_off),
                paired_ratio(p99_on, p99_off), ACK_TARGET),
-        Result("half_rate_ack_p99_late_off", "ms", median([_late_p99(r) for r in offs]), runs),
-        Result("half_rate_ack_p99_late_on", "ms", median([_late_p99(r) for r in ons]), runs,
+        Result(f"{name}_ack_p99_late_off", "ms", median([_late_p99(r) for r in offs]), runs),
+        Result(f"{name}_ack_p99_late_on", "ms", median([_late_p99(r) for r in ons]), runs,
                median([_late_p99(r) for r in offs]),
                paired_ratio([_late_p99(r) for r in ons], [_late_p99(r) for r in offs]), ACK_TARGET),
-        Result("half_rate_freshness_p50", "s", median([percentile(r.freshness, 0.5) for r in ons]), runs),
-        Result("half_rate_freshness_p99", "s", median([percentile(r.freshness, 0.99) for r in ons]), runs,
+        Result(f"{name}_freshness_p50", "s", median([percentile(r.freshness, 0.5) for r in ons]), runs),
+        Result(f"{name}_freshness_p99", "s", median([percentile(r.freshness, 0.99) for r in ons]), runs,
                target=FRESHNESS_TARGET),
     ]
 

@@ -30,4 +30,6 @@ def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
     assert 0 < figures["freshness_p50"]["value"] <= figures["freshness_p99"]["value"]
     assert figures["table_catch_up_s"]["value"] > 0
     assert "writer_cpu_ms_per_mb" in figures
+    for paced in ("half_rate", "quarter_rate"):
+        assert figures[f"{paced}_ack_p99_on"]["baseline"] == figures[f"{paced}_ack_p99_off"]["value"] > 0
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"
