@@ -39,6 +39,7 @@ from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topic_registry import TopicRegistry, partition_prefix, partitions_in
 from danube_fast.errors import DanubeError, ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
 from danube_fast.meta import keys
+from danube_fast.meta.resources import Policy
 from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.meta.store import MetadataStore
 from danube_fast.names import TopicName
@@ -154,9 +155,8 @@ class TableWriter:
         producers wait for their acks (bench/RESULTS.md, "Tables"). A topic whose table is turned on later
         pays it then, once."""
         self._loop = asyncio.get_running_loop()
-        served = self._topics.stored()
-        own = await own_policies(self._store, served)
-        modes = [self._namespaces.topic_policy(t.name, own.get(t.full)).table_mode for t in served]
+        policies = await self._policies(self._topics.stored())
+        modes = [p.table_mode for p in policies.values()]
         modes += [self._namespaces.policy(ns).table_mode for ns in self._namespaces.names()]
         if any(mode != "none" for mode in modes):
             await self._in_thread(self._open_catalog)
@@ -201,8 +201,7 @@ class TableWriter:
         now = self._clock()
         if now - self._modes_read >= self._config.policy_check_ms / 1000 or \
                 any(t.full not in self._modes for t in served):
-            own = await own_policies(self._store, served)
-            policies = {t.full: self._namespaces.topic_policy(t.name, own.get(t.full)) for t in served}
+            policies = await self._policies(served)
             self._modes = {name: p.table_mode for name, p in policies.items()}
             self._retention = {name: p.table_retention_ms for name, p in policies.items()}
             self._modes_read = now
@@ -244,6 +243,11 @@ class TableWriter:
                 log.warning("dropping the tables of deleted topics failed: %s: %s", type(e).__name__, e)
         self.passes += 1
         return behind
+
+    async def _policies(self, served: list[ReliableTopic]) -> dict[str, Policy]:
+        """Each topic's policy as the store says now, by full name."""
+        own = await own_policies(self._store, served)
+        return {t.full: self._namespaces.topic_policy(t.name, own.get(t.full)) for t in served}
 
     async def _drop_deleted(self) -> None:
         """Drop the tables whose topic is gone from the metadata store (read there, not from the cache: a

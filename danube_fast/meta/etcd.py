@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from aetcd import rpc
 
 from danube_fast.meta.etcd_access import HTTPS, NO_ACCESS, EtcdAccess
-from danube_fast.meta.etcd_member import HandshakeFailed, Member, stale_token
+from danube_fast.meta.etcd_member import HandshakeFailed, Member, Metadata, stale_token
 from danube_fast.meta.store import (
     Compacted,
     Compare,
@@ -46,6 +46,7 @@ from danube_fast.meta.store import (
     prefix_range_end,
 )
 
+T = TypeVar("T")
 REQUIRE_LEADER = (("hasleader", "true"),)  # etcd refuses the call (UNAVAILABLE) when it has no leader
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # etcd's ErrGRPCNoSpace (api/v3rpc/rpctypes/error.go), whose text is how etcd's own client tells it apart from
@@ -208,19 +209,26 @@ class EtcdStore:
             return InvalidRevision(f"etcd: {details}")
         return MetadataError(f"etcd failed: {code.name}: {details}")
 
-    async def _call(self, stub: str, method: str, request: Any) -> Any:
+    async def _logged_in(self, call: Callable[[Member, Metadata], Awaitable[T]]) -> T:
+        """`call(member, metadata)` on the active member; once more after a fresh login when etcd says the
+        auth token went stale; any other failure as a MetadataError."""
         for attempt in (1, 2):
             member = self._member()
             try:
-                metadata = await member.metadata(REQUIRE_LEADER, self._timeout)
-                response = await getattr(getattr(member, stub), method)(request, timeout=self._timeout,
-                                                                        metadata=metadata)
-                break
+                return await call(member, await member.metadata(REQUIRE_LEADER, self._timeout))
             except grpc.aio.AioRpcError as e:
                 if attempt == 1 and stale_token(e.code(), e.details() or ""):
                     member.forget_token()
                     continue
                 raise self._error(e, member) from e
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _call(self, stub: str, method: str, request: Any) -> Any:
+        async def unary(member: Member, metadata: Metadata) -> Any:
+            return await getattr(getattr(member, stub), method)(request, timeout=self._timeout,
+                                                                metadata=metadata)
+
+        response = await self._logged_in(unary)
         self._seen = max(self._seen, response.header.revision)
         return response
 
@@ -280,23 +288,18 @@ class EtcdStore:
         return int(response.ID)
 
     async def keep_alive(self, lease: int) -> int:
-        for attempt in (1, 2):
-            member = self._member()
-            try:  # one request, then half-close: etcd answers and ends the stream: nothing is left to cancel
-                metadata = await member.metadata(REQUIRE_LEADER, self._timeout)
-                call = member.leasestub.LeaseKeepAlive(timeout=self._timeout, metadata=metadata)
-                await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-                await call.done_writing()
-                response = await call.read()
-                while await call.read() is not grpc.aio.EOF:
-                    pass
-                await call.code()  # gRPC has delivered the final status: no completion is left in flight
-                break
-            except grpc.aio.AioRpcError as e:
-                if attempt == 1 and stale_token(e.code(), e.details() or ""):
-                    member.forget_token()
-                    continue
-                raise self._error(e, member) from e
+        async def once(member: Member, metadata: Metadata) -> Any:
+            # One request, then half-close: etcd answers and ends the stream: nothing is left to cancel.
+            call = member.leasestub.LeaseKeepAlive(timeout=self._timeout, metadata=metadata)
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+            await call.done_writing()
+            response = await call.read()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+            await call.code()  # gRPC has delivered the final status: no completion is left in flight
+            return response
+
+        response = await self._logged_in(once)
         if response is grpc.aio.EOF:
             raise MetadataUnavailable(f"etcd at {', '.join(self._endpoints)} left a keep-alive unanswered")
         if response.TTL <= 0:

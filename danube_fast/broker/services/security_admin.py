@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.errors import invalid, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
-from danube_fast.meta.resources import BadValue, RevokedSubject, RevokedToken
-from danube_fast.meta.store import Compare, Delete, InvalidKey, MetadataStore
+from danube_fast.meta.resources import BadValue, Resource, RevokedSubject, RevokedToken
+from danube_fast.meta.store import Compare, Delete, InvalidKey, KeyValue, MetadataStore
 from danube_fast.proto import SecurityAdmin_pb2 as pb
 from danube_fast.security.config import MAX_LEEWAY_S
 from danube_fast.security.rbac import check_scope, parse_permissions, role_value
@@ -27,6 +28,8 @@ from danube_fast.security.revocation import iso, lapsed
 from danube_fast.security.tokens import CERT_PREFIX
 
 CACHE_WAIT = 5.0  # seconds a change may take to come back through this broker's watch
+
+E = TypeVar("E", bound=Resource)
 
 
 def _role_key(name: str) -> str:
@@ -186,17 +189,8 @@ class SecurityAdminService:
     async def ListRevocations(self, request: pb.ListRevocationsRequest, context: Context
                               ) -> pb.RevocationList:
         tokens = await self._revoked_tokens(int(self._clock()))
-        subjects = []
-        for kv in await self._store.get_prefix(keys.security_revoked_subjects_prefix()):
-            try:
-                principal = keys.parse_security_revoked_subject(kv.key)
-            except InvalidKey:
-                continue
-            try:
-                subject: RevokedSubject | None = RevokedSubject.from_json(kv.value, key=kv.key)
-            except BadValue:
-                subject = None
-            subjects.append(_subject_view(principal, subject))
+        subjects = [_subject_view(principal, entry) for principal, entry, _ in await self._entries(
+            keys.security_revoked_subjects_prefix(), keys.parse_security_revoked_subject, RevokedSubject)]
         return pb.RevocationList(tokens=[_token_view(jti, entry) for jti, entry in tokens], subjects=subjects)
 
     @unary
@@ -214,18 +208,28 @@ class SecurityAdminService:
         """The deny list's entries by token id, after deleting those whose token has expired everywhere;
         None for an unreadable value (kept: the gate refuses what it covers)."""
         kept: list[tuple[str, RevokedToken | None]] = []
-        for kv in await self._store.get_prefix(keys.security_revoked_tokens_prefix()):
-            try:
-                jti = keys.parse_security_revoked_token(kv.key)
-            except InvalidKey:
-                continue
-            try:
-                entry: RevokedToken | None = RevokedToken.from_json(kv.value, key=kv.key)
-            except BadValue:
-                entry = None
+        for jti, entry, kv in await self._entries(keys.security_revoked_tokens_prefix(),
+                                                  keys.parse_security_revoked_token, RevokedToken):
             if entry is not None and lapsed(entry, now):
                 await self._store.transaction([Compare(kv.key, "mod_revision", "==", kv.mod_revision)],
                                               [Delete(kv.key)])
                 continue
             kept.append((jti, entry))
         return kept
+
+    async def _entries(self, prefix: str, parse: Callable[[str], str], kind: type[E]
+                       ) -> list[tuple[str, E | None, KeyValue]]:
+        """The deny list's entries under `prefix`: (name, value or None when unreadable, key-value); keys
+        that are not entries are passed over."""
+        found: list[tuple[str, E | None, KeyValue]] = []
+        for kv in await self._store.get_prefix(prefix):
+            try:
+                name = parse(kv.key)
+            except InvalidKey:
+                continue
+            try:
+                entry: E | None = kind.from_json(kv.value, key=kv.key)
+            except BadValue:
+                entry = None
+            found.append((name, entry, kv))
+        return found
