@@ -70,7 +70,7 @@ SYSTEMS = ("danube", "projected", "parquet", "table")
 # Every topic gets a table, at most about a second behind, and no compaction: with the defaults the writer's
 # first maintenance (the first time it has caught up, mid-production) rewrote 8 of its files, into the
 # catch-up time, and the next one, 60 s later, rewrote more while the queries ran, on the same two cores. The
-# queries read the table as the writer committed it: files of up to commit_bytes (64 MiB) of batches.
+# queries read the table as the writer committed it: files of up to commit_bytes (256 MiB) of batches.
 TABLES_CONFIG = ('[policy]\ntable_mode = "envelope"\n'
                  "[tables]\nlag_ms = 1000\nmaintenance_ms = 86400000\ncompact_min_files = 1000000\n")
 TABLE_WAIT_S = 1800.0  # for the table writer to catch up after producing

@@ -93,7 +93,8 @@ producer_gap_wait_ms = 30000      # idempotent producers wait this long for them
 lag_ms = 10000                    # tableMode (docs/TABLES.md); a record is in its table about this soon
 catalog_uri = ""                  # the Iceberg SQL catalog (SQLAlchemy URI); "" = DATA_DIR/tables/catalog.db
 warehouse = ""                    # where table files go; "" = DATA_DIR/tables/warehouse
-commit_bytes = 67108864           # record batches per commit, at most
+commit_bytes = "auto"             # record batches per commit, at most; auto = 256 MiB, or 1/16 of usable
+                                  # memory when smaller (at least 16 MiB)
 row_group_rows = 1048576          # Parquet row group size, in rows
 hour_partitions = true            # partition tables by hour(timestamp) (and partition)
 fail_on_data_loss = true          # records deleted before the table got them stop it (false: skip them)
@@ -342,7 +343,7 @@ def load(path: str | None, overrides: dict[str, Any],
 def _sized(config: BrokerConfig, auto: set[memory.Share],
            usable: memory.UsableMemory | None) -> tuple[BrokerConfig, str]:
     """`config` with the settings in `auto` sized from `usable`, and the log line that says so."""
-    chosen: dict[str, dict[str, Any]] = {"broker": {}, "wal": {}, "dispatch": {}}
+    chosen: dict[str, dict[str, Any]] = {"broker": {}, "wal": {}, "dispatch": {}, "tables": {}}
     sized, given = [], []
     for share in memory.SHARES:
         if share in auto:
@@ -352,7 +353,8 @@ def _sized(config: BrokerConfig, auto: set[memory.Share],
         else:
             given.append((share, getattr(_section(config, share.section), share.name)))
     config = replace(config, wal=replace(config.wal, **chosen["wal"]),
-                     dispatch=replace(config.dispatch, **chosen["dispatch"]), **chosen["broker"])
+                     dispatch=replace(config.dispatch, **chosen["dispatch"]),
+                     tables=replace(config.tables, **chosen["tables"]), **chosen["broker"])
     return config, memory.describe(usable, sized, given)
 
 

@@ -52,17 +52,19 @@ class Share:
         return min(default, max(FLOOR, usable.nbytes // self.divisor))
 
 
-# Each share reaches its default (1 GiB, 256 MiB, 256 MiB) at 4 GiB of usable memory: with more, the
-# defaults are the ones every run in bench/RESULTS.md used; with less, the three together plan on 3/8 of
-# it, leaving the rest to what has no setting (the interpreter and its modules, gRPC's buffers per stream,
-# groups being written, messages being produced, up to [broker] max_message_size each) and to the page
-# cache, which a cgroup charges too. The tail cache takes the largest share (Pulsar's broker cache takes
-# 1/5 of its direct memory, apache/pulsar conf/broker.conf managedLedgerCacheSizeMB): it is what keeps
-# consumers at the tail off the disk.
+# Each share reaches its default (1 GiB, 256 MiB, 256 MiB, 256 MiB) at 4 GiB of usable memory: with more,
+# the defaults are the ones bench/RESULTS.md's runs used; with less, they plan on 7/16 of it, leaving the
+# rest to what has no setting (the interpreter and its modules, gRPC's buffers per stream, groups being
+# written, messages being produced, up to [broker] max_message_size each) and to the page cache, which a
+# cgroup charges too. A table commit holds its batches, their Arrow columns and the Parquet being written,
+# up to about three times commit_bytes while it runs (only on a broker whose topics have tables). The tail
+# cache takes the largest share (Pulsar's broker cache takes 1/5 of its direct memory, apache/pulsar
+# conf/broker.conf managedLedgerCacheSizeMB): it is what keeps consumers at the tail off the disk.
 SHARES: tuple[Share, ...] = (
     Share("wal", "cache_total_bytes", 4),
     Share("dispatch", "broker_bytes", 16),
     Share("broker", "malloc_keep_bytes", 16),
+    Share("tables", "commit_bytes", 16),
 )
 
 

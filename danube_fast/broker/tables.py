@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from danube_fast import names
-from danube_fast.broker import crashpoints
+from danube_fast.broker import crashpoints, heap
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.retention import own_policies
 from danube_fast.broker.topic import ReliableTopic
@@ -464,6 +464,7 @@ class TableWriter:
             from danube_fast.tables.catalog import open_catalog
 
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
+            heap.settle("the table libraries' import")
         return self._catalog
 
     def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:

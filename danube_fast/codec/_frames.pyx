@@ -248,21 +248,27 @@ cdef inline Py_ssize_t _head(BatchInfo* h) noexcept nogil:
     return HEADER_BYTES + h.name_len + h.addr_len + h.seq_len
 
 
-cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos, BatchInfo* h) except -1:
+cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos,
+                       BatchInfo* h) except -1 nogil:
     cdef Py_ssize_t remaining = size - pos
     cdef const unsigned char* p = buf + pos
     cdef uint16_t flags
     if remaining < HEADER_BYTES:
-        raise FrameCorrupt(f"batch is torn: needs a {HEADER_BYTES}-byte header, buffer has {remaining}", pos)
+        with gil:
+            raise FrameCorrupt(f"batch is torn: needs a {HEADER_BYTES}-byte header, buffer has {remaining}", pos)
     if p[OFF_MAGIC] != BATCH_MAGIC:
-        raise FrameCorrupt(f"bad magic 0x{p[OFF_MAGIC]:02x}, expected 0x{BATCH_MAGIC:02x}", pos)
+        with gil:
+            raise FrameCorrupt(f"bad magic 0x{p[OFF_MAGIC]:02x}, expected 0x{BATCH_MAGIC:02x}", pos)
     if p[OFF_VERSION] != BATCH_VERSION:
-        raise FrameCorrupt(f"unsupported version {p[OFF_VERSION]}, expected {BATCH_VERSION}", pos)
+        with gil:
+            raise FrameCorrupt(f"unsupported version {p[OFF_VERSION]}, expected {BATCH_VERSION}", pos)
     flags = load_u16(p + OFF_FLAGS)
     if flags & ~(CODEC_MASK | FLAG_SEQUENCED):
-        raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's and sequenced", pos)
+        with gil:
+            raise FrameCorrupt(f"batch flags 0x{flags:04x} set bits other than the codec's and sequenced", pos)
     if (flags & CODEC_MASK) > CODEC_LAST:
-        raise FrameCorrupt(f"unknown compression codec {flags & CODEC_MASK}", pos)
+        with gil:
+            raise FrameCorrupt(f"unknown compression codec {flags & CODEC_MASK}", pos)
     h.position = pos
     h.base_offset = load_u64(p + OFF_BASE_OFFSET)
     h.crc = load_u32(p + OFF_CRC)
@@ -278,28 +284,38 @@ cdef int _check_header(const unsigned char* buf, Py_ssize_t size, Py_ssize_t pos
     h.seq_len = SEQ_BYTES if flags & FLAG_SEQUENCED else 0
     h.session = h.sequence = 0
     if h.codec == CODEC_NONE and h.raw_size != 0:
-        raise FrameCorrupt(f"raw_size is {h.raw_size} in an uncompressed batch, must be 0", pos)
+        with gil:
+            raise FrameCorrupt(f"raw_size is {h.raw_size} in an uncompressed batch, must be 0", pos)
     if h.codec != CODEC_NONE and h.raw_size == 0:
-        raise FrameCorrupt("raw_size is 0 in a compressed batch", pos)
+        with gil:
+            raise FrameCorrupt("raw_size is 0 in a compressed batch", pos)
     if h.length > MAX_BATCH:
-        raise FrameCorrupt(f"batch_length {h.length} exceeds the {MAX_BATCH}-byte limit", pos)
+        with gil:
+            raise FrameCorrupt(f"batch_length {h.length} exceeds the {MAX_BATCH}-byte limit", pos)
     if <Py_ssize_t>h.length < _head(h):
-        raise FrameCorrupt(f"batch_length {h.length} is shorter than its header, names and sequence", pos)
+        with gil:
+            raise FrameCorrupt(f"batch_length {h.length} is shorter than its header, names and sequence", pos)
     if _head(h) + <Py_ssize_t>h.raw_size > MAX_BATCH:
-        raise FrameCorrupt(f"raw_size {h.raw_size} would make the batch exceed the {MAX_BATCH}-byte limit", pos)
+        with gil:
+            raise FrameCorrupt(f"raw_size {h.raw_size} would make the batch exceed the {MAX_BATCH}-byte limit", pos)
     if h.length > remaining:
-        raise FrameCorrupt(f"batch is torn: needs {h.length} bytes, buffer has {remaining}", pos)
+        with gil:
+            raise FrameCorrupt(f"batch is torn: needs {h.length} bytes, buffer has {remaining}", pos)
     if h.count == 0:
-        raise FrameCorrupt("record_count is 0", pos)
+        with gil:
+            raise FrameCorrupt("record_count is 0", pos)
     if not utf8_valid(p + HEADER_BYTES, h.name_len):
-        raise FrameCorrupt("producer name is not valid UTF-8", pos)
+        with gil:
+            raise FrameCorrupt("producer name is not valid UTF-8", pos)
     if not utf8_valid(p + HEADER_BYTES + h.name_len, h.addr_len):
-        raise FrameCorrupt("broker address is not valid UTF-8", pos)
+        with gil:
+            raise FrameCorrupt("broker address is not valid UTF-8", pos)
     if h.seq_len:
         h.session = load_u64(p + HEADER_BYTES + h.name_len + h.addr_len)
         h.sequence = load_u64(p + HEADER_BYTES + h.name_len + h.addr_len + 8)
         if h.session == 0 or h.sequence == 0:
-            raise FrameCorrupt("a sequenced batch has session or sequence 0", pos)
+            with gil:
+                raise FrameCorrupt("a sequenced batch has session or sequence 0", pos)
     return 0
 
 
@@ -312,7 +328,8 @@ cdef int _check_crc(const unsigned char* buf, BatchInfo* h) except -1:
     return 0
 
 
-cdef int _walk_records(const unsigned char* q, const unsigned char* end, BatchInfo* h, Totals* t) except -1:
+cdef int _walk_records(const unsigned char* q, const unsigned char* end, BatchInfo* h,
+                       Totals* t) except -1 nogil:
     """Check that the records [q, end) of batch `h` tile it exactly and that every text field is UTF-8."""
     cdef const unsigned char* r
     cdef const unsigned char* rend
@@ -321,15 +338,18 @@ cdef int _walk_records(const unsigned char* q, const unsigned char* end, BatchIn
     cdef uint8_t flags
     for i in range(h.count):
         if end - q < 4:
-            raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
+            with gil:
+                raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
         rlen = load_u32(q)
         q += 4
         if rlen > <size_t>(end - q) or rlen < REC_FIXED - 4:
-            raise FrameCorrupt(f"record {i} has length {rlen}, which does not fit the batch", h.position)
+            with gil:
+                raise FrameCorrupt(f"record {i} has length {rlen}, which does not fit the batch", h.position)
         rend = q + rlen
         flags = q[0]
         if flags & ~F_KNOWN:
-            raise FrameCorrupt(f"record {i} sets unknown flag bits 0x{flags:02x}", h.position)
+            with gil:
+                raise FrameCorrupt(f"record {i} sets unknown flag bits 0x{flags:02x}", h.position)
         r = q + (REC_FIXED - 4)
         if flags & F_REQUEST_ID:
             r += 8
@@ -338,38 +358,47 @@ cdef int _walk_records(const unsigned char* q, const unsigned char* end, BatchIn
         if flags & F_SCHEMA_VERSION:
             r += 4
         if r > rend:
-            raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
+            with gil:
+                raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
         if flags & F_ROUTING_KEY:
             if rend - r < 2:
-                raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
+                with gil:
+                    raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
             klen = load_u16(r)
             r += 2
             if klen > rend - r:
-                raise FrameCorrupt(f"routing key of record {i} overruns the record", h.position)
+                with gil:
+                    raise FrameCorrupt(f"routing key of record {i} overruns the record", h.position)
             if not utf8_valid(r, klen):
-                raise FrameCorrupt(f"routing key of record {i} is not valid UTF-8", h.position)
+                with gil:
+                    raise FrameCorrupt(f"routing key of record {i} is not valid UTF-8", h.position)
             if t != NULL:
                 t.key_bytes += klen
             r += klen
         if flags & F_ATTRIBUTES:
             if rend - r < 2:
-                raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
+                with gil:
+                    raise FrameCorrupt(f"record {i} overruns the batch end", h.position)
             nattrs = load_u16(r)
             r += 2
             for j in range(nattrs):
                 if rend - r < 2:
-                    raise FrameCorrupt(f"attributes of record {i} overrun the record", h.position)
+                    with gil:
+                        raise FrameCorrupt(f"attributes of record {i} overrun the record", h.position)
                 klen = load_u16(r)
                 r += 2
                 if klen > rend - r or not utf8_valid(r, klen):
-                    raise FrameCorrupt(f"attribute key of record {i} is torn or not UTF-8", h.position)
+                    with gil:
+                        raise FrameCorrupt(f"attribute key of record {i} is torn or not UTF-8", h.position)
                 r += klen
                 if rend - r < 4:
-                    raise FrameCorrupt(f"attributes of record {i} overrun the record", h.position)
+                    with gil:
+                        raise FrameCorrupt(f"attributes of record {i} overrun the record", h.position)
                 vlen = load_u32(r)
                 r += 4
                 if vlen > <size_t>(rend - r) or not utf8_valid(r, vlen):
-                    raise FrameCorrupt(f"attribute value of record {i} is torn or not UTF-8", h.position)
+                    with gil:
+                        raise FrameCorrupt(f"attribute value of record {i} is torn or not UTF-8", h.position)
                 r += vlen
                 if t != NULL:
                     t.attr_key_bytes += klen
@@ -380,7 +409,8 @@ cdef int _walk_records(const unsigned char* q, const unsigned char* end, BatchIn
             t.payload_bytes += rend - r
         q = rend
     if q != end:
-        raise FrameCorrupt(f"records end {end - q} bytes before the batch does", h.position)
+        with gil:
+            raise FrameCorrupt(f"records end {end - q} bytes before the batch does", h.position)
     if t != NULL:
         t.records += h.count
         t.producer_bytes += <Py_ssize_t>h.name_len * h.count
@@ -603,14 +633,15 @@ cdef object _maybe_compress(object batch, object compression, object level):
     return _compress(batch, codec, lvl)
 
 
-cdef int _check_all(const unsigned char* buf, Py_ssize_t size, Totals* t) except -1:
+cdef int _check_all(const unsigned char* buf, Py_ssize_t size, Totals* t) except -1 nogil:
     """Structure and records (not CRCs) of every batch of an uncompressed buffer, sizes summed into `t`."""
     cdef BatchInfo h
     cdef Py_ssize_t pos = 0
     while pos < size:
         _check_header(buf, size, pos, &h)
         if h.codec != CODEC_NONE:   # decode_arrow expands compressed batches before calling this
-            raise FrameCorrupt("compressed batch where an expanded buffer was expected", pos)
+            with gil:
+                raise FrameCorrupt("compressed batch where an expanded buffer was expected", pos)
         _walk_records(buf + pos + _head(&h), buf + pos + h.length, &h, t)
         pos += h.length
     return 0
@@ -1170,8 +1201,10 @@ def decode_arrow_chunks(bufs, bint verify=True):
             plain_verify = False
         # Sizing walks only record headers; the CRC is checked batch by batch in _fill, right before the
         # batch is copied, so the payload bytes come from DRAM once (measured: 4.0 -> 5.x GiB/s,
-        # bench/RESULTS.md).
-        _check_all(inp.ptr, inp.size, &t)
+        # bench/RESULTS.md). Without the GIL: a table commit walks a quarter of a million records here, and
+        # the broker's event loop must not wait for it.
+        with nogil:
+            _check_all(inp.ptr, inp.size, &t)
         inputs.append((inp, plain_verify))
     if t.records == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)

@@ -11,7 +11,7 @@ class TablesConfig:
     lag_ms: int = 10_000  # an acknowledged record is in its table at most about this long after
     catalog_uri: str = ""  # SQLAlchemy URI of the Iceberg SQL catalog; "" = DATA_DIR/tables/catalog.db
     warehouse: str = ""  # where table files go; "" = DATA_DIR/tables/warehouse
-    commit_bytes: int = 64 * 1024 * 1024  # record batches read for one commit, at most
+    commit_bytes: int = 256 * 1024 * 1024  # batches read for one commit, at most (the most "auto" gives)
     row_group_rows: int = 1024 * 1024  # Parquet row group: rows (pyiceberg sizes row groups by rows only)
     hour_partitions: bool = True  # partition by hour(timestamp) (and the topic's partition, when it has them)
     fail_on_data_loss: bool = True  # records gone before they reached the table stop it (false: skip, count)

@@ -204,6 +204,16 @@ def test_an_explicit_value_is_still_checked(tmp_path: Path) -> None:
         load(write(tmp_path, "[broker]\nmalloc_keep_bytes = 2147483648\n"), {}, usable=lambda: fixed(GiB))
 
 
+def test_a_table_commit_is_sized_like_the_other_budgets(tmp_path: Path) -> None:
+    assert load(None, {}, usable=lambda: fixed(GiB)).tables.commit_bytes == 64 * MiB
+    assert load(None, {}, usable=lambda: fixed(64 * GiB)).tables.commit_bytes == 256 * MiB
+    assert load(None, {}, usable=lambda: fixed(64 * MiB)).tables.commit_bytes == 16 * MiB  # the floor
+    path = write(tmp_path, '[tables]\ncommit_bytes = "auto"\n')
+    assert load(path, {}, usable=lambda: fixed(2 * GiB)).tables.commit_bytes == 128 * MiB
+    path = write(tmp_path, "[tables]\ncommit_bytes = 8388608\n")
+    assert load(path, {}, usable=lambda: fixed(2 * GiB)).tables.commit_bytes == 8 * MiB
+
+
 # The log line.
 
 def test_one_line_says_what_was_chosen_and_from_which_limit(tmp_path: Path,
@@ -213,14 +223,14 @@ def test_one_line_says_what_was_chosen_and_from_which_limit(tmp_path: Path,
         load(path, {}, usable=lambda: fixed(GiB))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory:")]
     assert lines == ["memory: 1 GiB usable (cgroup v2 limit in /sys/fs/cgroup/memory.max); sized from it: "
-                     "[wal] cache_total_bytes = 256 MiB, [broker] malloc_keep_bytes = 64 MiB; "
-                     "as configured: [dispatch] broker_bytes = 96 MiB"]
+                     "[wal] cache_total_bytes = 256 MiB, [broker] malloc_keep_bytes = 64 MiB, "
+                     "[tables] commit_bytes = 64 MiB; as configured: [dispatch] broker_bytes = 96 MiB"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="danube_fast.broker"):
         load(None, {}, usable=lambda: None)
     assert [r.getMessage() for r in caplog.records] == [
         "memory: usable memory unknown; defaults: [wal] cache_total_bytes = 1 GiB, [dispatch] broker_bytes = "
-        "256 MiB, [broker] malloc_keep_bytes = 256 MiB"]
+        "256 MiB, [broker] malloc_keep_bytes = 256 MiB, [tables] commit_bytes = 256 MiB"]
 
 
 def test_sizes_for_the_log() -> None:
