@@ -112,6 +112,10 @@ def precondition(message: str) -> ApiError:
     return ApiError("FAILED_PRECONDITION", message)
 
 
+def already_exists(message: str) -> ApiError:
+    return ApiError("ALREADY_EXISTS", message)
+
+
 def unauthenticated(message: str) -> ApiError:
     return ApiError("UNAUTHENTICATED", message)
 

@@ -19,6 +19,7 @@ from danube_fast.broker import namespaces as namespaces_
 from danube_fast.broker.broker import Broker, Listeners, Listening, Node
 from danube_fast.broker.clients import Clients, new_id
 from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.admin.subscriptions import ClusterSubscriptionAdmin
 from danube_fast.broker.cluster.admin.tables import ClusterTableAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.moves import Rebalancer
@@ -57,6 +58,7 @@ from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.proto import SecurityAdmin_pb2_grpc as security_grpc
+from danube_fast.proto import SubscriptionAdmin_pb2_grpc as subscription_grpc
 from danube_fast.proto import TableAdmin_pb2_grpc as table_grpc
 from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
@@ -158,6 +160,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             (security_grpc.add_SecurityAdminServicer_to_server, SecurityAdminService(store, cache)),
             (policy_grpc.add_PolicyAdminServicer_to_server, PolicyAdminService(ctx, store, cache)),
             (table_grpc.add_TableAdminServicer_to_server, ClusterTableAdmin(ctx, tables, view, forwarder)),
+            (subscription_grpc.add_SubscriptionAdminServicer_to_server,
+             ClusterSubscriptionAdmin(ctx, view, forwarder)),
         ]
         for add, servicer in client_services:
             register(add, servicer, client, gate)

@@ -24,9 +24,10 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import DispatchParts, Topic
-from danube_fast.errors import denied, exhausted, invalid, not_found
+from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found
 from danube_fast.meta import keys
 from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionRecord, SubscriptionType
 from danube_fast.meta.store import Delete, MetadataStore, Put
@@ -149,13 +150,52 @@ class Subscriptions:
             raise not_found(f"subscription {name!r} on {topic.full} has active consumers")
         await self.delete(topic, sub)
 
+    async def create(self, topic: Topic, name: str, kind: SubscriptionType, start: int) -> Subscription:
+        """An operator's subscription, made before its first consumer, whose first delivery is `start`
+        (earliest, latest or an offset, resolved by the caller: broker/positions.py)."""
+        reliable = topic.require_stored("only a Reliable topic keeps a position to start a subscription at")
+        names.check_name(name, "subscription", slash=False)
+        if name in reliable.subscriptions:
+            raise already_exists(f"subscription {name!r} of {topic.full} exists: move it with seek instead")
+        return await self._create_subscription(reliable, name, kind, "", start)
+
+    async def move(self, topic: Topic, sub: Subscription, offset: int) -> None:
+        """An operator's seek or skip: `sub` goes on from `offset`, persisted before anything else changes.
+        What its consumers hold goes back. Danube API consumers keep their streams and get the records from
+        `offset` on them; a fast-API stream ends with UNAVAILABLE, saying why, and its client subscribes
+        again at the new position (a batch is delivered whole, so the client must learn where to start)."""
+        reliable = topic.require_stored("only a Reliable topic keeps a position to move")
+        assert sub.cursor is not None
+        current = sub.dispatcher
+        again: Callable[[], Dispatcher]
+        if isinstance(current, BatchDispatcher):  # replaced by the same kind (kinds switch only here)
+            current.moved = (f"subscription {sub.name!r} of {topic.full} was moved to offset {offset} by an "
+                             "operator: subscribe again")
+            cursor = sub.cursor
+
+            def again() -> Dispatcher:
+                return BatchDispatcher(sub, reliable.log, self._config.dispatch, cursor, self._budget)
+        else:
+            def again() -> Dispatcher:
+                return reliable.per_message(sub, self._parts)
+        await current.close(save=False)
+        for c in sub.consumers:
+            c.drain_queue()
+            c.settled_all()
+        try:
+            await sub.cursor.move_to(offset)
+        finally:  # moved or not (the store refused the write), the subscription is served again
+            sub.dispatcher = again()
+            sub.dispatcher.consumer_changed()
+
     async def _create_subscription(self, topic: Topic, name: str, kind: SubscriptionType,
-                                   consumer_name: str) -> Subscription:
+                                   consumer_name: str, start: int | None = None) -> Subscription:
         """Persist the subscription and its start before Subscribe answers (docs/WIRE.md C.7): a new one
-        starts at the latest offset, written as the cursor `latest - 1` so that a restart cannot move it
-        forward."""
+        starts at the latest offset (or `start`), written as the cursor `start - 1` so that a restart cannot
+        move it forward."""
         ns, short = topic.name.namespace, topic.name.topic
-        start = topic.start_offset
+        if start is None:
+            start = topic.start_offset
         record = SubscriptionRecord(None, consumer_name, name, kind)
         ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
         if start > 0:
@@ -175,20 +215,25 @@ class Subscriptions:
         cursor_key = keys.subscription_cursor(topic.name.namespace, topic.name.topic, name)
 
         async def save_cursor(offset: int) -> None:
-            value = SubscriptionCursor(offset).to_json()
-            await topic.fence.write([Put(cursor_key, value)])  # fenced: a deposed owner cannot move it
+            # Fenced: a deposed owner cannot move it. No cursor means "from offset 0" (a seek back there).
+            op = Delete(cursor_key) if offset < 0 else Put(cursor_key, SubscriptionCursor(offset).to_json())
+            await topic.fence.write([op])
 
         return save_cursor
 
-    async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str) -> BatchDispatcher:
+    async def subscribe_batches(self, topic: Topic, name: str, consumer_name: str,
+                                earliest: bool = False) -> BatchDispatcher:
         """The fast API's consumer: the subscription `name` served by batches to one stream. An existing
-        per-message subscription is taken over (same cursor) when none of its consumers is active."""
+        per-message subscription is taken over (same cursor) when none of its consumers is active. A new
+        one starts at the latest offset, or at the first one kept when `earliest`."""
         reliable = topic.require_stored("the fast API consumes Reliable topics")
         names.check_name(name, "Subscribe.subscription", slash=False)
         names.check_name(consumer_name, "Subscribe.consumer_name")
         sub = reliable.subscriptions.get(name)
         if sub is None:
-            sub = await self._create_subscription(reliable, name, SubscriptionType.EXCLUSIVE, consumer_name)
+            start = reliable.log.start_offset if earliest else None
+            sub = await self._create_subscription(reliable, name, SubscriptionType.EXCLUSIVE, consumer_name,
+                                                  start)
         current = sub.dispatcher
         # Which of the two ways a Reliable subscription is served decides what a new consumer may do: the
         # switch between them is this module's, so it asks the dispatcher's type (here and in _per_message).

@@ -1,6 +1,7 @@
 """`danube-fast`: one command with a subcommand per area (`broker`; `produce` and `consume` in
 cli/messages.py; `schema ...` in cli/schemas.py; `admin metadata backup|restore`; `admin
-brokers|topics|cluster ...` in cli/admin.py; `admin namespaces|subscriptions ...` in cli/namespaces.py;
+brokers|topics|cluster ...` in cli/admin.py; `admin namespaces ...` in cli/namespaces.py;
+`admin subscriptions ...` in cli/subscriptions.py;
 `admin security ...` in cli/security.py; `admin policies ...` in cli/policies.py; `admin tables ...` in
 cli/tables.py). Every leaf sets `run`, an async function of the
 parsed arguments that returns the summary to print (a dict of fields, an admin Listing of rows, or a bare
@@ -30,6 +31,7 @@ from danube_fast.cli import namespaces as namespaces_cli
 from danube_fast.cli import policies as policies_cli
 from danube_fast.cli import schemas as schemas_cli
 from danube_fast.cli import security as security_cli
+from danube_fast.cli import subscriptions as subscriptions_cli
 from danube_fast.cli import tables as tables_cli
 from danube_fast.cli.args import positive_float
 from danube_fast.errors import DanubeError
@@ -139,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "gone (default: skip; --no-skip-ephemeral writes them without a lease)")
     admin_cli.add_parsers(admin, _leaf)
     namespaces_cli.add_parsers(admin, _leaf)
+    subscriptions_cli.add_parsers(admin, _leaf)
     security_cli.add_parsers(admin, _leaf)
     policies_cli.add_parsers(admin, _leaf)
     tables_cli.add_parsers(admin, _leaf)

@@ -1,12 +1,10 @@
-"""`danube-fast admin namespaces ...` and `admin subscriptions ...`: the namespace and subscription calls of
-danube_admin (docs/WIRE.md C.14) on a running broker's admin port, answered for the whole cluster.
+"""`danube-fast admin namespaces ...`: the namespace calls of danube_admin (docs/WIRE.md C.14) on a running
+broker's admin port, answered for the whole cluster.
 
     admin namespaces list
     admin namespaces describe NS           (its policy and its topics)
     admin namespaces create NS
     admin namespaces delete NS             (an empty namespace only)
-    admin subscriptions list /NS/TOPIC
-    admin subscriptions delete /NS/TOPIC SUB   (one without active consumers)
 
 Output: a table, or with --output json an object, as the other areas.
 """
@@ -50,21 +48,8 @@ async def _delete(args: argparse.Namespace) -> dict[str, object]:
     return {"namespace": args.namespace, "deleted": True}
 
 
-async def _subscriptions(args: argparse.Namespace) -> Listing:
-    answer = await call(args, _path("TopicAdmin", "ListSubscriptions"), pb.TopicRequest(name=args.topic),
-                        pb.SubscriptionListResponse)
-    return Listing("subscriptions", [("subscription", "SUBSCRIPTION")],
-                   [{"subscription": s} for s in answer.subscriptions], {"topic": args.topic})
-
-
-async def _unsubscribe(args: argparse.Namespace) -> dict[str, object]:
-    request = pb.SubscriptionRequest(topic=args.topic, subscription=args.subscription)
-    await call(args, _path("TopicAdmin", "Unsubscribe"), request, pb.SubscriptionResponse)
-    return {"topic": args.topic, "subscription": args.subscription, "deleted": True}
-
-
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
-    """The `namespaces` and `subscriptions` areas of `danube-fast admin`; `leaf` is main.py's."""
+    """The `namespaces` area of `danube-fast admin`; `leaf` is main.py's."""
     command = functools.partial(admin_command, leaf)
     namespaces = area(admin, "namespaces", "list, describe, create and delete namespaces")
     command(namespaces, "list", "namespaces list", _list, "list the cluster's namespaces")
@@ -74,11 +59,3 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
             ("delete", _delete, "delete a namespace that has no topics")):
         parser = command(namespaces, name, f"namespaces {name}", run, help_text)
         parser.add_argument("namespace", metavar="NS")
-
-    subscriptions = area(admin, "subscriptions", "list and delete a topic's subscriptions")
-    command(subscriptions, "list", "subscriptions list", _subscriptions,
-            "list a topic's subscriptions").add_argument("topic", metavar="/NS/TOPIC")
-    d = command(subscriptions, "delete", "subscriptions delete", _unsubscribe,
-                "delete a subscription and its cursor (refused while a consumer of it is connected)")
-    d.add_argument("topic", metavar="/NS/TOPIC")
-    d.add_argument("subscription", metavar="SUB")

@@ -49,6 +49,7 @@ class Delivery:
 
 
 CONSUME_METHOD = "/danube_fast.v1.FastConsumer/Consume"
+POSITIONS = {"latest": fast.LATEST, "earliest": fast.EARLIEST}
 
 
 def consume_method(channel: grpc.aio.Channel) -> Any:
@@ -60,7 +61,13 @@ def consume_method(channel: grpc.aio.Channel) -> Any:
 
 class FastConsumer:
     def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 0,
-                 reconnect_tries: int = 50, credentials: Credentials | None = None) -> None:
+                 reconnect_tries: int = 50, credentials: Credentials | None = None,
+                 initial_position: str = "latest") -> None:
+        """`initial_position`: where a subscription this consumer creates starts, "latest" (what is
+        published from now on) or "earliest" (the first record the topic keeps); an existing one goes on
+        from its cursor."""
+        if initial_position not in POSITIONS:
+            raise ValueError(f"initial_position must be one of {sorted(POSITIONS)}, not {initial_position!r}")
         self.topic = topic
         self.subscription = subscription
         self.name = name
@@ -69,6 +76,7 @@ class FastConsumer:
         self.reconnects = 0
         self._target = target
         self._window = window_bytes
+        self._position = POSITIONS[initial_position]
         self._reconnect_tries = reconnect_tries
         self._credentials = credentials  # TLS and token (client/credentials.py); None: plaintext
         self._channel = open_channel(target, CHANNEL_OPTIONS, credentials)
@@ -80,7 +88,8 @@ class FastConsumer:
     async def connect(cls, target: str, topic: str, subscription: str, name: str, **options: Any
                       ) -> FastConsumer:
         """Subscribe `name` to `subscription` of `topic`, asking `target` (host:port of a broker's client
-        API) where the topic is served. Options: window_bytes, reconnect_tries."""
+        API) where the topic is served. Options: window_bytes, reconnect_tries, credentials,
+        initial_position."""
         consumer = cls(target, topic, subscription, name, **options)
         try:
             await consumer._open(resubscribing=False)
@@ -191,7 +200,7 @@ class FastConsumer:
         try:
             await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
                 topic=self.topic, subscription=self.subscription, consumer_name=self.name,
-                window_bytes=self._window)))
+                window_bytes=self._window, initial_position=self._position)))
             response = await first_answer(call, "subscribed", "subscribe the consumer")
         except grpc.aio.AioRpcError as e:  # the write failed: the broker is not there (yet)
             call.cancel()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Protocol, Self, TypeVar
 
-from danube_fast.proto import DanubeAdmin_pb2, TableAdmin_pb2
+from danube_fast.proto import DanubeAdmin_pb2, SubscriptionAdmin_pb2, TableAdmin_pb2
 
 # The files whose services are called by name (the other admin services are called through their stubs).
-_BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR)
+_BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR, SubscriptionAdmin_pb2.DESCRIPTOR)
 
 
 class WireMessage(Protocol):

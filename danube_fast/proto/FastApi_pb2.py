@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rFastApi.proto\x12\x0e\x64\x61nube_fast.v1\">\n\x04Open\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x10\n\x08reliable\x18\x03 \x01(\x08\"\"\n\x05\x42\x61tch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"f\n\x0eProduceRequest\x12$\n\x04open\x18\x01 \x01(\x0b\x32\x14.danube_fast.v1.OpenH\x00\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x15.danube_fast.v1.BatchH\x00\x42\x06\n\x04kind\"/\n\x06Opened\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x04\x12\x10\n\x08reliable\x18\x02 \x01(\x08\"N\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x04\x12\x13\n\x0blast_offset\x18\x03 \x01(\x04\x12\x0f\n\x07records\x18\x04 \x01(\r\"I\n\x08Rejected\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\tretriable\x18\x04 \x01(\x08\"\x95\x01\n\x0fProduceResponse\x12(\n\x06opened\x18\x01 \x01(\x0b\x32\x16.danube_fast.v1.OpenedH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.danube_fast.v1.AckH\x00\x12,\n\x08rejected\x18\x03 \x01(\x0b\x32\x18.danube_fast.v1.RejectedH\x00\x42\x06\n\x04kind\"]\n\tSubscribe\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x15\n\rconsumer_name\x18\x03 \x01(\t\x12\x14\n\x0cwindow_bytes\x18\x04 \x01(\x04\"y\n\x0b\x41\x63knowledge\x12\x12\n\x05up_to\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\r\n\x05nacks\x18\x03 \x03(\x04\x12\x1a\n\rnack_delay_ms\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x08\n\x06_up_toB\x10\n\x0e_nack_delay_ms\"t\n\x0e\x43onsumeRequest\x12.\n\tsubscribe\x18\x01 \x01(\x0b\x32\x19.danube_fast.v1.SubscribeH\x00\x12*\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x1b.danube_fast.v1.AcknowledgeH\x00\x42\x06\n\x04kind\"7\n\nSubscribed\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\"B\n\x07Records\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x04\x12\x13\n\x0blast_offset\x18\x03 \x01(\x04\"w\n\x0f\x43onsumeResponse\x12\x30\n\nsubscribed\x18\x01 \x01(\x0b\x32\x1a.danube_fast.v1.SubscribedH\x00\x12*\n\x07records\x18\x02 \x01(\x0b\x32\x17.danube_fast.v1.RecordsH\x00\x42\x06\n\x04kind\"\x1f\n\x0eOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"<\n\x0fOffsetsResponse\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\"W\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x04\x12\x11\n\tto_offset\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\x04\"8\n\x0cReadResponse\x12(\n\x07records\x18\x01 \x01(\x0b\x32\x17.danube_fast.v1.Records2^\n\x0c\x46\x61stProducer\x12N\n\x07Produce\x12\x1e.danube_fast.v1.ProduceRequest\x1a\x1f.danube_fast.v1.ProduceResponse(\x01\x30\x01\x32^\n\x0c\x46\x61stConsumer\x12N\n\x07\x43onsume\x12\x1e.danube_fast.v1.ConsumeRequest\x1a\x1f.danube_fast.v1.ConsumeResponse(\x01\x30\x01\x32\x9d\x01\n\nFastReader\x12J\n\x07Offsets\x12\x1e.danube_fast.v1.OffsetsRequest\x1a\x1f.danube_fast.v1.OffsetsResponse\x12\x43\n\x04Read\x12\x1b.danube_fast.v1.ReadRequest\x1a\x1c.danube_fast.v1.ReadResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rFastApi.proto\x12\x0e\x64\x61nube_fast.v1\">\n\x04Open\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x10\n\x08reliable\x18\x03 \x01(\x08\"\"\n\x05\x42\x61tch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"f\n\x0eProduceRequest\x12$\n\x04open\x18\x01 \x01(\x0b\x32\x14.danube_fast.v1.OpenH\x00\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x15.danube_fast.v1.BatchH\x00\x42\x06\n\x04kind\"/\n\x06Opened\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x04\x12\x10\n\x08reliable\x18\x02 \x01(\x08\"N\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x04\x12\x13\n\x0blast_offset\x18\x03 \x01(\x04\x12\x0f\n\x07records\x18\x04 \x01(\r\"I\n\x08Rejected\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\tretriable\x18\x04 \x01(\x08\"\x95\x01\n\x0fProduceResponse\x12(\n\x06opened\x18\x01 \x01(\x0b\x32\x16.danube_fast.v1.OpenedH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.danube_fast.v1.AckH\x00\x12,\n\x08rejected\x18\x03 \x01(\x0b\x32\x18.danube_fast.v1.RejectedH\x00\x42\x06\n\x04kind\"\x98\x01\n\tSubscribe\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x15\n\rconsumer_name\x18\x03 \x01(\t\x12\x14\n\x0cwindow_bytes\x18\x04 \x01(\x04\x12\x39\n\x10initial_position\x18\x05 \x01(\x0e\x32\x1f.danube_fast.v1.InitialPosition\"y\n\x0b\x41\x63knowledge\x12\x12\n\x05up_to\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\r\n\x05nacks\x18\x03 \x03(\x04\x12\x1a\n\rnack_delay_ms\x18\x04 \x01(\rH\x01\x88\x01\x01\x42\x08\n\x06_up_toB\x10\n\x0e_nack_delay_ms\"t\n\x0e\x43onsumeRequest\x12.\n\tsubscribe\x18\x01 \x01(\x0b\x32\x19.danube_fast.v1.SubscribeH\x00\x12*\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x1b.danube_fast.v1.AcknowledgeH\x00\x42\x06\n\x04kind\"7\n\nSubscribed\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\"B\n\x07Records\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0c\x66irst_offset\x18\x02 \x01(\x04\x12\x13\n\x0blast_offset\x18\x03 \x01(\x04\"w\n\x0f\x43onsumeResponse\x12\x30\n\nsubscribed\x18\x01 \x01(\x0b\x32\x1a.danube_fast.v1.SubscribedH\x00\x12*\n\x07records\x18\x02 \x01(\x0b\x32\x17.danube_fast.v1.RecordsH\x00\x42\x06\n\x04kind\"\x1f\n\x0eOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"<\n\x0fOffsetsResponse\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\"W\n\x0bReadRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x66rom_offset\x18\x02 \x01(\x04\x12\x11\n\tto_offset\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\x04\"8\n\x0cReadResponse\x12(\n\x07records\x18\x01 \x01(\x0b\x32\x17.danube_fast.v1.Records*+\n\x0fInitialPosition\x12\n\n\x06LATEST\x10\x00\x12\x0c\n\x08\x45\x41RLIEST\x10\x01\x32^\n\x0c\x46\x61stProducer\x12N\n\x07Produce\x12\x1e.danube_fast.v1.ProduceRequest\x1a\x1f.danube_fast.v1.ProduceResponse(\x01\x30\x01\x32^\n\x0c\x46\x61stConsumer\x12N\n\x07\x43onsume\x12\x1e.danube_fast.v1.ConsumeRequest\x1a\x1f.danube_fast.v1.ConsumeResponse(\x01\x30\x01\x32\x9d\x01\n\nFastReader\x12J\n\x07Offsets\x12\x1e.danube_fast.v1.OffsetsRequest\x1a\x1f.danube_fast.v1.OffsetsResponse\x12\x43\n\x04Read\x12\x1b.danube_fast.v1.ReadRequest\x1a\x1c.danube_fast.v1.ReadResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'FastApi_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_INITIALPOSITION']._serialized_start=1477
+  _globals['_INITIALPOSITION']._serialized_end=1520
   _globals['_OPEN']._serialized_start=33
   _globals['_OPEN']._serialized_end=95
   _globals['_BATCH']._serialized_start=97
@@ -45,30 +47,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REJECTED']._serialized_end=439
   _globals['_PRODUCERESPONSE']._serialized_start=442
   _globals['_PRODUCERESPONSE']._serialized_end=591
-  _globals['_SUBSCRIBE']._serialized_start=593
-  _globals['_SUBSCRIBE']._serialized_end=686
-  _globals['_ACKNOWLEDGE']._serialized_start=688
-  _globals['_ACKNOWLEDGE']._serialized_end=809
-  _globals['_CONSUMEREQUEST']._serialized_start=811
-  _globals['_CONSUMEREQUEST']._serialized_end=927
-  _globals['_SUBSCRIBED']._serialized_start=929
-  _globals['_SUBSCRIBED']._serialized_end=984
-  _globals['_RECORDS']._serialized_start=986
-  _globals['_RECORDS']._serialized_end=1052
-  _globals['_CONSUMERESPONSE']._serialized_start=1054
-  _globals['_CONSUMERESPONSE']._serialized_end=1173
-  _globals['_OFFSETSREQUEST']._serialized_start=1175
-  _globals['_OFFSETSREQUEST']._serialized_end=1206
-  _globals['_OFFSETSRESPONSE']._serialized_start=1208
-  _globals['_OFFSETSRESPONSE']._serialized_end=1268
-  _globals['_READREQUEST']._serialized_start=1270
-  _globals['_READREQUEST']._serialized_end=1357
-  _globals['_READRESPONSE']._serialized_start=1359
-  _globals['_READRESPONSE']._serialized_end=1415
-  _globals['_FASTPRODUCER']._serialized_start=1417
-  _globals['_FASTPRODUCER']._serialized_end=1511
-  _globals['_FASTCONSUMER']._serialized_start=1513
-  _globals['_FASTCONSUMER']._serialized_end=1607
-  _globals['_FASTREADER']._serialized_start=1610
-  _globals['_FASTREADER']._serialized_end=1767
+  _globals['_SUBSCRIBE']._serialized_start=594
+  _globals['_SUBSCRIBE']._serialized_end=746
+  _globals['_ACKNOWLEDGE']._serialized_start=748
+  _globals['_ACKNOWLEDGE']._serialized_end=869
+  _globals['_CONSUMEREQUEST']._serialized_start=871
+  _globals['_CONSUMEREQUEST']._serialized_end=987
+  _globals['_SUBSCRIBED']._serialized_start=989
+  _globals['_SUBSCRIBED']._serialized_end=1044
+  _globals['_RECORDS']._serialized_start=1046
+  _globals['_RECORDS']._serialized_end=1112
+  _globals['_CONSUMERESPONSE']._serialized_start=1114
+  _globals['_CONSUMERESPONSE']._serialized_end=1233
+  _globals['_OFFSETSREQUEST']._serialized_start=1235
+  _globals['_OFFSETSREQUEST']._serialized_end=1266
+  _globals['_OFFSETSRESPONSE']._serialized_start=1268
+  _globals['_OFFSETSRESPONSE']._serialized_end=1328
+  _globals['_READREQUEST']._serialized_start=1330
+  _globals['_READREQUEST']._serialized_end=1417
+  _globals['_READRESPONSE']._serialized_start=1419
+  _globals['_READRESPONSE']._serialized_end=1475
+  _globals['_FASTPRODUCER']._serialized_start=1522
+  _globals['_FASTPRODUCER']._serialized_end=1616
+  _globals['_FASTCONSUMER']._serialized_start=1618
+  _globals['_FASTCONSUMER']._serialized_end=1712
+  _globals['_FASTREADER']._serialized_start=1715
+  _globals['_FASTREADER']._serialized_end=1872
 # @@protoc_insertion_point(module_scope)

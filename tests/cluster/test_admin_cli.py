@@ -15,6 +15,7 @@ from admin_nodes import FakeRebalancer, Node, closed_port, two_brokers
 from cluster_support import register, synced
 
 from danube_fast.broker.cluster.moves import Move
+from danube_fast.codec import frames
 from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerState, Unassigned
 from danube_fast.meta.store import MetadataStore
@@ -194,6 +195,22 @@ def test_admin_cli_namespaces_and_subscriptions(run: Any, tmp_path: Path) -> Non
                 "topic": "/ns2/held", "subscription": "audit", "deleted": True}
             assert await cli_json(y, "subscriptions", "list", "/ns2/held") == {
                 "topic": "/ns2/held", "subscriptions": []}
+
+            # SubscriptionAdmin asked of X is answered by Y, the owner.
+            await held.ready_for_batches()
+            await held.publish_batch(frames.encode_payloads([b"h-%d" % i for i in range(5)]), 5)
+            made = await cli_json(x, "subscriptions", "create", "/ns2/held", "early", "--position",
+                                  "earliest")
+            assert [(p["stored_topic"], p["to_offset"]) for p in made["positions"]] == [("/ns2/held", 0)]
+            peeked = await cli_json(x, "subscriptions", "peek", "/ns2/held", "early", "--count", "2")
+            assert [(r["offset"], r["payload"]) for r in peeked["records"]] == [(0, "h-0"), (1, "h-1")]
+            moved = await cli_json(x, "subscriptions", "seek", "/ns2/held", "early", "--offset", "3")
+            assert [(p["from_offset"], p["to_offset"], p["moved"]) for p in moved["positions"]] == [
+                (0, 3, True)]
+            described = await cli_json(x, "subscriptions", "describe", "/ns2/held", "early")
+            assert [(d["position"], d["backlog"]) for d in described["partitions"]] == [(3, 2)]
+            assert held.subscriptions["early"].cursor.low == 3  # type: ignore[union-attr]
+            await cli(x, "subscriptions", "delete", "/ns2/held", "early")
 
             await cli(x, "topics", "delete", "/ns2/held")
             await _synced(store, x, y)

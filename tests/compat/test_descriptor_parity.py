@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "danube_fast" / "proto"
 GENERATED = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 SHARED_WITH_CLIENT = ("DanubeApi", "SchemaRegistry")
-ALL_PROTOS = (*SHARED_WITH_CLIENT, "DanubeAdmin", "FastApi", "SecurityAdmin", "PolicyAdmin", "TableAdmin")
+ALL_PROTOS = (*SHARED_WITH_CLIENT, "DanubeAdmin", "FastApi", "SecurityAdmin", "PolicyAdmin", "TableAdmin",
+               "SubscriptionAdmin")
 
 FDP = descriptor_pb2.FileDescriptorProto
 FIELD = descriptor_pb2.FieldDescriptorProto

@@ -25,6 +25,8 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import SecurityAdmin_pb2 as sec_pb
 from danube_fast.proto import SecurityAdmin_pb2_grpc as sec_grpc
+from danube_fast.proto import SubscriptionAdmin_pb2 as subs_pb
+from danube_fast.proto import SubscriptionAdmin_pb2_grpc as subs_grpc
 from danube_fast.testing.broker import Broker
 from tests.compat.compat_support import rpc_error, run_async
 from tests.security.conftest import Pki
@@ -223,6 +225,31 @@ def test_rbac_denies_by_default_and_bindings_apply_at_once(jwt_broker: Broker, p
                                                                        scope="/default"))
         error = await rpc_error(create_producer(jwt_broker, pki, "/default/bobs2", bob), "after unbind")
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    run_async(scenario())
+
+
+def test_moving_a_subscription_needs_consume_and_describing_it_lookup(jwt_broker: Broker, pki: Pki) -> None:
+    carol = bearer(pki.token("carol"))
+    topic = "/default/carols"
+
+    async def call(method: str, request: Any) -> grpc.aio.AioRpcError:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{jwt_broker.admin_port}", tls(pki)) as channel:
+            stub: Untyped = subs_grpc.SubscriptionAdminStub(channel)  # type: ignore[no-untyped-call]
+            return await rpc_error(getattr(stub, method)(request, metadata=carol, timeout=10), method)
+
+    async def scenario() -> None:
+        seek = subs_pb.SeekRequest(topic=topic, subscription="s", earliest=True)
+        describe = subs_pb.DescribeRequest(topic=topic, subscription="s")
+        await security_admin(jwt_broker, pki, "PutRole", sec_pb.Role(name="looker", permissions=["Lookup"]))
+        await security_admin(jwt_broker, pki, "Bind", sec_pb.Binding(principal="carol", role="looker",
+                                                                     scope="/default"))
+        assert (await call("Describe", describe)).code() == grpc.StatusCode.NOT_FOUND  # allowed: no topic
+        error = await call("Seek", seek)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "Consume" in (error.details() or "")
+        await security_admin(jwt_broker, pki, "PutRole", sec_pb.Role(name="eater", permissions=["Consume"]))
+        await security_admin(jwt_broker, pki, "Bind", sec_pb.Binding(principal="carol", role="eater",
+                                                                     scope=topic))
+        assert (await call("Seek", seek)).code() == grpc.StatusCode.NOT_FOUND  # allowed now
     run_async(scenario())
 
 

@@ -40,6 +40,8 @@ RETRY_READ_S = 0.5  # a read that failed in a way worth retrying is tried again 
 
 
 class BatchDispatcher:
+    kind = "batches"
+
     def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, cursor: Cursor,
                  budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""
@@ -61,6 +63,8 @@ class BatchDispatcher:
         self._epoch = 0  # bumped when the stream goes: a read begun for the old stream is dropped
         self._position = 0  # bumped when a nack moves `_next` back: a read begun before is dropped
         self.stopped = False  # the broker is stopping: the holding stream ends
+        self.moved = ""  # why an operator's seek or skip replaced it: the stream ends, the client comes back
+        self._closed = False  # closed: acks the old stream still sends must not move the cursor
         self.redelivered = 0
         self.dead_lettered = 0
 
@@ -145,6 +149,7 @@ class BatchDispatcher:
         self._wake.set()
 
     async def close(self, *, save: bool = True) -> None:
+        self._closed = True
         self.stop_streams()
         self.read_ahead.drop()
         self._budget.forget(self._wake.set)
@@ -161,6 +166,8 @@ class BatchDispatcher:
     def acknowledge(self, up_to: int | None, offsets: list[int]) -> int:
         """Cumulative (`up_to`: every offset up to it) and individual acks of sent offsets; how many
         offsets became acknowledged."""
+        if self._closed:  # the cursor is another dispatcher's now (a seek), or it is being saved for good
+            return 0
         done = self._cursor.acknowledge(up_to, offsets, self._next)
         low = self._cursor.low
         while self._sent and self._sent[0][0] < low:

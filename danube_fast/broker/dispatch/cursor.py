@@ -9,7 +9,7 @@ after a restart they come again (at least once).
 
 Flush policy: the floor is written after `cursor_flush_acks` acknowledgements or `cursor_flush_ms`, whichever
 comes first (`due`), and when the dispatcher closes. Writes are serialised and only ever move the stored
-cursor forward.
+cursor forward, except an operator's move (`move_to`: seek and skip, broker/positions.py).
 
 Ownership: the dispatcher that serves the subscription calls everything here, on the event loop.
 """
@@ -89,6 +89,17 @@ class Cursor:
         if offset > self.low:
             self.low = offset
             self.acked = {o for o in self.acked if o >= offset}
+
+    async def move_to(self, offset: int) -> None:
+        """An operator moved the subscription (seek, skip): `offset` is the next to deliver, backwards too.
+        Persisted before it takes effect; the dispatcher that moves the cursor is stopped meanwhile (an ack
+        landing during the write is overwritten). A failed write raises and changes nothing."""
+        async with self._lock:
+            await self._save(offset - 1)
+            self._saved = offset - 1
+            self.low = offset
+            self.acked.clear()
+            self._acks_since_save = 0
 
     def forget_acks(self) -> int:
         """The stream that sent the acks above the floor went: they are delivered again. How many there

@@ -16,6 +16,8 @@ from danube_fast.broker.consumer import Consumer
 
 
 class Dispatcher(Protocol):
+    kind: str  # live | per_message | batches: for describing a subscription, never for branching on
+
     def notify(self) -> None:
         """The topic's log grew."""
 

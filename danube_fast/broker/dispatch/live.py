@@ -20,6 +20,8 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 
 
 class LiveDispatcher:
+    kind = "live"
+
     def __init__(self, subscription: Members, buffer: int,
                  window_bytes: int = DispatchConfig.window_bytes, budget: ByteBudget | None = None) -> None:
         """`budget`: the broker's, shared by all its dispatchers; without one, a budget of its own."""

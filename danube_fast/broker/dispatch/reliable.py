@@ -82,6 +82,8 @@ class _Pending:
 
 
 class ReliableDispatcher:
+    kind = "per_message"
+
     def __init__(self, subscription: Members, wal: ReadableLog, config: DispatchConfig, cursor: Cursor,
                  dead_letter: Callable[[pb.StreamMessage], Awaitable[None]], max_rate: int = 0,
                  budget: ByteBudget | None = None) -> None:

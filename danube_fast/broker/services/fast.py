@@ -212,8 +212,8 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 raise invalid("the first request of a Consume stream must be Subscribe")
             req = first.subscribe
             topic = self._topics.topic_for_consumer(parse_topic(req.topic))
-            batches = await self._ctx.subscriptions.subscribe_batches(topic, req.subscription,
-                                                                         req.consumer_name)
+            batches = await self._ctx.subscriptions.subscribe_batches(
+                topic, req.subscription, req.consumer_name, earliest=req.initial_position == fast.EARLIEST)
         except DanubeError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
             return
@@ -240,6 +240,8 @@ class FastConsumerService(fast_grpc.FastConsumerServicer):
                 error = reader.exception()
                 assert isinstance(error, DanubeError)
                 await context.abort(grpc.StatusCode[error.grpc_code], str(error))
+            if batches.moved:  # an operator moved the subscription: resubscribing starts at its position
+                await context.abort(grpc.StatusCode.UNAVAILABLE, batches.moved)
             if self._subscriptions.stopping or self._topics.find(topic.full) is not topic:
                 # Not the end of the subscription: the client looks the topic up and subscribes again.
                 why = "the broker is stopping" if self._subscriptions.stopping else \

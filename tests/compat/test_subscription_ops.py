@@ -1,0 +1,352 @@
+"""Day-two operations on subscriptions (docs/SUBSCRIPTIONS.md) against the broker subprocess: seek by offset,
+time, earliest, latest and shift while the official client's and our fast consumers stay connected; skip;
+peek that changes nothing; a subscription created at a position before its first consumer; the moves kept
+across a restart; partitioned topics; the CLI's JSON; and the refusals, each naming what was wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+import grpc
+import pytest
+from compat_support import Session, offsets, payloads, run_async, send_all
+from danube import SubType
+
+from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.codec import frames
+from danube_fast.proto import SubscriptionAdmin_pb2 as pb
+from danube_fast.proto import SubscriptionAdmin_pb2_grpc as pb_grpc
+from danube_fast.testing.broker import Broker, BrokerFactory
+
+CLI = [sys.executable, "-m", "danube_fast.cli.main"]
+
+
+class Admin:
+    """SubscriptionAdmin on the broker's admin port."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}")
+        self.stub: Any = pb_grpc.SubscriptionAdminStub(self.channel)  # type: ignore[no-untyped-call]
+
+    async def seek(self, topic: str, sub: str, **to: Any) -> list[pb.Position]:
+        return list((await self.stub.Seek(pb.SeekRequest(topic=topic, subscription=sub, **to),
+                                          timeout=10)).positions)
+
+    async def describe(self, topic: str, sub: str) -> pb.SubscriptionState:
+        got = await self.stub.Describe(pb.DescribeRequest(topic=topic, subscription=sub), timeout=10)
+        return got.partitions[0]
+
+    async def refused(self, method: str, request: Any) -> grpc.aio.AioRpcError:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await getattr(self.stub, method)(request, timeout=10)
+        return e.value
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def admin_cli(broker: Broker, *args: str, code: int = 0) -> Any:
+    done = subprocess.run([*CLI, "admin", "subscriptions", *args, "--admin-addr",
+                           f"127.0.0.1:{broker.admin_port}", "--output", "json"], capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == code, f"{args}: exit {done.returncode}\n{done.stdout!r}\n{done.stderr.decode()}"
+    return json.loads(done.stdout) if code == 0 else done.stderr.decode()
+
+
+async def ack_all(consumer: Any, messages: list[Any]) -> None:
+    for m in messages:
+        await consumer.ack(m)
+
+
+def test_seek_moves_connected_official_consumers_back_by_time_and_forward(broker: Broker, topic: str) -> None:
+    """An Exclusive consumer that acknowledged everything gets every record from a time on again, in order,
+    on the stream it has; then seek by offset, shift and latest; describe shows each position."""
+
+    async def scenario() -> None:
+        admin = Admin(broker)
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            sent = [b"r-%d" % i for i in range(20)]
+            for i, payload in enumerate(sent):
+                await send_all(producer, [payload])
+                if i == 9:
+                    await asyncio.sleep(0.05)  # offset 10 is the first published after a clear gap
+            got = await consumer.get_n(20)
+            assert offsets(got) == list(range(20))
+            await ack_all(consumer, got)
+            moved = await admin.seek(topic, "sub", time_ms=got[10].publish_time)
+            assert [(p.from_offset, p.to_offset, p.records, p.moved) for p in moved] == [(20, 10, -10, True)]
+            again = await consumer.get_n(10)
+            assert offsets(again) == list(range(10, 20)) and payloads(again) == sent[10:]
+            await ack_all(consumer, again)
+
+            await admin.seek(topic, "sub", offset=15)
+            again = await consumer.get_n(5)
+            assert offsets(again) == list(range(15, 20))
+            state = await admin.describe(topic, "sub")
+            assert (state.position, state.end_offset, state.type, state.served_by) == (
+                15, 20, "Exclusive", "per_message")
+            assert [(c.name, c.active) for c in state.consumers] == [("c", True)]
+            await admin.seek(topic, "sub", shift=-3)  # held messages go back: 12 on, in order
+            again = await consumer.get_n(8)
+            assert offsets(again) == list(range(12, 20))
+            await ack_all(consumer, again)
+            await asyncio.sleep(0.3)  # the acks reach the broker
+            assert (await admin.describe(topic, "sub")).position == 20
+            moved = await admin.seek(topic, "sub", earliest=True, dry_run=True)
+            assert [(p.from_offset, p.to_offset, p.records, p.moved) for p in moved] == [(20, 0, -20, False)]
+            await consumer.expect_silence(0.5)  # a dry run moves nothing
+            await admin.seek(topic, "sub", latest=True)
+            await send_all(producer, [b"after"])
+            assert payloads(await consumer.get_n(1)) == [b"after"]
+        await admin.close()
+
+    run_async(scenario())
+
+
+def test_seek_a_shared_subscription_with_two_consumers(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        admin = Admin(broker)
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            a = await s.consumer(topic, "a", "shared", SubType.SHARED)
+            b = await s.consumer(topic, "b", "shared", SubType.SHARED)
+            await send_all(producer, [b"s-%d" % i for i in range(10)])
+            got: list[Any] = []
+            while len(got) < 10:
+                for c in (a, b):
+                    while not c.queue.empty():
+                        m = c.queue.get_nowait()
+                        got.append(m)
+                        await c.ack(m)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            await admin.seek(topic, "shared", earliest=True)
+            again: list[Any] = []
+            for _ in range(100):
+                for c in (a, b):
+                    while not c.queue.empty():
+                        again.append(c.queue.get_nowait())
+                if len(again) >= 10:
+                    break
+                await asyncio.sleep(0.05)
+            assert sorted(offsets(again)) == list(range(10))
+        await admin.close()
+
+    run_async(scenario())
+
+
+def test_a_fast_consumer_follows_a_seek_and_a_skip(broker: Broker, topic: str) -> None:
+    """The fast stream ends with UNAVAILABLE saying why; FastConsumer subscribes again at the position."""
+
+    async def scenario() -> None:
+        admin = Admin(broker)
+        producer = await FastProducer.connect(broker.target, topic, "p", reliable=True)
+        for b in range(5):
+            await producer.send_batch([b"f-%d" % (b * 10 + i) for i in range(10)])
+        await producer.flush()
+        consumer = await FastConsumer.connect(broker.target, topic, "fsub", "c", initial_position="earliest")
+        assert consumer.start_offset == 0
+        stream = consumer.records()
+        first = [await asyncio.wait_for(anext(stream), 5) for _ in range(50)]
+        assert [r.offset for r in first] == list(range(50))
+        await consumer.ack_cumulative(49)
+        await asyncio.sleep(0.3)
+        await admin.seek(topic, "fsub", offset=20)
+        again = [await asyncio.wait_for(anext(stream), 10) for _ in range(30)]
+        assert [r.offset for r in again] == list(range(20, 50))
+        assert consumer.reconnects == 1 and consumer.start_offset == 20
+        state = await admin.describe(topic, "fsub")
+        assert state.served_by == "batches"
+        moved = list((await admin.stub.Skip(pb.SkipRequest(topic=topic, subscription="fsub", records=25),
+                                            timeout=10)).positions)
+        assert [(p.from_offset, p.to_offset, p.records) for p in moved] == [(20, 45, 25)]
+        rest = [await asyncio.wait_for(anext(stream), 10) for _ in range(5)]
+        assert [r.offset for r in rest] == list(range(45, 50))
+        await consumer.close()
+        await producer.close()
+        await admin.close()
+
+    run_async(scenario())
+
+
+def test_skip_and_peek_then_a_restart_keeps_the_position(broker_factory: BrokerFactory, topic: str) -> None:
+    broker = broker_factory.start()
+
+    async def fill_and_move() -> None:
+        admin = Admin(broker)
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            await consumer.close()  # the subscription exists; nobody consumes
+            await send_all(producer, [b"k-%d" % i for i in range(30)])
+        peeked = await admin.stub.Peek(pb.PeekRequest(topic=topic, subscription="sub", count=3), timeout=10)
+        assert [(r.offset, r.payload) for r in peeked.records] == [(0, b"k-0"), (1, b"k-1"), (2, b"k-2")]
+        assert peeked.records[0].producer_name == "p" and peeked.records[0].publish_time_ms > 0
+        assert (await admin.describe(topic, "sub")).position == 0  # peeking changed nothing
+        moved = await admin.stub.Skip(pb.SkipRequest(topic=topic, subscription="sub", records=12), timeout=10)
+        assert [(p.from_offset, p.to_offset) for p in moved.positions] == [(0, 12)]
+        peeked = await admin.stub.Peek(pb.PeekRequest(topic=topic, subscription="sub"), timeout=10)
+        assert [r.offset for r in peeked.records] == [12]
+        await admin.close()
+
+    run_async(fill_and_move())
+    broker.restart()
+
+    async def after_restart() -> None:
+        async with Session(broker.url) as s:
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            got = await consumer.get_n(18)
+            assert offsets(got) == list(range(12, 30))
+            await ack_all(consumer, got)
+        admin = Admin(broker)
+        moved = await admin.stub.Skip(pb.SkipRequest(topic=topic, subscription="sub", all=True), timeout=10)
+        assert [(p.to_offset, p.records) for p in moved.positions] == [(30, 0)]
+        await admin.close()
+
+    run_async(after_restart())
+
+
+def test_create_at_earliest_for_the_official_client(broker: Broker, topic: str) -> None:
+    """The official client's new subscriptions start at the end; one created first by an operator at
+    earliest (or an offset) gives the client everything from there, without a change to its wire."""
+
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            await send_all(producer, [b"e-%d" % i for i in range(8)])
+            admin = Admin(broker)
+            made = await admin.stub.Create(pb.CreateRequest(topic=topic, subscription="from-start",
+                                                            earliest=True, subscription_type=1), timeout=10)
+            assert [(p.to_offset, p.moved) for p in made.positions] == [(0, True)]
+            await admin.stub.Create(pb.CreateRequest(topic=topic, subscription="from-5", offset=5),
+                                    timeout=10)
+            error = await admin.refused("Create", pb.CreateRequest(topic=topic, subscription="from-5",
+                                                                   latest=True))
+            assert error.code() == grpc.StatusCode.ALREADY_EXISTS and "from-5" in (error.details() or "")
+            state = await admin.describe(topic, "from-start")
+            assert (state.type, state.position, state.backlog, list(state.consumers)) == ("Shared", 0, 8, [])
+            consumer = await s.consumer(topic, "c", "from-start", SubType.SHARED)
+            assert payloads(await consumer.get_n(8)) == [b"e-%d" % i for i in range(8)]
+            other = await s.consumer(topic, "d", "from-5", SubType.EXCLUSIVE)
+            assert offsets(await other.get_n(3)) == [5, 6, 7]
+            await admin.close()
+
+    run_async(scenario())
+
+
+def test_partitioned_topic_seeks_every_partition(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True, partitions=2)
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            await send_all(producer, [b"p-%d" % i for i in range(10)])
+            got = await consumer.get_n(10)
+            await ack_all(consumer, got)
+            await asyncio.sleep(0.3)
+            admin = Admin(broker)
+            moved = await admin.seek(topic, "sub", earliest=True)
+            assert [p.stored_topic for p in moved] == [f"{topic}-part-0", f"{topic}-part-1"]
+            assert sum(-p.records for p in moved) == 10
+            again = await consumer.get_n(10)
+            assert sorted(payloads(again)) == sorted(payloads(got))
+            await admin.close()
+
+    run_async(scenario())
+
+
+def test_refusals_name_what_was_wrong_and_change_nothing(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            await send_all(producer, [b"x-%d" % i for i in range(5)])
+            await ack_all(consumer, await consumer.get_n(5))
+            live = await s.producer(topic + "-live", "p")  # NonReliable
+            await s.consumer(topic + "-live", "c", "sub", SubType.EXCLUSIVE)
+            await send_all(live, [b"y"])
+        await asyncio.sleep(0.3)
+        admin = Admin(broker)
+        cases = [
+            ("Seek", pb.SeekRequest(topic=topic, subscription="sub", offset=6),
+             grpc.StatusCode.INVALID_ARGUMENT, "offset 6, outside"),
+            ("Seek", pb.SeekRequest(topic=topic, subscription="sub", shift=-6),
+             grpc.StatusCode.INVALID_ARGUMENT, "shift -6"),
+            ("Seek", pb.SeekRequest(topic=topic, subscription="sub", time_ms=2**62),
+             grpc.StatusCode.INVALID_ARGUMENT, "in the future"),
+            ("Seek", pb.SeekRequest(topic=topic, subscription="sub"), grpc.StatusCode.INVALID_ARGUMENT,
+             "needs one of"),
+            ("Seek", pb.SeekRequest(topic=topic, subscription="nope", earliest=True),
+             grpc.StatusCode.NOT_FOUND, "'nope'"),
+            ("Seek", pb.SeekRequest(topic="/default/no-such-topic", subscription="sub", earliest=True),
+             grpc.StatusCode.NOT_FOUND, "no-such-topic"),
+            ("Seek", pb.SeekRequest(topic=topic + "-live", subscription="sub", earliest=True),
+             grpc.StatusCode.FAILED_PRECONDITION, "NonReliable"),
+            ("Skip", pb.SkipRequest(topic=topic, subscription="sub"), grpc.StatusCode.INVALID_ARGUMENT,
+             "records or all"),
+            ("Peek", pb.PeekRequest(topic=topic, subscription="sub", count=1001),
+             grpc.StatusCode.INVALID_ARGUMENT, "1001"),
+            ("Create", pb.CreateRequest(topic=topic, subscription="new", offset=99),
+             grpc.StatusCode.INVALID_ARGUMENT, "offset 99"),
+            ("Create", pb.CreateRequest(topic=topic, subscription="new", subscription_type=7),
+             grpc.StatusCode.INVALID_ARGUMENT, "type 7"),
+        ]
+        for method, request, code, words in cases:
+            error = await admin.refused(method, request)
+            assert error.code() == code and words in (error.details() or ""), (method, request, error)
+        assert (await admin.describe(topic, "sub")).position == 5
+        await admin.close()
+
+    run_async(scenario())
+
+
+def test_the_cli_seeks_skips_peeks_and_describes_in_json(broker: Broker, topic: str) -> None:
+    async def fill() -> None:
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            await consumer.close()
+            await send_all(producer, [b"c-%d" % i for i in range(6)])
+
+    run_async(fill())
+    assert admin_cli(broker, "list", topic)["subscriptions"] == [{"subscription": "sub"}]
+    peeked = admin_cli(broker, "peek", topic, "sub", "--count", "2")["records"]
+    assert [(r["offset"], r["payload"], r["producer_name"]) for r in peeked] == [(0, "c-0", "p"),
+                                                                                  (1, "c-1", "p")]
+    dry = admin_cli(broker, "skip", topic, "sub", "--count", "4", "--dry-run")["positions"]
+    assert [(p["from_offset"], p["to_offset"], p["records"], p["moved"]) for p in dry] == [(0, 4, 4, False)]
+    assert admin_cli(broker, "seek", topic, "sub", "--latest")["positions"][0]["to_offset"] == 6
+    assert admin_cli(broker, "seek", topic, "sub", "--time", "2000-01-01T00:00:00")["positions"][0][
+        "to_offset"] == 0
+    described = admin_cli(broker, "describe", topic, "sub")["partitions"]
+    assert [(d["position"], d["backlog"], d["type"]) for d in described] == [(0, 6, "Exclusive")]
+    made = admin_cli(broker, "create", topic, "late", "--position", "3", "--type", "shared")["positions"]
+    assert made[0]["to_offset"] == 3
+    error = admin_cli(broker, "seek", topic, "sub", "--offset", "7", code=1)
+    assert "offset 7, outside" in error
+    assert "ISO 8601" in subprocess.run([*CLI, "admin", "subscriptions", "seek", topic, "sub", "--time", "x"],
+                                        capture_output=True, timeout=60, check=False).stderr.decode()
+
+
+def test_fast_consumer_initial_position(broker: Broker, topic: str) -> None:
+    async def scenario() -> None:
+        producer = await FastProducer.connect(broker.target, topic, "p", reliable=True)
+        await producer.send_batch([b"i-%d" % i for i in range(4)])
+        await producer.flush()
+        latest = await FastConsumer.connect(broker.target, topic, "late", "c")
+        earliest = await FastConsumer.connect(broker.target, topic, "early", "c", initial_position="earliest")
+        assert (latest.start_offset, earliest.start_offset) == (4, 0)
+        got = await asyncio.wait_for(anext(earliest.batches()), 5)
+        assert [r.payload for r in frames.decode_records(got.data)] == [b"i-%d" % i for i in range(4)]
+        with pytest.raises(ValueError, match="initial_position"):
+            FastConsumer(broker.target, topic, "x", "c", initial_position="middle")
+        for c in (latest, earliest):
+            await c.close()
+        await producer.close()
+
+    run_async(scenario())
