@@ -28,6 +28,7 @@ from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.message_ttl import MessageTtl
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import LocalPlacement, Placement
@@ -114,7 +115,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         ctx = BrokerContext(config, broker_id, topics, namespaces, topics.subscriptions, clients, placement,
                             logs, budget)
         schemas = TopicSchemas(store, SchemaRegistry(store))
-        retention = Retention(topics, namespaces, tier.objects, store, config.retention_check_ms / 1000)
+        retention = Retention(topics, namespaces, tier.objects, store, config.retention_check_ms / 1000,
+                              ttl=MessageTtl(topics.subscriptions))
         c = config.cluster
         tables = TableWriter(topics, namespaces, store, table_catalog(config), config.tables,
                              file_io(c.s3_endpoint, c.s3_region, c.s3_access_key, c.s3_secret_key))

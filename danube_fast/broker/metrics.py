@@ -59,6 +59,9 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                               _SUBSCRIPTION),
     "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic.",
                                                 _SUBSCRIPTION),
+    "danube_subscription_expired_total": ("counter", "Records message expiry (messageTTLInSeconds) "
+                                          "acknowledged for the subscription (since the topic was loaded).",
+                                          _SUBSCRIPTION),
     "danube_subscription_dropped_total": ("counter", "NonReliable messages no consumer took.", _SUBSCRIPTION),
     "danube_subscription_lag": ("gauge", "Messages not acknowledged (Reliable) or buffered (NonReliable).",
                                 _SUBSCRIPTION),
@@ -134,6 +137,8 @@ class BrokerCollector(Collector):
                 sl = (t.full, s.name)
                 d = s.dispatcher
                 add("danube_subscription_messages_out_total", sl, s.delivered)
+                if s.cursor is not None:  # Reliable: only a stored topic's records expire
+                    add("danube_subscription_expired_total", sl, s.expired)
                 add("danube_subscription_lag", sl, d.backlog)
                 add("danube_subscription_consumers", sl, sum(1 for c in s.consumers if c.active))
                 for counter, value in d.counters().items():

@@ -10,6 +10,7 @@ tail) and changes nothing; Subscriptions.move applies a position.
   producers' clocks agree; a record stamped earlier than one before it may land on either side.
 - `after_records`: the position `count` records on (offsets are not dense: a hole holds no records).
 - `peek`: the next records from a position, skipping those acknowledged one by one above it.
+- `publish_time_at`: when the record at a position was published (message expiry's check).
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ async def _batch_at(log: ReadableLog, offset: int) -> tuple[frames.BatchHeader, 
     for h in frames.scan_batches(data, verify=False):
         if h.last_offset >= offset:
             return h, data[h.position:h.end]
+    return None
+
+
+async def publish_time_at(log: ReadableLog, offset: int) -> int | None:
+    """The publish time of the first record at or after `offset` (its batch's first time); None when none is
+    committed."""
+    found = await _batch_at(log, offset)
+    if found is None:
+        return None
+    for r in frames.iter_records(found[1], verify=False):
+        if r.offset >= offset:
+            return int(r.publish_time)
     return None
 
 

@@ -9,6 +9,8 @@ broker that lost the topic deletes nothing; then the reader's descriptors and th
 new floor go, and a dead owner's gap below it is no longer waited for. The first pass after a topic is loaded
 here, and the pass after one that failed, first finish what an interrupted pass left (`expiry.finish`).
 
+The same pass applies message expiry first (broker/message_ttl.py): it moves subscriptions, deletes nothing.
+
 Owner: the broker's event loop; one Retention per broker, whose task runs one pass at a time. `state` (what
 the last pass saw of each topic: metrics) is written only by the pass.
 """
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from danube_fast.broker.message_ttl import MessageTtl
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.topic import ReliableTopic, Topic
 from danube_fast.broker.topic_registry import TopicRegistry
@@ -76,8 +79,11 @@ async def own_policies(store: MetadataStore, topics: Sequence[Topic]) -> dict[st
 
 class Retention:
     def __init__(self, topics: TopicRegistry, namespaces: Namespaces, objects: ObjectStore,
-                 store: MetadataStore, interval: float, clock: Callable[[], float] = time.time) -> None:
+                 store: MetadataStore, interval: float, clock: Callable[[], float] = time.time,
+                 ttl: MessageTtl | None = None) -> None:
+        """`ttl`: message expiry, applied by the same pass before retention (None: not applied)."""
         self._topics = topics
+        self._ttl = ttl
         self._namespaces = namespaces
         self._objects = objects
         self._store = store
@@ -107,19 +113,24 @@ class Retention:
                 log.exception("retention pass failed")
 
     async def run_pass(self) -> int:
-        """One pass over the served topics; the objects deleted."""
-        served = [t for t in self._topics.stored() if t.uploader is not None and t.log.cloud is not None]
+        """One pass over the served topics (message expiry first, then retention); the objects deleted."""
+        stored = self._topics.stored()
+        served = [t for t in stored if t.uploader is not None and t.log.cloud is not None]
         self.state = {t.full: self.state.get(t.full) or TopicRetention(
             expiry.ObjectTimes(self._objects, t.name.namespace, t.name.topic)) for t in served}
-        own = await own_policies(self._store, served)
+        own = await own_policies(self._store, stored)
         now_ms = int(self._clock() * 1000)
         deleted = 0
-        for topic in served:
+        for topic in stored:
             try:  # a namespace policy that is not valid stops retention for its topics only
                 policy = self._namespaces.topic_policy(topic.name, own.get(topic.full))
-                deleted += await self._apply(topic, policy, now_ms)
+                if self._ttl is not None:
+                    await self._ttl.apply(topic, policy.message_ttl_seconds, now_ms)
+                if topic.full in self.state:
+                    deleted += await self._apply(topic, policy, now_ms)
             except (expiry.RetentionFenced, DanubeError) as e:
-                self.state[topic.full].unfinished = True
+                if topic.full in self.state:
+                    self.state[topic.full].unfinished = True
                 log.warning("%s: retention stopped for this pass: %s", topic.full, e)
         self.passes += 1
         return deleted

@@ -27,6 +27,7 @@ class Subscription:
         self.cursor: Cursor | None = None
         self.idle_since: float | None = time.monotonic()
         self.delivered = 0  # messages taken by consumer streams, over the subscription's life
+        self.expired = 0  # records message expiry acknowledged for it, since the topic was loaded here
 
     def by_name(self, consumer_name: str) -> Consumer | None:
         for c in self.consumers:

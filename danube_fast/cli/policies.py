@@ -3,7 +3,8 @@ namespace policy reads of danube_admin.
 
     admin policies show NS | /NS/TOPIC
     admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--table MODE]
-                                      [--table-retention-minutes N] [--set KEY=N ...]
+                                      [--table-retention-minutes N] [--message-ttl-seconds N]
+                                      [--set KEY=N ...]
     admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
 
 A name starting with "/" is a topic, anything else a namespace. Output: the policy's keys, one a line (or a
@@ -58,6 +59,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes[Policy.TABLE_MODE] = args.table
     if args.table_retention_minutes is not None:
         changes["tableRetentionInMinutes"] = args.table_retention_minutes
+    if args.message_ttl_seconds is not None:
+        changes["messageTTLInSeconds"] = args.message_ttl_seconds
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not value.isdigit():
@@ -65,7 +68,7 @@ def _changes(args: argparse.Namespace) -> str:
         changes[key] = int(value)
     if not changes:
         raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
-                         "--table-retention-minutes or --set")
+                         "--table-retention-minutes, --message-ttl-seconds or --set")
     return json.dumps(changes)
 
 
@@ -109,6 +112,9 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--table-retention-minutes", type=count, metavar="N",
                    help="tableRetentionInMinutes: the table keeps rows N minutes, by publish time, whole "
                         "hours (0: as long as --retention-minutes)")
+    s.add_argument("--message-ttl-seconds", type=count, metavar="N",
+                   help="messageTTLInSeconds: records published more than N seconds ago are acknowledged "
+                        "for every subscription (0: never; docs/SUBSCRIPTIONS.md)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=N",
                    help="any other policy key, e.g. max_message_size=1048576 (repeatable)")
     command("clear", _clear, "remove a topic's own policy: it follows its namespace's again", "/NS/TOPIC")

@@ -31,8 +31,9 @@ class Policy(Resource):
     `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
     says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
     `schema`; `tableRetentionInMinutes` how long the table keeps them (absent or 0: as long as
-    `retentionTimeInMinutes` says). A topic's own policy, when it has one, is the whole policy of that topic
-    (the namespace's does not apply to it).
+    `retentionTimeInMinutes` says). `messageTTLInSeconds` (docs/SUBSCRIPTIONS.md, absent or 0: none)
+    acknowledges, on every subscription's behalf, the records published longer ago. A topic's own policy,
+    when it has one, is the whole policy of that topic (the namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -48,15 +49,18 @@ class Policy(Resource):
     retention_size_mb: int = 0
     table_mode: str = "none"
     table_retention_minutes: int = 0
+    message_ttl_seconds: int = 0
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
         "max_consumers_per_subscription", "max_consumers_per_topic", "max_message_size",
         "max_producers_per_topic", "max_publish_rate", "max_subscription_dispatch_rate",
         "max_subscriptions_per_topic")
+    # Optional non-negative integers, written only when set (0 or absent: off).
     RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
                                            "retentionSizeInMB": "retention_size_mb",
-                                           "tableRetentionInMinutes": "table_retention_minutes"}
+                                           "tableRetentionInMinutes": "table_retention_minutes",
+                                           "messageTTLInSeconds": "message_ttl_seconds"}
     TABLE_MODE: ClassVar[str] = "tableMode"
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
     KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION, TABLE_MODE)  # every JSON key a policy may set

@@ -1,7 +1,8 @@
 """Day-two operations on subscriptions (docs/SUBSCRIPTIONS.md) against the broker subprocess: seek by offset,
 time, earliest, latest and shift while the official client's and our fast consumers stay connected; skip;
 peek that changes nothing; a subscription created at a position before its first consumer; the moves kept
-across a restart; partitioned topics; the CLI's JSON; and the refusals, each naming what was wrong."""
+across a restart; partitioned topics; the CLI's JSON; message expiry; and the refusals, each naming what was
+wrong."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ import asyncio
 import json
 import subprocess
 import sys
+import urllib.request
 from typing import Any
 
 import grpc
 import pytest
 from compat_support import Session, offsets, payloads, run_async, send_all
 from danube import SubType
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.codec import frames
+from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
+from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.proto import SubscriptionAdmin_pb2 as pb
 from danube_fast.proto import SubscriptionAdmin_pb2_grpc as pb_grpc
 from danube_fast.testing.broker import Broker, BrokerFactory
@@ -350,3 +355,60 @@ def test_fast_consumer_initial_position(broker: Broker, topic: str) -> None:
         await producer.close()
 
     run_async(scenario())
+
+
+def test_message_ttl_expires_what_a_forgotten_subscription_holds(broker_factory: BrokerFactory,
+                                                                  topic: str) -> None:
+    """messageTTLInSeconds on the topic: the next retention pass acknowledges, for the subscription nobody
+    reads, the records older than the TTL, counts them in a metric, and leaves a live consumer's newer
+    records to it; retention deletes nothing for it."""
+    broker = broker_factory.start("[broker]\nretention_check_ms = 200\n")
+
+    async def scenario() -> None:
+        admin = Admin(broker)
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            forgotten = await s.consumer(topic, "f", "forgotten", SubType.EXCLUSIVE)
+            await forgotten.close()
+            live = await s.consumer(topic, "c", "live", SubType.EXCLUSIVE)
+            await send_all(producer, [b"old-%d" % i for i in range(5)])
+            assert offsets(await live.get_n(5)) == list(range(5))  # delivered, not acknowledged
+            await asyncio.sleep(1.2)
+            await send_all(producer, [b"new-%d" % i for i in range(3)])
+            assert offsets(await live.get_n(3)) == [5, 6, 7]
+            assert (await admin.describe(topic, "forgotten")).position == 0  # no TTL yet: nothing expires
+            set_ttl = subprocess.run([*CLI, "admin", "policies", "set", topic, "--message-ttl-seconds", "1",
+                                      "--admin-addr", f"127.0.0.1:{broker.admin_port}"], capture_output=True,
+                                     timeout=60, check=False)
+            assert set_ttl.returncode == 0, set_ttl.stderr.decode()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}") as channel:
+                policies: Any = policy_grpc.PolicyAdminStub(channel)  # type: ignore[no-untyped-call]
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await policies.SetTopicPolicy(policy_pb.SetTopicPolicyRequest(
+                        topic=topic, changes='{"messageTTLInSeconds": -5}'), timeout=10)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "messageTTLInSeconds" in (refused.value.details() or "")
+            for _ in range(100):
+                if (await admin.describe(topic, "forgotten")).position == 5:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await admin.describe(topic, "forgotten")).position == 5
+            assert (await admin.describe(topic, "live")).position == 5  # its unacknowledged old ones expired
+            # The live consumer is told: what it held goes back, and the next delivery is at the new position.
+            again = await live.get_n(3)
+            assert offsets(again) == [5, 6, 7]
+        await admin.close()
+        assert expired_metric(broker, topic, "forgotten") == 5
+
+    run_async(scenario())
+
+
+def expired_metric(broker: Broker, topic: str, subscription: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "danube_subscription_expired_total" and sample.labels == {
+                    "topic": topic, "subscription": subscription}:
+                return sample.value
+    return -1
