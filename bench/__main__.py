@@ -1,4 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|spark|tables|e2e|cluster|topics|chaos [--json]
+"""`python -m bench storage|meta|broker|fast|security|subscriptions|spark|tables|e2e|cluster|topics|chaos
+[--json]
 [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -58,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                                              "none, same run: the official client and our fast producer")
     _common_options(se, SECURITY_SECTION, "a fifth of the messages and batches, and 1 run unless --runs says "
                                           "otherwise", default_runs=None)
+    su = suites.add_parser("subscriptions", help="seek by time and by offset, peek and skip on a large topic "
+                                                 "(docs/SUBSCRIPTIONS.md)")
+    _common_options(su, SUBSCRIPTIONS_SECTION, f"{subscriptions_records(True):,} records instead of "
+                                               f"{subscriptions_records(False):,}, and 1 run unless --runs "
+                                               "says otherwise", default_runs=None)
     sp = suites.add_parser("spark", help="our Spark data source against Spark's Parquet scan of the same "
                                          "records and the codec alone: full scan, offset and time pruning")
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
@@ -121,6 +127,12 @@ def _topics_options(parser: argparse.ArgumentParser) -> None:
                         help=f"also rewrite the {topics.TITLE} section of bench/RESULTS.md from this run")
 
 
+def subscriptions_records(quick: bool) -> int:
+    from bench import subscriptions
+
+    return subscriptions.QUICK_RECORDS if quick else subscriptions.RECORDS
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -159,6 +171,7 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
 FAST_SECTION = "Fast API"
 SPARK_SECTION = "Spark"
 SECURITY_SECTION = "Security"
+SUBSCRIPTIONS_SECTION = "Subscription operations"
 TABLES_SECTION = "Topic tables"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
@@ -238,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         title = SECURITY_SECTION
         extra.append(security.load_line())
         found = security.run_security(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "subscriptions":
+        from bench import subscriptions
+
+        title = SUBSCRIPTIONS_SECTION
+        extra.append(subscriptions.load_line(subscriptions_records(args.quick)))
+        found = subscriptions.run_subscriptions(Options(args.runs, args.quick, args.dir))
     elif args.suite == "spark":
         from bench import spark  # here: only this suite needs pyspark and a JVM
 

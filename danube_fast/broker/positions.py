@@ -16,9 +16,13 @@ tail) and changes nothing; Subscriptions.move applies a position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from danube_fast.codec import frames
 from danube_fast.storage.tiered import ReadableLog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PROBE_BYTES = 1  # a probe reads the one batch at or after an offset
 WALK_BYTES = 1024 * 1024  # skip and peek read this much at a time
@@ -102,22 +106,33 @@ async def after_records(log: ReadableLog, start: int, count: int) -> int:
 
 async def peek(log: ReadableLog, start: int, count: int, acked: set[int] | frozenset[int] = frozenset()
                ) -> list[Peeked]:
-    """Up to `count` records from `start` on, without those in `acked`."""
+    """Up to `count` records from `start` on, without those in `acked`. A batch is decoded into Arrow
+    columns and only the records shown become Python objects (a batch may hold thousands before them)."""
     out: list[Peeked] = []
     offset, end = start, log.committed_offset
     while len(out) < count and offset < end:
-        got = await log.read(offset, WALK_BYTES)
-        if got is None:
+        found = await _batch_at(log, offset)
+        if found is None:
             break
-        data = memoryview(got[0])
-        for h in frames.scan_batches(data, verify=False):
-            if h.last_offset < offset:
+        header, batch = found
+        columns = frames.decode_arrow(batch, verify=True)
+        first = max(0, offset - header.base_offset)
+        for row in range(first, columns.num_rows):
+            at = header.base_offset + row
+            if at in acked:
                 continue
-            for r in frames.iter_records(data[h.position:h.end], verify=True):
-                if r.offset >= offset and r.offset not in acked:
-                    out.append(Peeked(r, h.producer_name))
-                    if len(out) == count:
-                        return out
-            offset = h.last_offset + 1
-        offset = max(offset, got[1])
+            out.append(Peeked(_record(columns, row, at), header.producer_name))
+            if len(out) == count:
+                return out
+        offset = header.last_offset + 1
     return out
+
+
+def _record(columns: pa.RecordBatch, row: int, offset: int) -> frames.Record:
+    """Row `row` of decode_arrow's columns as a Record."""
+    cell = {name: columns.column(name)[row].as_py() for name in
+            ("value", "key", "attributes", "schema_id", "schema_version")}
+    published = columns.column("timestamp")[row].value  # ms since the epoch, as stored
+    attributes = dict(cell["attributes"]) if cell["attributes"] is not None else None
+    return frames.Record(cell["value"], published, 0, cell["key"], attributes, cell["schema_id"],
+                         cell["schema_version"], offset)
