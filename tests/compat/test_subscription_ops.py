@@ -67,15 +67,18 @@ async def ack_all(consumer: Any, messages: list[Any]) -> None:
         await consumer.ack(m)
 
 
-def test_seek_moves_connected_official_consumers_back_by_time_and_forward(broker: Broker, topic: str) -> None:
-    """An Exclusive consumer that acknowledged everything gets every record from a time on again, in order,
-    on the stream it has; then seek by offset, shift and latest; describe shows each position."""
+@pytest.mark.parametrize("kind", [SubType.EXCLUSIVE, SubType.FAILOVER], ids=["exclusive", "failover"])
+def test_seek_moves_connected_official_consumers_back_by_time_and_forward(broker: Broker, topic: str,
+                                                                          kind: Any) -> None:
+    """An Exclusive (or Failover) consumer that acknowledged everything gets every record from a time on
+    again, in order, on the stream it has; then seek by offset, shift and latest; describe shows each
+    position."""
 
     async def scenario() -> None:
         admin = Admin(broker)
         async with Session(broker.url) as s:
             producer = await s.producer(topic, "p", reliable=True)
-            consumer = await s.consumer(topic, "c", "sub", SubType.EXCLUSIVE)
+            consumer = await s.consumer(topic, "c", "sub", kind)
             sent = [b"r-%d" % i for i in range(20)]
             for i, payload in enumerate(sent):
                 await send_all(producer, [payload])
@@ -94,8 +97,8 @@ def test_seek_moves_connected_official_consumers_back_by_time_and_forward(broker
             again = await consumer.get_n(5)
             assert offsets(again) == list(range(15, 20))
             state = await admin.describe(topic, "sub")
-            assert (state.position, state.end_offset, state.type, state.served_by) == (
-                15, 20, "Exclusive", "per_message")
+            assert (state.position, state.end_offset, state.served_by) == (15, 20, "per_message")
+            assert state.type == ("Exclusive" if kind == SubType.EXCLUSIVE else "Failover")
             assert [(c.name, c.active) for c in state.consumers] == [("c", True)]
             await admin.seek(topic, "sub", shift=-3)  # held messages go back: 12 on, in order
             again = await consumer.get_n(8)
@@ -194,6 +197,7 @@ def test_skip_and_peek_then_a_restart_keeps_the_position(broker_factory: BrokerF
         assert [(r.offset, r.payload) for r in peeked.records] == [(0, b"k-0"), (1, b"k-1"), (2, b"k-2")]
         assert peeked.records[0].producer_name == "p" and peeked.records[0].publish_time_ms > 0
         assert (await admin.describe(topic, "sub")).position == 0  # peeking changed nothing
+        assert metric(broker, "danube_subscription_redelivered_total", topic, "sub") == 0
         moved = await admin.stub.Skip(pb.SkipRequest(topic=topic, subscription="sub", records=12), timeout=10)
         assert [(p.from_offset, p.to_offset) for p in moved.positions] == [(0, 12)]
         peeked = await admin.stub.Peek(pb.PeekRequest(topic=topic, subscription="sub"), timeout=10)
@@ -398,17 +402,17 @@ def test_message_ttl_expires_what_a_forgotten_subscription_holds(broker_factory:
             again = await live.get_n(3)
             assert offsets(again) == [5, 6, 7]
         await admin.close()
-        assert expired_metric(broker, topic, "forgotten") == 5
+        assert metric(broker, "danube_subscription_expired_total", topic, "forgotten") == 5
 
     run_async(scenario())
 
 
-def expired_metric(broker: Broker, topic: str, subscription: str) -> float:
+def metric(broker: Broker, name: str, topic: str, subscription: str) -> float:
+    """A subscription's sample on the broker's metrics endpoint; -1 when it has none."""
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=5) as r:
         text = r.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "danube_subscription_expired_total" and sample.labels == {
-                    "topic": topic, "subscription": subscription}:
+            if sample.name == name and sample.labels == {"topic": topic, "subscription": subscription}:
                 return sample.value
     return -1
