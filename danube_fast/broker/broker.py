@@ -19,6 +19,7 @@ from typing import Protocol
 
 import grpc
 
+from danube_fast.broker import heap
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.metrics import MetricsServer
@@ -98,6 +99,7 @@ class Broker:
             await self.schemas.registry.load()
             await self.schemas.load(self.topics.served())
             await self.tables.prepare()
+            heap.settle("start")  # before any client or the cluster's pause detector waits on this loop
             await self.listeners.client.start()
             await self.listeners.admin.start()
             if self.listeners.metrics is not None:

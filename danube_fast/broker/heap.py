@@ -5,7 +5,8 @@ with the table libraries loaded (pyiceberg, pydantic, sqlalchemy: about 160 k ob
 on this 2-core machine under load, and every producer waiting for an ack waited that long too
 (bench/RESULTS.md, "Topic tables"). Modules, classes and the parts assembled at start live as long as the
 process, so they are collected once and then frozen (`gc.freeze`, CPython's permanent generation): later
-full passes walk only what was created since.
+full passes walk only what was created since. That first collection takes 50-200 ms, so it runs before the
+broker serves (Broker.start), and again only if a policy turns tables on later.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ log = logging.getLogger("danube_fast.broker")
 
 def settle(why: str) -> None:
     """Collect what start-up left, then move every object still alive out of the collector's passes. Called
-    once the broker serves and once more after a lazy import of a large library (`why` says which)."""
+    before the broker serves and once more after a later import of a large library (`why` says which)."""
     started = time.perf_counter()
     gc.collect()
     gc.freeze()

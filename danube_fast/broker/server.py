@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 
-from danube_fast.broker import heap
 from danube_fast.broker.assemble import StartError, assemble
 from danube_fast.broker.config import BrokerConfig
 
@@ -48,7 +47,6 @@ async def serve(config: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stopping.set)
     broker = await assemble(config)
     await broker.start()
-    heap.settle("start")
     listening = broker.listening
     host = config.broker_addr.rpartition(":")[0]
     admin_host = config.admin_addr.rpartition(":")[0]

@@ -464,7 +464,8 @@ class TableWriter:
             from danube_fast.tables.catalog import open_catalog
 
             self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
-            heap.settle("the table libraries' import")
+            if self._task is not None:  # opened while serving; at start the broker settles after prepare()
+                heap.settle("the table libraries' import")
         return self._catalog
 
     def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:
