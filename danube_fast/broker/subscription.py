@@ -7,6 +7,7 @@ whose stream is active: a consumer that went away no longer blocks a new one (v0
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from danube_fast.broker.consumer import Consumer
@@ -28,6 +29,10 @@ class Subscription:
         self.idle_since: float | None = time.monotonic()
         self.delivered = 0  # messages taken by consumer streams, over the subscription's life
         self.expired = 0  # records message expiry acknowledged for it, since the topic was loaded here
+        # Held while the dispatcher is replaced or closed (subscriptions.py): a seek, a switch between the
+        # two APIs, a delete and a topic's close each see the others' result, never a half-made one.
+        self.swapping = asyncio.Lock()
+        self.closed = False  # deleted, or its topic closed here: nothing may give it a dispatcher again
 
     def by_name(self, consumer_name: str) -> Consumer | None:
         for c in self.consumers:

@@ -26,8 +26,8 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import DispatchParts, Topic
-from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found
+from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic
+from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionRecord, SubscriptionType
 from danube_fast.meta.store import Delete, MetadataStore, Put
@@ -83,10 +83,12 @@ class Subscriptions:
         for sub in list(topic.subscriptions.values()):
             for c in list(sub.consumers):
                 self._clients.remove_consumer(c)
-            try:
-                await sub.dispatcher.close(save=save)
-            except Exception as e:
-                log.warning("closing subscription %s of %s: %s", sub.name, topic.full, e)
+            async with sub.swapping:
+                sub.closed = True
+                try:
+                    await sub.dispatcher.close(save=save)
+                except Exception as e:
+                    log.warning("closing subscription %s of %s: %s", sub.name, topic.full, e)
         topic.clear_subscriptions()
 
     async def subscribe(self, topic: Topic, req: pb.ConsumerRequest) -> int:
@@ -166,6 +168,14 @@ class Subscriptions:
         again at the new position (a batch is delivered whole, so the client must learn where to start)."""
         reliable = topic.require_stored("only a Reliable topic keeps a position to move")
         assert sub.cursor is not None
+        async with sub.swapping:
+            if sub.closed:
+                raise not_found(f"subscription {sub.name!r} of {topic.full} was deleted or its topic left "
+                                "this broker meanwhile")
+            await self._move(reliable, sub, offset)
+
+    async def _move(self, topic: ReliableTopic, sub: Subscription, offset: int) -> None:
+        assert sub.cursor is not None
         current = sub.dispatcher
         again: Callable[[], Dispatcher]
         if isinstance(current, BatchDispatcher):  # replaced by the same kind (kinds switch only here)
@@ -174,10 +184,10 @@ class Subscriptions:
             cursor = sub.cursor
 
             def again() -> Dispatcher:
-                return BatchDispatcher(sub, reliable.log, self._config.dispatch, cursor, self._budget)
+                return BatchDispatcher(sub, topic.log, self._config.dispatch, cursor, self._budget)
         else:
             def again() -> Dispatcher:
-                return reliable.per_message(sub, self._parts)
+                return topic.per_message(sub, self._parts)
         await current.close(save=False)
         for c in sub.consumers:
             c.drain_queue()
@@ -234,6 +244,14 @@ class Subscriptions:
             start = reliable.log.start_offset if earliest else None
             sub = await self._create_subscription(reliable, name, SubscriptionType.EXCLUSIVE, consumer_name,
                                                   start)
+        async with sub.swapping:
+            return await self._to_batches(reliable, sub, consumer_name)
+
+    async def _to_batches(self, reliable: ReliableTopic, sub: Subscription, consumer_name: str
+                          ) -> BatchDispatcher:
+        topic, name = reliable, sub.name
+        if sub.closed:
+            raise unavailable(f"subscription {name!r} of {topic.full} is closing here: subscribe again")
         current = sub.dispatcher
         # Which of the two ways a Reliable subscription is served decides what a new consumer may do: the
         # switch between them is this module's, so it asks the dispatcher's type (here and in _per_message).
@@ -256,6 +274,12 @@ class Subscriptions:
     async def _per_message(self, topic: Topic, sub: Subscription) -> None:
         """A Danube API consumer joins a subscription last served by batches: back to per-message
         dispatch from the same cursor, unless a fast consumer still streams from it."""
+        async with sub.swapping:
+            await self._to_per_message(topic, sub)
+
+    async def _to_per_message(self, topic: Topic, sub: Subscription) -> None:
+        if sub.closed:
+            raise unavailable(f"subscription {sub.name!r} of {topic.full} is closing here: subscribe again")
         current = sub.dispatcher
         if not isinstance(current, BatchDispatcher):  # served per message already (see subscribe_batches)
             return
@@ -277,7 +301,9 @@ class Subscriptions:
         for c in list(sub.consumers):
             self._clients.remove_consumer(c)
         topic.remove_subscription(sub.name)
-        await sub.dispatcher.close(save=False)
+        async with sub.swapping:
+            sub.closed = True
+            await sub.dispatcher.close(save=False)
 
     async def _reap_idle(self) -> None:
         """NonReliable subscriptions without an active consumer for `idle_subscription_ms` go (C.9): nothing

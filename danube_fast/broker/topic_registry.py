@@ -110,10 +110,12 @@ class TopicRegistry:
             c.end_streams()
         for topic in self._topics.values():
             for sub in topic.subscriptions.values():
-                try:
-                    await sub.dispatcher.close()
-                except Exception as e:  # keep closing the others; the WAL still holds the data
-                    log.error("closing subscription %s on %s: %s", sub.name, topic.full, e)
+                async with sub.swapping:  # a seek in progress ends first
+                    sub.closed = True
+                    try:
+                        await sub.dispatcher.close()
+                    except Exception as e:  # keep closing the others; the WAL still holds the data
+                        log.error("closing subscription %s on %s: %s", sub.name, topic.full, e)
             await self._close_storage(topic)
 
     # -- loading -------------------------------------------------------------------------------------
