@@ -36,7 +36,9 @@ from urllib.parse import urlparse
 from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
 
 if TYPE_CHECKING:
+    from pyarrow import fs as pafs
     from pyiceberg.catalog import Catalog
+    from pyiceberg.io import FileIO
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
@@ -134,24 +136,26 @@ def expire(table: Table, keep_ms: int, now: float | None = None) -> int:
 
 
 def referenced(table: Table) -> set[str]:
-    """Every file the table's metadata names: metadata files, manifest lists, manifests, data files."""
+    """Every file the table's metadata names: metadata files, manifest lists, manifests, and the data files
+    live in a snapshot it keeps. A file a kept snapshot lists only as deleted (what compaction or retention
+    replaced) is named by no reader's plan once the snapshots that still held it expired."""
     names = {table.metadata_location, *(e.metadata_file for e in table.metadata.metadata_log)}
     for snapshot in table.metadata.snapshots:
         names.add(snapshot.manifest_list)
         for manifest in snapshot.manifests(table.io):
             names.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                 names.add(entry.data_file.file_path)
     return {_key(n) for n in names}
 
 
 def sweep(table: Table, grace_ms: int, now: float | None = None) -> int:
     """Delete the files under the table's location that its metadata does not name, older than `grace_ms`;
-    how many. Only for tables on a file system pyarrow opens from the location's URI."""
+    how many."""
     from pyarrow import fs
 
     keep = referenced(table)
-    filesystem, root = fs.FileSystem.from_uri(table.location())
+    filesystem, root = _file_system(table.io, table.location())
     cutoff = (time.time() if now is None else now) - grace_ms / 1000
     deleted = 0
     for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True)):
@@ -170,11 +174,11 @@ def drop(catalog: Catalog, identifier: tuple[str, str]) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
-        location = catalog.load_table(identifier).location()
+        table = catalog.load_table(identifier)
         catalog.drop_table(identifier)
     except NoSuchTableError:  # another broker dropped it first
         return 0
-    filesystem, root = fs.FileSystem.from_uri(location)
+    filesystem, root = _file_system(table.io, table.location())
     deleted = 0
     for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True)):
         if info.type == fs.FileType.File:
@@ -184,6 +188,19 @@ def drop(catalog: Catalog, identifier: tuple[str, str]) -> int:
     with contextlib.suppress(OSError):  # the folders of a local warehouse (S3 has none to delete)
         filesystem.delete_dir(root)
     return deleted
+
+
+def _file_system(io: FileIO, location: str) -> tuple[pafs.FileSystem, str]:
+    """The file system holding `location`, opened with the table's FileIO settings (an S3 warehouse's
+    endpoint and keys, which pyarrow's own `from_uri` would not know), and the path in it."""
+    from pyarrow import fs
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    if isinstance(io, PyArrowFileIO):
+        scheme, netloc, path = PyArrowFileIO.parse_location(location, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    filesystem, path = fs.FileSystem.from_uri(location)
+    return filesystem, str(path)
 
 
 def _key(name: str) -> str:

@@ -20,7 +20,9 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 
 from danube_fast.meta.embedded import EmbeddedStore
+from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.tables import catalog, commit, envelope
+from danube_fast.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 TOPIC = "/default/orders"
 
@@ -222,3 +224,45 @@ def test_a_dropped_table_leaves_the_catalog_and_its_folder_and_the_others_stay( 
     assert cat.list_tables("default") == [("default", "kept")]
     assert maintenance.drop(cat, ("default", "gone")) == 0  # dropped already (another broker): nothing to do
     assert offsets_in(cat.load_table(("default", "kept"))) == list(range(100))
+
+
+def test_maintenance_on_an_s3_warehouse_sweeps_and_drops_there(moto_server: MotoServer,
+                                                                 tmp_path: Path) -> None:
+    """The orphan sweep and a drop list and delete through the table's own FileIO settings (the S3
+    endpoint and keys of the warehouse), not pyarrow's defaults, which would go to AWS."""
+    from danube_fast.tables import maintenance
+
+    bucket = moto_server.create_bucket()
+    io = catalog.file_io(moto_server.endpoint, REGION, ACCESS_KEY, SECRET_KEY)
+    location = TableCatalog(uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"s3://{bucket}/tables",
+                            kind="sql")
+    cat = catalog.open_catalog(location, io=io)
+    table = catalog.load_or_create(cat, "default", "on_s3", False, True, 1 << 20)
+    for low in range(0, 300, 100):
+        commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
+    table = cat.load_table(("default", "on_s3"))
+    assert maintenance.compact(table, maintenance.small_groups(table, 64 << 20, 2)[0]) == 1
+    table = cat.load_table(("default", "on_s3"))
+    assert maintenance.expire(table, keep_ms=0) == 3
+    table = cat.load_table(("default", "on_s3"))
+    assert maintenance.sweep(table, grace_ms=0) >= 3  # the three files compaction replaced, at least
+    listed = s3_keys(moto_server.endpoint, bucket)
+    parquet = {k for k in listed if k.endswith(".parquet")}
+    assert parquet == {t.file.file_path.removeprefix("s3://" + bucket + "/")
+                       for t in table.scan().plan_files()}
+    assert offsets_in(table) == list(range(300))
+    assert maintenance.drop(cat, ("default", "on_s3")) == len([k for k in listed if not k.endswith("/")])
+    # Nothing of the table is left, not even the folder markers pyarrow wrote (the namespace's stays).
+    assert s3_keys(moto_server.endpoint, bucket) == ["tables/default/"]
+
+
+def s3_keys(endpoint: str, bucket: str) -> list[str]:
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                          aws_secret_access_key=SECRET_KEY)
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+    finally:
+        client.close()
