@@ -135,6 +135,8 @@ retention_time_minutes = 0        # retentionTimeInMinutes: records older than t
 retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
 table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
 table_retention_minutes = 0       # tableRetentionInMinutes: the table keeps rows this long; 0 = as the topic
+table_retention_size_mb = 0       # tableRetentionSizeInMB: the table's oldest whole hours go beyond this many
+                                  # MiB of files; 0 = as the topic (retention_size_mb)
 message_ttl_seconds = 0           # messageTTLInSeconds: records older than this are acknowledged for every
                                   # subscription (docs/SUBSCRIPTIONS.md); 0 = never
 ```

@@ -130,7 +130,8 @@ class TableWriter:
         self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
         self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
-        self._retention: dict[str, int] = {}  # stored topic -> its table's retention (ms; 0: none)
+        # stored topic -> its table's retention: (ms, bytes), 0 for no limit
+        self._retention: dict[str, tuple[int, int]] = {}
         self._modes_read = 0.0
         self._maintained: dict[str, float] = {}  # table identifier -> when it was last maintained
         self._dropped_at = 0.0  # when deleted topics' tables were last looked for ([tables] drop_with_topic)
@@ -203,7 +204,8 @@ class TableWriter:
                 any(t.full not in self._modes for t in served):
             policies = await self._policies(served)
             self._modes = {name: p.table_mode for name, p in policies.items()}
-            self._retention = {name: p.table_retention_ms for name, p in policies.items()}
+            self._retention = {name: (p.table_retention_ms, p.table_retention_bytes)
+                               for name, p in policies.items()}
             self._modes_read = now
         wanted = [t for t in served if self._modes.get(t.full, "none") != "none"]
         for gone in set(self._tables) - {t.full for t in wanted}:
@@ -220,7 +222,7 @@ class TableWriter:
                 more = await self._write(topic, entry)
                 behind |= more
                 if not more:
-                    await self._maintain(entry, self._retention.get(topic.full, 0))
+                    await self._maintain(entry, self._retention.get(topic.full, (0, 0)))
                 entry.status.error = ""
             except (DataLost, TableAhead, ModeMismatch) as e:
                 entry.status.stopped = str(e)
@@ -376,13 +378,13 @@ class TableWriter:
             status.behind_since = None
         return more
 
-    async def _maintain(self, entry: _Table, retention_ms: int) -> None:
+    async def _maintain(self, entry: _Table, retention: tuple[int, int]) -> None:
         """Retention, compaction, expiry and the sweep of the entry's table, and of its dead-letter table,
         when due (each table once per maintenance_ms, whichever of its stored topics comes first)."""
         from danube_fast.tables import commit
 
         if entry.table is not None:
-            got = await self._maintain_table(entry.table, entry.status.table, retention_ms)
+            got = await self._maintain_table(entry.table, entry.status.table, retention)
             if got is not None:
                 entry.table, compacted = got
                 state = commit.state(entry.table)
@@ -391,11 +393,12 @@ class TableWriter:
                     state.metadata_location, state.files, state.bytes)
         if entry.dead_letters is not None:
             got = await self._maintain_table(entry.dead_letters, ".".join(entry.dead_letters.name()),
-                                             retention_ms)
+                                             retention)
             if got is not None:
                 entry.dead_letters = got[0]
 
-    async def _maintain_table(self, table: Table, name: str, retention_ms: int) -> tuple[Table, int] | None:
+    async def _maintain_table(self, table: Table, name: str, retention: tuple[int, int]
+                              ) -> tuple[Table, int] | None:
         """`table` maintained and reloaded, with how many files compaction replaced; None when not due."""
         now = self._clock()
         if now - self._maintained.get(name, 0.0) < self._config.maintenance_ms / 1000:
@@ -404,8 +407,9 @@ class TableWriter:
         from danube_fast.tables import maintenance
 
         c = self._config
-        done = await self._in_thread(maintenance.maintain, table, c.target_file_bytes, c.compact_min_files,
-                                       c.snapshot_keep_ms, c.orphan_grace_ms, retention_ms)
+        done = await self._in_thread(functools.partial(
+            maintenance.maintain, table, c.target_file_bytes, c.compact_min_files, c.snapshot_keep_ms,
+            c.orphan_grace_ms, retention_ms=retention[0], retention_bytes=retention[1]))
         if done.compacted_files or done.expired_snapshots or done.swept_files or done.retained_files:
             log.info("%s: retention removed %d files, compacted %d files into %d, expired %d snapshots, "
                      "swept %d files", name, done.retained_files, done.compacted_files, done.written_files,

@@ -3,7 +3,8 @@ namespace policy reads of danube_admin.
 
     admin policies show NS | /NS/TOPIC
     admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--table MODE]
-                                      [--table-retention-minutes N] [--message-ttl-seconds N]
+                                      [--table-retention-minutes N] [--table-retention-mb N]
+                                      [--message-ttl-seconds N]
                                       [--set KEY=N ...]
     admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
 
@@ -59,6 +60,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes[Policy.TABLE_MODE] = args.table
     if args.table_retention_minutes is not None:
         changes["tableRetentionInMinutes"] = args.table_retention_minutes
+    if args.table_retention_mb is not None:
+        changes["tableRetentionSizeInMB"] = args.table_retention_mb
     if args.message_ttl_seconds is not None:
         changes["messageTTLInSeconds"] = args.message_ttl_seconds
     for item in args.set:
@@ -68,7 +71,7 @@ def _changes(args: argparse.Namespace) -> str:
         changes[key] = int(value)
     if not changes:
         raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
-                         "--table-retention-minutes, --message-ttl-seconds or --set")
+                         "--table-retention-minutes, --table-retention-mb, --message-ttl-seconds or --set")
     return json.dumps(changes)
 
 
@@ -112,6 +115,9 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--table-retention-minutes", type=count, metavar="N",
                    help="tableRetentionInMinutes: the table keeps rows N minutes, by publish time, whole "
                         "hours (0: as long as --retention-minutes)")
+    s.add_argument("--table-retention-mb", type=count, metavar="N",
+                   help="tableRetentionSizeInMB: the table's oldest whole hours go while its files hold more "
+                        "than N MiB (0: as --retention-mb)")
     s.add_argument("--message-ttl-seconds", type=count, metavar="N",
                    help="messageTTLInSeconds: records published more than N seconds ago are acknowledged "
                         "for every subscription (0: never; docs/SUBSCRIPTIONS.md)")

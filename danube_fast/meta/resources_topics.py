@@ -30,10 +30,11 @@ class Policy(Resource):
     kept under the names upstream Danube's layout and Pulsar use, `retentionTimeInMinutes` and
     `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
     says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
-    `schema`; `tableRetentionInMinutes` how long the table keeps them (absent or 0: as long as
-    `retentionTimeInMinutes` says). `messageTTLInSeconds` (docs/SUBSCRIPTIONS.md, absent or 0: none)
-    acknowledges, on every subscription's behalf, the records published longer ago. A topic's own policy,
-    when it has one, is the whole policy of that topic (the namespace's does not apply to it).
+    `schema`; `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long and how much the table keeps
+    (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say). `messageTTLInSeconds`
+    (docs/SUBSCRIPTIONS.md, absent or 0: none) acknowledges, on every subscription's behalf, the records
+    published longer ago. A topic's own policy, when it has one, is the whole policy of that topic (the
+    namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -49,6 +50,7 @@ class Policy(Resource):
     retention_size_mb: int = 0
     table_mode: str = "none"
     table_retention_minutes: int = 0
+    table_retention_size_mb: int = 0
     message_ttl_seconds: int = 0
     extra: JSONObject = field(default_factory=dict, hash=False)
 
@@ -60,6 +62,7 @@ class Policy(Resource):
     RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
                                            "retentionSizeInMB": "retention_size_mb",
                                            "tableRetentionInMinutes": "table_retention_minutes",
+                                           "tableRetentionSizeInMB": "table_retention_size_mb",
                                            "messageTTLInSeconds": "message_ttl_seconds"}
     TABLE_MODE: ClassVar[str] = "tableMode"
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
@@ -89,6 +92,11 @@ class Policy(Resource):
     def table_retention_ms(self) -> int:
         """How long the topic's table keeps a record (by publish time); 0: for ever."""
         return (self.table_retention_minutes or self.retention_time_minutes) * 60_000
+
+    @property
+    def table_retention_bytes(self) -> int:
+        """How many bytes of data files the topic's table keeps at most (whole hours); 0: no limit."""
+        return (self.table_retention_size_mb or self.retention_size_mb) * 1024 * 1024
 
     def merged(self, changes: JSON, where: str) -> Self:
         """This policy with the fields `changes` (an object of some of its JSON keys) sets; BadValue naming

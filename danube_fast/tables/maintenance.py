@@ -59,7 +59,48 @@ def retain(table: Table, retention_ms: int, now: float | None = None) -> int:
     """Delete the rows published before `retention_ms` ago, rounded down to the hour; the files removed.
     Raises pyiceberg's CommitFailedException when another commit landed first."""
     cutoff_us = int(((time.time() if now is None else now) * 1000 - retention_ms) * 1000)
-    cutoff_us -= cutoff_us % US_PER_HOUR
+    return _delete_before(table, cutoff_us - cutoff_us % US_PER_HOUR)
+
+
+def retain_size(table: Table, max_bytes: int) -> int:
+    """While the table's data files hold more than `max_bytes`, delete its oldest whole hour of rows (by
+    publish time), never the newest hour; the files removed. Files are dated by their largest publish time
+    (the column statistics): with hour partitions each file is in one hour, and a whole hour goes in one
+    metadata-only delete. Raises pyiceberg's CommitFailedException when another commit landed first."""
+    by_hour: dict[int, int] = defaultdict(int)  # hour (µs since the epoch) -> bytes of files ending in it
+    for task in table.scan().plan_files():
+        f = task.file
+        newest = _newest_us(table, f)
+        if newest is None:
+            return 0  # a file without statistics: its rows cannot be dated, so nothing is cut by size
+        by_hour[newest - newest % US_PER_HOUR] += f.file_size_in_bytes
+    hours = sorted(by_hour)
+    total = sum(by_hour.values())
+    keep_from = None
+    for hour in hours[:-1]:
+        if total <= max_bytes:
+            break
+        total -= by_hour[hour]
+        keep_from = hour + US_PER_HOUR
+    if keep_from is None:
+        return 0
+    return _delete_before(table, keep_from)
+
+
+def _newest_us(table: Table, f: DataFile) -> int | None:
+    """The largest publish time (µs) in data file `f`, from its upper bound statistic."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import PrimitiveType
+
+    field = table.schema().find_field("timestamp")
+    bound = (f.upper_bounds or {}).get(field.field_id)
+    assert isinstance(field.field_type, PrimitiveType)  # the envelope's timestamp column
+    return None if bound is None else int(from_bytes(field.field_type, bound))
+
+
+def _delete_before(table: Table, cutoff_us: int) -> int:
+    """Delete the rows published before `cutoff_us` (an hour boundary), keeping the table's offsets in the
+    snapshot; the files removed."""
     older = f"timestamp < '{datetime.datetime.fromtimestamp(cutoff_us / 1e6, tz=datetime.UTC).isoformat()}'"
     doomed = [t.file for t in table.scan(row_filter=older).plan_files()]
     if not doomed:
@@ -210,17 +251,20 @@ def _key(name: str) -> str:
 
 
 def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grace_ms: int,
-             retention_ms: int = 0, max_groups: int = 4) -> Done:
-    """One maintenance round: retention (when `retention_ms`), compact up to `max_groups` groups of small
-    files, expire, sweep. A step that lost a race to another commit is left for the next round."""
+             retention_ms: int = 0, max_groups: int = 4, retention_bytes: int = 0) -> Done:
+    """One maintenance round: retention (by time when `retention_ms`, by size when `retention_bytes`),
+    compact up to `max_groups` groups of small files, expire, sweep. A step that lost a race to another
+    commit is left for the next round."""
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     retained = 0
-    if retention_ms:
-        try:
-            retained = retain(table, retention_ms)
-        except (CommitFailedException, ValidationException):
-            table = table.refresh()
+    for cut, limit in ((retain, retention_ms), (retain_size, retention_bytes)):
+        if limit:
+            try:
+                retained += cut(table, limit)
+                table = table.refresh()
+            except (CommitFailedException, ValidationException):
+                table = table.refresh()
     compacted = written = 0
     for group in small_groups(table, target_bytes, min_files)[:max_groups]:
         try:

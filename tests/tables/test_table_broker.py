@@ -153,8 +153,10 @@ def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None
     produce(broker, "/default/plain", 0, 10)
     assert "NOT_FOUND" in admin(broker, "tables", "status", "/default/missing", code=1)
     assert "has no table" in admin(broker, "tables", "status", "/default/plain", code=1)
-    kept = admin(broker, "policies", "set", "/default/plain", "--table-retention-minutes", "1440")
-    assert kept["tableRetentionInMinutes"] == 1440 and kept.get("tableMode") is None
+    kept = admin(broker, "policies", "set", "/default/plain", "--table-retention-minutes", "1440",
+                 "--table-retention-mb", "512")
+    assert kept["tableRetentionInMinutes"] == 1440 and kept["tableRetentionSizeInMB"] == 512
+    assert kept.get("tableMode") is None
     bad = subprocess.run([*CLI, "admin", "policies", "set", "/default/plain", "--table", "parquet"],
                          capture_output=True, timeout=60, check=False)
     assert bad.returncode == 2 and b"invalid choice" in bad.stderr

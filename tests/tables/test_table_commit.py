@@ -209,6 +209,29 @@ def test_retention_drops_whole_old_hours_and_keeps_the_offsets(cat) -> None:  # 
     assert maintenance.retain(table, retention_ms=24 * 3_600_000) == 0  # nothing more is that old
 
 
+def test_size_retention_drops_the_oldest_whole_hours_never_the_newest(cat) -> None:  # type: ignore[no-untyped-def]
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    for hour in range(3):  # three hours two hours apart, a file each
+        part = rows(TOPIC, -1, hour * 100, hour * 100 + 100)
+        stamps = [1_700_000_000_000_000 + hour * 7_200_000_000 + i for i in range(100)]
+        part = part.set_column(5, "timestamp", pa.array(stamps, pa.timestamp("us", tz="UTC")))
+        commit.append_range(table, TOPIC, hour * 100, hour * 100 + 100, part)
+        if hour == 0:
+            [oldest] = [t.file.file_size_in_bytes for t in table.scan().plan_files()]
+    total = sum(t.file.file_size_in_bytes for t in table.scan().plan_files())
+    assert maintenance.retain_size(table, total) == 0  # within the limit
+    assert maintenance.retain_size(table, total - oldest) == 1  # the oldest hour's file
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(100, 300))
+    assert maintenance.retain_size(table, 1) == 1  # the middle hour; the newest stays whatever its size
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(200, 300))
+    assert maintenance.retain_size(table, 1) == 0
+    assert catalog.committed_offsets(table) == {TOPIC: 300}
+
+
 def test_a_dropped_table_leaves_the_catalog_and_its_folder_and_the_others_stay(  # type: ignore[no-untyped-def]
         cat) -> None:
     from danube_fast.tables import maintenance
