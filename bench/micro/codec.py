@@ -73,6 +73,36 @@ def decode_arrow_rate(buf: bytes, verify: bool, budget_s: float) -> float:
     return calls * len(buf) / elapsed
 
 
+def distinct_batches(batches: int, records: int, payload_bytes: int) -> bytes:
+    """Like batches_buffer, but every record's payload is its own random bytes: records repeated from one
+    batch to the next would let Parquet's dictionary encoding store them once."""
+    return b"".join(frames.encode_payloads(make_payloads(records, payload_bytes), publish_time=PUBLISH_TIME,
+                                           producer_name="bench", base_offset=i * records)
+                    for i in range(batches))
+
+
+def table_file(buf: bytes, directory: str) -> str:
+    """The records of `buf` as a topic table holds them (the envelope's columns, zstd; docs/TABLES.md):
+    the Parquet file's path."""
+    import pyarrow.parquet as pq
+
+    from danube_fast.tables.envelope import rows_of
+
+    records = sum(h.record_count for h in frames.scan_batches(buf, verify=False))
+    path = os.path.join(directory, "table.parquet")
+    pq.write_table(rows_of([memoryview(buf)], 0, records, "/default/bench", -1), path, compression="zstd")
+    return path
+
+
+def parquet_read_rate(path: str, nbytes: int, budget_s: float) -> float:
+    """Bytes/s of record batches (`nbytes` of them in the file) read back from the table's Parquet file
+    into Arrow."""
+    import pyarrow.parquet as pq
+
+    calls, elapsed = time_calls(lambda: pq.read_table(path), budget_s)
+    return calls * nbytes / elapsed
+
+
 def crc32c_rate(data: bytes, budget_s: float) -> float:
     calls, elapsed = time_calls(lambda: frames.crc32c(data), budget_s)
     return calls * len(data) / elapsed

@@ -95,7 +95,7 @@ def run_storage(options: Options) -> list[Result]:
     sizes = Sizes.of(options.quick)
     scratch = tempfile.mkdtemp(prefix="danube-bench-", dir=options.parent_dir)
     try:
-        cpu = codec_figures(options.runs, sizes.cpu_budget_s)
+        cpu = codec_figures(options.runs, sizes.cpu_budget_s, scratch)
         index = index_figures(scratch, options.runs, sizes.cpu_budget_s)
         wal = wal_figures(scratch, options.runs, sizes.write_bytes)
         cold = cold_read_figures(scratch, options.runs, sizes.write_bytes * 4)
@@ -184,13 +184,17 @@ def _run_wal(w: WalWorkload, batch: bytes, directory: str, write_bytes: int) -> 
 # -- CPU: codec and CRC ---------------------------------------------------------------------------------
 
 
-def codec_figures(runs: int, budget_s: float) -> list[Result]:
+def codec_figures(runs: int, budget_s: float, scratch: str) -> list[Result]:
     payloads = codec.make_payloads(1000, 256)
     records = codec.make_records(payloads)
     buf_256 = codec.batches_buffer(64, 1000, 256)
     buf_1k = codec.batches_buffer(64, 1000, 1024)
     crc_data = os.urandom(64 * MIB)
     text = {c: codec.batches_buffer(64, 1000, 256, text=True, compression=c) for c in ("none", "zstd", "lz4")}
+    # The same distinct records as WAL batches and as a topic table's Parquet file: what the Spark source
+    # would gain by reading a table's files instead of the topic's objects (docs/TABLES.md).
+    distinct = codec.distinct_batches(64, 1000, 256)
+    table_path = codec.table_file(distinct, scratch)
     encode_target = Target(">= 3,000,000 records/s", ">=", 3_000_000)
     decode_target = Target(">= 4 GiB/s", ">=", 4.0)
     rows: dict[str, list[float]] = {}
@@ -210,6 +214,8 @@ def codec_figures(runs: int, budget_s: float) -> list[Result]:
         measure("zlib_crc32", codec.zlib_crc32_rate(crc_data, budget_s / 2) / GIB)
         for c, buf in text.items():
             measure(f"decode_arrow_{c}_text_records", codec.decode_arrow_records_rate(buf, budget_s))
+        measure("decode_arrow_distinct", codec.decode_arrow_rate(distinct, True, budget_s) / GIB)
+        measure("table_parquet_read", codec.parquet_read_rate(table_path, len(distinct), budget_s) / GIB)
     plain = rows["decode_arrow_none_text_records"]  # the same text-like records, not compressed
     return [
         Result("encode_batch_records", "records/s", median(rows["encode_batch_records"]), runs,
@@ -226,6 +232,9 @@ def codec_figures(runs: int, budget_s: float) -> list[Result]:
                runs),
         *[Result(name, "records/s", median(rows[name]), runs, median(plain), paired_ratio(rows[name], plain))
           for name in ("decode_arrow_zstd_text_records", "decode_arrow_lz4_text_records")],
+        Result("table_parquet_read", "GiB/s", median(rows["table_parquet_read"]), runs,
+               median(rows["decode_arrow_distinct"]),
+               paired_ratio(rows["table_parquet_read"], rows["decode_arrow_distinct"])),
     ]
 
 
