@@ -1,7 +1,7 @@
 """`danube-fast admin subscriptions ...`: a topic's subscriptions on a running broker's admin port
 (docs/SUBSCRIPTIONS.md), answered for the whole cluster.
 
-    admin subscriptions list /NS/TOPIC
+    admin subscriptions list /NS/TOPIC             (each one's type, position, backlog, unacked, consumers)
     admin subscriptions describe /NS/TOPIC SUB     (type, position, backlog, unacked, consumers)
     admin subscriptions create /NS/TOPIC SUB [--position earliest|latest|OFFSET] [--type TYPE]
     admin subscriptions seek /NS/TOPIC SUB (--offset N | --time ISO8601 | --earliest | --latest |
@@ -33,6 +33,9 @@ POSITION_COLUMNS = (("stored_topic", "TOPIC"), ("from_offset", "FROM"), ("to_off
 STATE_COLUMNS = (("stored_topic", "TOPIC"), ("type", "TYPE"), ("position", "POSITION"), ("end_offset", "END"),
                  ("backlog", "BACKLOG"), ("unacked", "UNACKED"), ("served_by", "SERVED BY"),
                  ("consumers", "CONSUMERS"))
+LIST_COLUMNS = (("stored_topic", "TOPIC"), ("subscription", "SUBSCRIPTION"), ("type", "TYPE"),
+                ("position", "POSITION"), ("backlog", "BACKLOG"), ("unacked", "UNACKED"),
+                ("consumers", "CONSUMERS"))
 PEEK_COLUMNS = (("stored_topic", "TOPIC"), ("offset", "OFFSET"), ("publish_time", "PUBLISHED"),
                 ("key", "KEY"), ("payload", "PAYLOAD"))
 
@@ -42,10 +45,13 @@ def _admin_path(method: str) -> str:
 
 
 async def _list(args: argparse.Namespace) -> Listing:
-    answer = await call(args, _admin_path("ListSubscriptions"), admin_pb.TopicRequest(name=args.topic),
-                        admin_pb.SubscriptionListResponse)
-    return Listing("subscriptions", [("subscription", "SUBSCRIPTION")],
-                   [{"subscription": s} for s in answer.subscriptions], {"topic": args.topic})
+    answer = await call(args, f"/{SERVICE}/List", pb.ListRequest(topic=args.topic), pb.DescribeResponse)
+    rows = []
+    for s in answer.partitions:
+        row = _state_row(s)
+        row["consumers"] = sum(1 for c in s.consumers if c.active)  # with an open stream
+        rows.append(row)
+    return Listing("subscriptions", LIST_COLUMNS, rows, {"topic": args.topic})
 
 
 async def _delete(args: argparse.Namespace) -> dict[str, object]:
@@ -116,14 +122,18 @@ async def _describe(args: argparse.Namespace) -> Listing:
     answer = await call(args, f"/{SERVICE}/Describe",
                         pb.DescribeRequest(topic=args.topic, subscription=args.subscription),
                         pb.DescribeResponse)
-    rows: list[dict[str, object]] = []
-    for s in answer.partitions:
-        rows.append({"stored_topic": s.stored_topic, "type": s.type, "position": s.position,
-                     "end_offset": s.end_offset, "backlog": s.backlog, "unacked": s.unacked,
-                     "served_by": s.served_by,
-                     "consumers": [{"name": c.name, "active": c.active} for c in s.consumers]})
+    rows = [_state_row(s) for s in answer.partitions]
+    for row in rows:
+        del row["subscription"]
     return Listing("partitions", STATE_COLUMNS, rows,
                    {"topic": args.topic, "subscription": args.subscription})
+
+
+def _state_row(s: pb.SubscriptionState) -> dict[str, object]:
+    return {"stored_topic": s.stored_topic, "subscription": s.subscription, "type": s.type,
+            "position": s.position, "end_offset": s.end_offset, "backlog": s.backlog, "unacked": s.unacked,
+            "served_by": s.served_by,
+            "consumers": [{"name": c.name, "active": c.active} for c in s.consumers]}
 
 
 async def _peek(args: argparse.Namespace) -> Listing:

@@ -123,6 +123,12 @@ class PeekResponse(_message.Message):
     records: _containers.RepeatedCompositeFieldContainer[PeekedRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[PeekedRecord, _Mapping]]] = ...) -> None: ...
 
+class ListRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
 class DescribeRequest(_message.Message):
     __slots__ = ("topic", "subscription")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

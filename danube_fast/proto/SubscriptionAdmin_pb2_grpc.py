@@ -59,6 +59,11 @@ class SubscriptionAdminStub:
                 request_serializer=SubscriptionAdmin__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=SubscriptionAdmin__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/danube_fast.subscriptions.v1.SubscriptionAdmin/List',
+                request_serializer=SubscriptionAdmin__pb2.ListRequest.SerializeToString,
+                response_deserializer=SubscriptionAdmin__pb2.DescribeResponse.FromString,
+                _registered_method=True)
 
 
 class SubscriptionAdminServicer:
@@ -99,6 +104,13 @@ class SubscriptionAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """Lookup: every subscription, as Describe
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubscriptionAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +137,11 @@ def add_SubscriptionAdminServicer_to_server(servicer, server):
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
                     request_deserializer=SubscriptionAdmin__pb2.DescribeRequest.FromString,
+                    response_serializer=SubscriptionAdmin__pb2.DescribeResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=SubscriptionAdmin__pb2.ListRequest.FromString,
                     response_serializer=SubscriptionAdmin__pb2.DescribeResponse.SerializeToString,
             ),
     }
@@ -262,6 +279,33 @@ class SubscriptionAdmin:
             target,
             '/danube_fast.subscriptions.v1.SubscriptionAdmin/Describe',
             SubscriptionAdmin__pb2.DescribeRequest.SerializeToString,
+            SubscriptionAdmin__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.subscriptions.v1.SubscriptionAdmin/List',
+            SubscriptionAdmin__pb2.ListRequest.SerializeToString,
             SubscriptionAdmin__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,

@@ -139,4 +139,5 @@ RULES: dict[str, Rule] = {
     **{f"danube_fast.subscriptions.v1.SubscriptionAdmin/{m}": Rule(C, _field("topic"))
        for m in ("Seek", "Skip", "Peek", "Create")},
     "danube_fast.subscriptions.v1.SubscriptionAdmin/Describe": Rule(L, _field("topic")),
+    "danube_fast.subscriptions.v1.SubscriptionAdmin/List": Rule(L, _field("topic")),
 }

@@ -186,7 +186,9 @@ def test_admin_cli_namespaces_and_subscriptions(run: Any, tmp_path: Path) -> Non
             await y.ctx.subscriptions.subscribe(held, api.ConsumerRequest(
                 topic_name=held.full, consumer_name="c", subscription="audit", subscription_type=1))
             assert table(await cli(x, "subscriptions", "list", "/ns2/held")) == [
-                ["topic", "/ns2/held"], [], ["SUBSCRIPTION"], ["audit"]]
+                ["topic", "/ns2/held"], [],
+                ["TOPIC", "SUBSCRIPTION", "TYPE", "POSITION", "BACKLOG", "UNACKED", "CONSUMERS"],
+                ["/ns2/held", "audit", "Shared", "0", "0", "0", "1"]]
             busy = await cli(x, "subscriptions", "delete", "/ns2/held", "audit", code=1)
             assert "active consumers" in busy, busy
             for consumer in held.subscriptions["audit"].consumers:

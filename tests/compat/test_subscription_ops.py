@@ -309,6 +309,11 @@ def test_refusals_name_what_was_wrong_and_change_nothing(broker: Broker, topic: 
             error = await admin.refused(method, request)
             assert error.code() == code and words in (error.details() or ""), (method, request, error)
         assert (await admin.describe(topic, "sub")).position == 5
+        # A NonReliable topic's subscriptions are listed and described, without a position.
+        listed = await admin.stub.List(pb.ListRequest(topic=topic + "-live"), timeout=10)
+        assert [(s.subscription, s.served_by, s.position, s.end_offset) for s in listed.partitions] == [
+            ("sub", "live", 0, 0)]
+        assert (await admin.describe(topic + "-live", "sub")).type == "Exclusive"
         await admin.close()
 
     run_async(scenario())
@@ -323,7 +328,9 @@ def test_the_cli_seeks_skips_peeks_and_describes_in_json(broker: Broker, topic: 
             await send_all(producer, [b"c-%d" % i for i in range(6)])
 
     run_async(fill())
-    assert admin_cli(broker, "list", topic)["subscriptions"] == [{"subscription": "sub"}]
+    listed = admin_cli(broker, "list", topic)["subscriptions"]
+    assert [(s["subscription"], s["type"], s["position"], s["backlog"], s["consumers"]) for s in listed] == [
+        ("sub", "Exclusive", 0, 6, 0)]
     peeked = admin_cli(broker, "peek", topic, "sub", "--count", "2")["records"]
     assert [(r["offset"], r["payload"], r["producer_name"]) for r in peeked] == [(0, "c-0", "p"),
                                                                                   (1, "c-1", "p")]

@@ -19,7 +19,7 @@ from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.forward import is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import ReliableTopic, Topic
+from danube_fast.broker.topic import ReliableTopic, Topic, stored
 from danube_fast.client.rpc import M, WireMessage
 from danube_fast.errors import invalid, not_found, unavailable
 from danube_fast.meta.resources import SubscriptionType
@@ -29,6 +29,7 @@ from danube_fast.storage.tiered import records_between
 
 MAX_PEEK = 1000
 _STORED = attrgetter("stored_topic")
+_STORED_AND_NAME = attrgetter("stored_topic", "subscription")
 FUTURE_SLACK_MS = 1000  # a seek "to now" from a clock slightly ahead of the broker's is not in the future
 TYPES = {SubscriptionType.EXCLUSIVE: "Exclusive", SubscriptionType.SHARED: "Shared",
          SubscriptionType.FAILOVER: "Failover", SubscriptionType.KEY_SHARED: "KeyShared"}
@@ -124,16 +125,20 @@ class SubscriptionAdminService:
         here, there = await self._split(request, context)
         out: list[pb.SubscriptionState] = []
         for topic in here:
-            reliable, sub = self._subscription(topic, request.subscription)
-            dispatcher = sub.dispatcher
-            out.append(pb.SubscriptionState(
-                stored_topic=topic.full, subscription=sub.name, type=TYPES[sub.kind], position=_position(sub),
-                end_offset=reliable.log.committed_offset, backlog=dispatcher.backlog,
-                unacked=dispatcher.counters().get("unacked", 0), served_by=dispatcher.kind,
-                consumers=[pb.Consumer(name=c.name, active=c.active) for c in sub.consumers]))
+            out.append(_state(topic, self._find(topic, request.subscription)))
         for answer in await self.elsewhere(there, "Describe", request, pb.DescribeResponse, context):
             out += answer.partitions
         return pb.DescribeResponse(partitions=sorted(out, key=_STORED))
+
+    @unary
+    async def List(self, request: pb.ListRequest, context: Context) -> pb.DescribeResponse:
+        here, there = await self._split(request, context)
+        out: list[pb.SubscriptionState] = []
+        for topic in here:
+            out += [_state(topic, sub) for sub in topic.subscriptions.values()]
+        for answer in await self.elsewhere(there, "List", request, pb.DescribeResponse, context):
+            out += answer.partitions
+        return pb.DescribeResponse(partitions=sorted(out, key=_STORED_AND_NAME))
 
     # -- shared ------------------------------------------------------------------------------------------
 
@@ -176,10 +181,13 @@ class SubscriptionAdminService:
     def _subscription(self, topic: Topic, name: str) -> tuple[ReliableTopic, Subscription]:
         reliable = topic.require_stored(f"{topic.full} is NonReliable: it keeps no records, so its "
                                         "subscriptions have no position to move or look at")
-        sub = reliable.subscriptions.get(name)
+        return reliable, self._find(reliable, name)
+
+    def _find(self, topic: Topic, name: str) -> Subscription:
+        sub = topic.subscriptions.get(name)
         if sub is None:
             raise not_found(f"subscription {clip(name)!r} does not exist on {topic.full}")
-        return reliable, sub
+        return sub
 
     async def elsewhere(self, stored: list[str], method: str, request: WireMessage, reply: type[M],
                         context: Context) -> list[M]:
@@ -189,6 +197,18 @@ class SubscriptionAdminService:
         if stored:
             raise unavailable(f"{', '.join(stored)} is not loaded on this broker (see its log)")
         return []
+
+
+def _state(topic: Topic, sub: Subscription) -> pb.SubscriptionState:
+    """`sub` as Describe and List show it; a NonReliable topic's has no position or end (0)."""
+    dispatcher = sub.dispatcher
+    reliable = stored(topic)
+    return pb.SubscriptionState(
+        stored_topic=topic.full, subscription=sub.name, type=TYPES[sub.kind],
+        position=sub.cursor.low if sub.cursor is not None else 0,
+        end_offset=reliable.log.committed_offset if reliable is not None else 0, backlog=dispatcher.backlog,
+        unacked=dispatcher.counters().get("unacked", 0), served_by=dispatcher.kind,
+        consumers=[pb.Consumer(name=c.name, active=c.active) for c in sub.consumers])
 
 
 def _position(sub: Subscription) -> int:
