@@ -29,7 +29,7 @@ CLUSTER = "danube_fast.broker.cluster"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("danube_fast", "danube_fast.errors", "danube_fast.names", "danube_fast.latency",
               "danube_fast.allocator")),
-    ("native core", ("danube_fast.codec",)),
+    ("native core", ("danube_fast.codec", "danube_fast.transport")),
     ("metadata, schemas, security", ("danube_fast.meta", "danube_fast.schema", "danube_fast.security")),
     ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables",
                                   "danube_fast.access")),

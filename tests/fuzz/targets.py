@@ -11,6 +11,9 @@ crash of the process) only on a bug. `run.py` drives them with atheris (coverage
 - metadata: every typed metadata resource's parser (BadValue only).
 - schemas: schema definitions (InvalidSchema only) and, for the ones that register, the payload validators
   (a reason or None, never an exception).
+- transport_frames: the native transport's frame decoder and body parsers (docs/TRANSPORT.md) on a byte
+  stream cut at a point the input chooses (FrameError only; what decodes must encode back the same, and
+  the decoder never holds more than one frame's worth).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from danube_fast.schema import InvalidSchema, SchemaType
 from danube_fast.schema.types import build_definition
 from danube_fast.schema.validators import validator_for
 from danube_fast.storage.objects import format as objects
+from danube_fast.transport import frames as transport
 
 Target = Callable[[bytes], None]
 
@@ -125,8 +129,38 @@ def schemas(data: bytes) -> None:
     assert outcome is None or isinstance(outcome, str)
 
 
+FUZZ_MAX_FRAME = 4096
+BODIES: dict[transport.FrameType, Callable[[memoryview], object]] = {
+    transport.FrameType.HELLO: transport.Hello.decode, transport.FrameType.WELCOME: transport.Welcome.decode,
+    transport.FrameType.ERROR: transport.Error.decode, transport.FrameType.PING: transport.decode_ping,
+    transport.FrameType.PONG: transport.decode_ping, transport.FrameType.GOODBYE: transport.Goodbye.decode}
+
+
+def transport_frames(data: bytes) -> None:
+    if not data:
+        return
+    split = data[0] % max(1, len(data))
+    decoder = transport.FrameDecoder(FUZZ_MAX_FRAME)
+    try:
+        got = decoder.feed(data[1:split + 1]) + decoder.feed(data[split + 1:])
+    except transport.FrameError:
+        return
+    assert decoder.buffered < FUZZ_MAX_FRAME
+    for one in got:
+        parse = BODIES.get(one.type)
+        if parse is None:
+            continue
+        try:
+            body = parse(one.body)
+        except transport.FrameError:
+            continue
+        if hasattr(body, "encode"):  # what parses writes back the same
+            assert body.encode() == bytes(one.body), (one.type, body)
+
+
 TARGETS: dict[str, Target] = {"frames": frames, "object_footer": object_footer,
-                              "fast_wire": fast_wire_decoders, "metadata": metadata, "schemas": schemas}
+                              "fast_wire": fast_wire_decoders, "metadata": metadata, "schemas": schemas,
+                              "transport_frames": transport_frames}
 
 
 def seeds() -> dict[str, list[bytes]]:
@@ -149,4 +183,8 @@ def seeds() -> dict[str, list[bytes]]:
                      bytes([RESOURCES.index(resources.SubscriptionCursor)]) + b'{"cursor": 5}'],
         "schemas": [b"\x00" + bytes([len(avro)]) + avro.encode() + b"\x02\x00",
                     b"\x01" + bytes([len(json_schema) % 256]) + json_schema.encode() + b'{"n": 1}'],
+        "transport_frames": [b"\x05" + transport.frame(transport.FrameType.HELLO, transport.Hello(
+            1, 1, transport.MIN_MAX_FRAME, "token", "fuzz").encode(), 1) + transport.frame(
+            transport.FrameType.ERROR, transport.Error("NOT_FOUND", False, "no topic").encode(), 2)
+            + transport.frame(transport.FrameType.PING, transport.ping_body(3))],
     }
