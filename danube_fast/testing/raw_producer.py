@@ -1,14 +1,16 @@
 """A Produce stream of the fast API driven by hand, for tests that must decide exactly which batch is sent
-(again) and when: no batching, no retry, no reconnect of its own (FastProducer does all three).
+(again) and when: no batching, no resend, no reconnect of its own (FastProducer does all three).
 
-`RawProducer.open(target, topic, name)` follows the topic to the broker that serves it (as the clients do) and
-opens the stream; `send(seq, data)` writes one Batch request and returns the broker's answer (an Ack or a
-Rejected). `batch(payloads, sequence)` encodes a batch stamped with this stream's producer id, sequenced in
-`session` when a sequence is given.
+`RawProducer.open(target, topic, name)` follows the topic to the broker that serves it (as the clients do)
+and opens the stream, looking up again while the broker answers UNAVAILABLE (a topic being placed after a
+move, for up to OPEN_RETRY_S: on a busy machine that takes a while); `send(seq, data)` writes one Batch
+request and returns the broker's answer (an Ack or a Rejected). `batch(payloads, sequence)` encodes a batch
+stamped with this stream's producer id, sequenced in `session` when a sequence is given.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,8 @@ from danube_fast.client.producer import produce_method
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import encode_batch_request
 from danube_fast.proto import FastApi_pb2 as fast
+
+OPEN_RETRY_S = 30.0
 
 
 class RawProducer:
@@ -32,6 +36,17 @@ class RawProducer:
 
     @classmethod
     async def open(cls, target: str, topic: str, name: str, *, session: int = 0x5EED) -> RawProducer:
+        deadline = asyncio.get_running_loop().time() + OPEN_RETRY_S
+        while True:
+            try:
+                return await cls._open(target, topic, name, session)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
+
+    @classmethod
+    async def _open(cls, target: str, topic: str, name: str, session: int) -> RawProducer:
         channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         try:
             channel, target = await follow(channel, target, topic, None)
