@@ -161,6 +161,10 @@ class BodyWriter:
         self._parts += _U16.pack(len(data)) + data
         return self
 
+    def u64_list(self, values: list[int]) -> BodyWriter:
+        self._parts += _U32.pack(len(values)) + struct.pack(f"<{len(values)}Q", *values)
+        return self
+
     def raw(self, value: bytes) -> BodyWriter:
         self._parts += value
         return self
@@ -206,6 +210,19 @@ class BodyReader:
             return str(data, "utf-8")
         except UnicodeDecodeError as e:
             raise FrameError(f"{self._what}: {field} is not UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def u64_list(self, field: str, most: int) -> list[int]:
+        count = self.u32(field)
+        if count > most:
+            raise FrameError(f"{self._what}: {field} has {count} items, at most {most}")
+        data = self._take(8 * count, field)
+        return list(struct.unpack(f"<{count}Q", data))
+
+    def rest(self) -> memoryview:
+        """The body's bytes after the fields read (a frame's record batches)."""
+        out = self._body[self._at:]
+        self._at = len(self._body)
+        return out
 
     def end(self) -> None:
         if self._at != len(self._body):
@@ -317,3 +334,122 @@ class Goodbye:
         if number not in STATUS_NAMES:
             raise FrameError(f"GOODBYE: unknown status code {number}")
         return cls(STATUS_NAMES[number], message)
+
+
+# -- the fast API's frames (the record batches they carry are not copied: `batches` views the body) ----------
+
+MAX_ACK_OFFSETS = 1 << 20  # offsets one ACKNOWLEDGE may name (individually, or as nacks): 8 MiB of them
+
+
+@dataclass(frozen=True)
+class ProduceOpen:
+    topic: str
+    producer: str
+    reliable: bool
+
+    def encode(self) -> bytes:
+        return BodyWriter().string(self.topic).string(self.producer).u8(int(self.reliable)).done()
+
+    @classmethod
+    def decode(cls, body: memoryview | bytes) -> ProduceOpen:
+        r = BodyReader(body, "PRODUCE_OPEN")
+        topic, producer, reliable = r.string("topic"), r.string("producer"), r.u8("reliable")
+        r.end()
+        if reliable > 1:
+            raise FrameError(f"PRODUCE_OPEN: reliable is {reliable}, not 0 or 1")
+        return cls(topic, producer, bool(reliable))
+
+
+def produce_head(records: int) -> bytes:
+    """A PRODUCE body's fields; the record batches follow them (written as they are, not joined)."""
+    return _U32.pack(records)
+
+
+def decode_produce(body: memoryview | bytes) -> tuple[int, memoryview]:
+    """(records, the batches) of a PRODUCE body; the batches are checked by the codec, not here."""
+    r = BodyReader(body, "PRODUCE")
+    records = r.u32("records")
+    batches = r.rest()
+    if not batches:
+        raise FrameError("PRODUCE: no record batch after its fields")
+    return records, batches
+
+
+def offsets_body(first: int, last: int) -> bytes:
+    """The body of an ACK, and of SUBSCRIBED (consumer id, start offset) and RECORDS' fields."""
+    return _U64.pack(first) + _U64.pack(last)
+
+
+def decode_offsets(body: memoryview | bytes, what: str, first: str, last: str,
+                   more: bool = False) -> tuple[int, int, memoryview]:
+    """Two u64 fields named `first` and `last`, and (when `more`: RECORDS) the bytes after them."""
+    r = BodyReader(body, what)
+    a, b = r.u64(first), r.u64(last)
+    rest = r.rest() if more else memoryview(b"")
+    r.end()
+    return a, b, rest
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    topic: str
+    subscription: str
+    consumer: str
+    window_bytes: int
+    earliest: bool
+
+    def encode(self) -> bytes:
+        return (BodyWriter().string(self.topic).string(self.subscription).string(self.consumer)
+                .u64(self.window_bytes).u8(int(self.earliest)).done())
+
+    @classmethod
+    def decode(cls, body: memoryview | bytes) -> Subscribe:
+        r = BodyReader(body, "SUBSCRIBE")
+        got = (r.string("topic"), r.string("subscription"), r.string("consumer"), r.u64("window_bytes"),
+               r.u8("initial_position"))
+        r.end()
+        if got[4] > 1:
+            raise FrameError(f"SUBSCRIBE: initial_position is {got[4]}, not 0 (latest) or 1 (earliest)")
+        return cls(got[0], got[1], got[2], got[3], bool(got[4]))
+
+
+UP_TO = 0x01  # ACKNOWLEDGE's flag: its up_to field holds a cumulative ack
+
+
+@dataclass(frozen=True)
+class Acknowledge:
+    up_to: int | None
+    offsets: list[int]
+    nacks: list[int]
+    nack_delay_ms: int
+
+    @property
+    def flags(self) -> int:
+        return UP_TO if self.up_to is not None else 0
+
+    def encode(self) -> bytes:
+        return (BodyWriter().u64(self.up_to or 0).u64_list(self.offsets).u64_list(self.nacks)
+                .u32(self.nack_delay_ms).done())
+
+    @classmethod
+    def decode(cls, body: memoryview | bytes, flags: int) -> Acknowledge:
+        if flags & ~UP_TO:
+            raise FrameError(f"ACKNOWLEDGE: flags 0x{flags:02x} set bits other than up_to's")
+        r = BodyReader(body, "ACKNOWLEDGE")
+        up_to = r.u64("up_to")
+        ack = cls(up_to if flags & UP_TO else None, r.u64_list("offsets", MAX_ACK_OFFSETS),
+                  r.u64_list("nacks", MAX_ACK_OFFSETS), r.u32("nack_delay_ms"))
+        r.end()
+        return ack
+
+
+def string_body(value: str) -> bytes:
+    """The body of a LOOKUP (a topic) and of a LOCATED (an address)."""
+    return BodyWriter().string(value).done()
+
+
+def decode_string(body: memoryview | bytes, what: str, field: str) -> str:
+    r = BodyReader(body, what)
+    value = r.string(field)
+    r.end()
+    return value

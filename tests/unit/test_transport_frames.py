@@ -78,3 +78,36 @@ def test_versions_must_meet() -> None:
 def test_a_long_string_is_refused_when_written() -> None:
     with pytest.raises(ValueError, match="65536 bytes"):
         f.BodyWriter().string("x" * 65536)
+
+
+def test_the_fast_api_bodies_round_trip() -> None:
+    opened = f.ProduceOpen("/default/orders", "p-1", True)
+    assert f.ProduceOpen.decode(opened.encode()) == opened
+    batches = b"\x01" * 300  # record batches are the codec's to check, not the frame layer's
+    records, got = f.decode_produce(f.produce_head(7) + batches)
+    assert (records, bytes(got)) == (7, batches)
+    assert f.decode_offsets(f.offsets_body(10, 19), "ACK", "first_offset", "last_offset")[:2] == (10, 19)
+    first, last, rest = f.decode_offsets(f.offsets_body(0, 9) + batches, "RECORDS", "first_offset",
+                                         "last_offset", more=True)
+    assert (first, last, bytes(rest)) == (0, 9, batches)
+    sub = f.Subscribe("/default/orders", "billing", "c-1", 8 << 20, True)
+    assert f.Subscribe.decode(sub.encode()) == sub
+    for ack in (f.Acknowledge(41, [43, 45], [], 0), f.Acknowledge(None, [], [7], 250)):
+        assert f.Acknowledge.decode(ack.encode(), ack.flags) == ack
+    assert f.decode_string(f.string_body("10.0.0.7:6651"), "LOCATED", "address") == "10.0.0.7:6651"
+
+
+@pytest.mark.parametrize(("decode", "words"), [
+    (lambda: f.ProduceOpen.decode(f.BodyWriter().string("t").string("p").u8(2).done()), "reliable is 2"),
+    (lambda: f.decode_produce(f.produce_head(1)), "no record batch"),
+    (lambda: f.decode_offsets(f.offsets_body(1, 2) + b"x", "ACK", "a", "b"), "1 bytes after"),
+    (lambda: f.Subscribe.decode(f.Subscribe("t", "s", "c", 0, False).encode()[:-1] + b"\x05"),
+     "initial_position is 5"),
+    (lambda: f.Acknowledge.decode(f.Acknowledge(None, [], [], 0).encode(), 0x02), "flags 0x02"),
+    (lambda: f.Acknowledge.decode(f.BodyWriter().u64(0).u32(f.MAX_ACK_OFFSETS + 1).done(), 0),
+     "offsets has 1048577 items"),
+    (lambda: f.Acknowledge.decode(f.BodyWriter().u64(0).u32(3).u64(1).done(), 0), "needs 24 bytes"),
+])
+def test_the_fast_api_bodies_refuse_what_does_not_fit(decode: object, words: str) -> None:
+    with pytest.raises(f.FrameError, match=words):
+        decode()  # type: ignore[operator]
