@@ -8,14 +8,40 @@ danube_fast and pyspark_danube as the test.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import time
+import warnings
 from collections.abc import Iterator
 
 import pytest
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # every Spark port on loopback
+
+
+GATEWAY_TRIES = 3
+
+
+def started(builder: SparkSession.Builder) -> SparkSession:
+    """The session, its JVM launched again when it exited before it answered. In a full run beside a CPU hog
+    the first launch in one worker failed so ("Java gateway process exited before sending its port
+    number", with gRPC's "skipping fork() handlers" in that process: spark-submit is forked from a process
+    whose gRPC threads are busy); the failed launch's pipe is collected here, or its ResourceWarning fails
+    whichever test the collector next runs in."""
+    for attempt in range(1, GATEWAY_TRIES + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as e:
+            if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == GATEWAY_TRIES:
+                raise
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +49,15 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     warehouse = tmp_path_factory.mktemp("spark")
-    session = (SparkSession.builder.master("local[2]").appName("danube-tests")
+    builder = (SparkSession.builder.master("local[2]").appName("danube-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.warehouse.dir", str(warehouse / "warehouse"))
                .config("spark.local.dir", str(warehouse / "local"))
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
+               .config("spark.sql.session.timeZone", "UTC"))
+    session = started(builder)
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
