@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import zlib
@@ -51,12 +52,22 @@ def encode_payloads_rate(payloads: list[bytes], budget_s: float) -> float:
 
 
 def batches_buffer(batches: int, records: int, payload_bytes: int, text: bool = False,
-                   compression: str = "none") -> bytes:
+                   compression: str = "none", distinct: bool = False) -> bytes:
     """`batches` back-to-back batches of `records` records each with contiguous offsets, as in the WAL
-    (random payloads, or `text` ones, compressed with `compression`)."""
-    payloads = text_payloads(records, payload_bytes) if text else make_payloads(records, payload_bytes)
-    return b"".join(frames.encode_payloads(payloads, publish_time=PUBLISH_TIME, producer_name="bench",
-                                           base_offset=i * records, compression=compression)
+    (random payloads, or `text` ones, compressed with `compression`). Every batch repeats one set of
+    payloads unless `distinct`: then each record's is its own random bytes (records repeated from one batch
+    to the next would let Parquet's dictionary encoding store them once)."""
+    seeds = itertools.count(1)
+
+    def payloads() -> list[bytes]:
+        if text:
+            return text_payloads(records, payload_bytes, seed=next(seeds))
+        return make_payloads(records, payload_bytes)
+
+    shared = payloads()
+    return b"".join(frames.encode_payloads(payloads() if distinct else shared, publish_time=PUBLISH_TIME,
+                                           producer_name="bench", base_offset=i * records,
+                                           compression=compression)
                     for i in range(batches))
 
 
@@ -71,14 +82,6 @@ def decode_arrow_rate(buf: bytes, verify: bool, budget_s: float) -> float:
     """Bytes/s of batch buffer turned into one pyarrow.RecordBatch."""
     calls, elapsed = time_calls(lambda: frames.decode_arrow(buf, verify=verify), budget_s)
     return calls * len(buf) / elapsed
-
-
-def distinct_batches(batches: int, records: int, payload_bytes: int) -> bytes:
-    """Like batches_buffer, but every record's payload is its own random bytes: records repeated from one
-    batch to the next would let Parquet's dictionary encoding store them once."""
-    return b"".join(frames.encode_payloads(make_payloads(records, payload_bytes), publish_time=PUBLISH_TIME,
-                                           producer_name="bench", base_offset=i * records)
-                    for i in range(batches))
 
 
 def table_file(buf: bytes, directory: str) -> str:

@@ -193,7 +193,7 @@ def codec_figures(runs: int, budget_s: float, scratch: str) -> list[Result]:
     text = {c: codec.batches_buffer(64, 1000, 256, text=True, compression=c) for c in ("none", "zstd", "lz4")}
     # The same distinct records as WAL batches and as a topic table's Parquet file: what the Spark source
     # would gain by reading a table's files instead of the topic's objects (docs/TABLES.md).
-    distinct = codec.distinct_batches(64, 1000, 256)
+    distinct = codec.batches_buffer(64, 1000, 256, distinct=True)
     table_path = codec.table_file(distinct, scratch)
     encode_target = Target(">= 3,000,000 records/s", ">=", 3_000_000)
     decode_target = Target(">= 4 GiB/s", ">=", 4.0)

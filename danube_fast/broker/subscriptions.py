@@ -245,11 +245,10 @@ class Subscriptions:
             sub = await self._create_subscription(reliable, name, SubscriptionType.EXCLUSIVE, consumer_name,
                                                   start)
         async with sub.swapping:
-            return await self._to_batches(reliable, sub, consumer_name)
+            return await self._to_batches(reliable, sub)
 
-    async def _to_batches(self, reliable: ReliableTopic, sub: Subscription, consumer_name: str
-                          ) -> BatchDispatcher:
-        topic, name = reliable, sub.name
+    async def _to_batches(self, topic: ReliableTopic, sub: Subscription) -> BatchDispatcher:
+        name = sub.name
         if sub.closed:
             raise unavailable(f"subscription {name!r} of {topic.full} is closing here: subscribe again")
         current = sub.dispatcher
@@ -267,7 +266,7 @@ class Subscriptions:
             self._clients.remove_consumer(c)
         await current.close()
         assert sub.cursor is not None
-        batches = BatchDispatcher(sub, reliable.log, self._config.dispatch, sub.cursor, self._budget)
+        batches = BatchDispatcher(sub, topic.log, self._config.dispatch, sub.cursor, self._budget)
         sub.dispatcher = batches
         return batches
 

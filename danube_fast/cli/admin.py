@@ -84,10 +84,10 @@ def _cell(value: object) -> str:
 
 # -- calls ------------------------------------------------------------------------------------------------
 
-async def _call(args: argparse.Namespace, service: str, method: str, request: WireMessage, reply: type[M],
-                *, longer: float = 0.0) -> M:
-    """One RPC of danube_admin to the broker at --admin-addr, within --timeout (+ `longer` for calls that
-    wait)."""
+async def call_method(args: argparse.Namespace, service: str, method: str, request: WireMessage,
+                      reply: type[M], *, longer: float = 0.0) -> M:
+    """One RPC named by its service and method (client/rpc.py) to the broker at --admin-addr, within
+    --timeout (+ `longer` for calls that wait)."""
     return await call(args, method_path(service, method), request, reply, longer=longer)
 
 
@@ -130,7 +130,7 @@ BROKER_COLUMNS = [("broker_id", "BROKER ID"), ("role", "ROLE"), ("status", "STAT
 
 
 async def _brokers_list(args: argparse.Namespace) -> Listing:
-    answer = await _call(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
+    answer = await call_method(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
     return Listing("brokers", BROKER_COLUMNS, [
         {"broker_id": b.broker_id, "role": b.broker_role, "status": b.broker_status,
          "broker_addr": b.broker_addr, "admin_addr": b.admin_addr, "metrics_addr": b.metrics_addr}
@@ -138,12 +138,12 @@ async def _brokers_list(args: argparse.Namespace) -> Listing:
 
 
 async def _brokers_leader(args: argparse.Namespace) -> dict[str, object]:
-    answer = await _call(args, "BrokerAdmin", "GetLeaderBroker", pb.Empty(), pb.BrokerResponse)
+    answer = await call_method(args, "BrokerAdmin", "GetLeaderBroker", pb.Empty(), pb.BrokerResponse)
     return {"leader": answer.leader}
 
 
 async def _brokers_namespaces(args: argparse.Namespace) -> Listing:
-    answer = await _call(args, "BrokerAdmin", "ListNamespaces", pb.Empty(), pb.NamespaceListResponse)
+    answer = await call_method(args, "BrokerAdmin", "ListNamespaces", pb.Empty(), pb.NamespaceListResponse)
     return Listing("namespaces", [("namespace", "NAMESPACE")], [{"namespace": n} for n in answer.namespaces])
 
 
@@ -151,7 +151,7 @@ async def _brokers_unload(args: argparse.Namespace) -> dict[str, object]:
     request = pb.UnloadBrokerRequest(broker_id=args.broker_id, max_parallel=args.max_parallel,
                                      namespaces_include=args.include, namespaces_exclude=args.exclude,
                                      dry_run=args.dry_run, timeout_seconds=args.drain_timeout)
-    unloading = _call(args, "BrokerAdmin", "UnloadBroker", request, pb.UnloadBrokerResponse,
+    unloading = call_method(args, "BrokerAdmin", "UnloadBroker", request, pb.UnloadBrokerResponse,
                       longer=args.drain_timeout or DRAIN_DEFAULT_SECONDS)
     answer = await feedback.waiting(f"broker {args.broker_id}: moving its topics", unloading)
     return {"broker_id": args.broker_id, "dry_run": args.dry_run, "started": answer.started,
@@ -161,7 +161,7 @@ async def _brokers_unload(args: argparse.Namespace) -> dict[str, object]:
 
 async def _brokers_activate(args: argparse.Namespace) -> dict[str, object]:
     request = pb.ActivateBrokerRequest(broker_id=args.broker_id, reason=args.reason)
-    answer = await _call(args, "BrokerAdmin", "ActivateBroker", request, pb.ActivateBrokerResponse)
+    answer = await call_method(args, "BrokerAdmin", "ActivateBroker", request, pb.ActivateBrokerResponse)
     return {"broker_id": args.broker_id, "activated": answer.success}
 
 
@@ -173,10 +173,11 @@ TOPIC_COLUMNS = [("name", "TOPIC"), ("broker_id", "BROKER"), ("delivery", "DELIV
 async def _topics_list(args: argparse.Namespace) -> Listing:
     if args.broker is not None:
         request: WireMessage = pb.BrokerRequest(broker_id=args.broker)
-        answer = await _call(args, "TopicAdmin", "ListBrokerTopics", request, pb.TopicInfoListResponse)
+        answer = await call_method(args, "TopicAdmin", "ListBrokerTopics", request, pb.TopicInfoListResponse)
     else:
         request = pb.NamespaceRequest(name=args.namespace)
-        answer = await _call(args, "TopicAdmin", "ListNamespaceTopics", request, pb.TopicInfoListResponse)
+        answer = await call_method(args, "TopicAdmin", "ListNamespaceTopics", request,
+                                   pb.TopicInfoListResponse)
     return Listing("topics", TOPIC_COLUMNS, [
         {"name": t.name, "broker_id": t.broker_id, "delivery": t.delivery} for t in answer.topics])
 
@@ -189,7 +190,7 @@ async def _topics_describe(args: argparse.Namespace) -> Listing:
     """The admin API's description, the policy it follows (its own or its namespace's: cli/policies.py), and
     the live figures of the topic and each subscription from its broker's metrics (cli/topic_stats.py);
     without them, a line says why."""
-    d = await _call(args, "TopicAdmin", "DescribeTopic", pb.DescribeTopicRequest(name=args.topic),
+    d = await call_method(args, "TopicAdmin", "DescribeTopic", pb.DescribeTopicRequest(name=args.topic),
                     pb.DescribeTopicResponse)
     found: dict[str, object] = {"name": d.name, "broker_id": d.broker_id, "delivery": d.delivery}
     for optional in ("schema_subject", "schema_id", "schema_version", "schema_type", "compatibility_mode"):
@@ -200,7 +201,7 @@ async def _topics_describe(args: argparse.Namespace) -> Listing:
     found["policy"] = policy.policy
     found["policy_source"] = "own" if policy.own else "namespace"
     stats = TopicStats()
-    brokers = await _call(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
+    brokers = await call_method(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
     owner = next((b for b in brokers.brokers if b.broker_id == d.broker_id), None)
     if owner is None or not owner.metrics_addr:
         found["live"] = "unavailable: the owner registered no metrics address"
@@ -218,7 +219,7 @@ async def _topics_describe(args: argparse.Namespace) -> Listing:
 
 
 async def _topics_unload(args: argparse.Namespace) -> dict[str, object]:
-    await _call(args, "TopicAdmin", "UnloadTopic", pb.TopicRequest(name=args.topic), pb.TopicResponse)
+    await call_method(args, "TopicAdmin", "UnloadTopic", pb.TopicRequest(name=args.topic), pb.TopicResponse)
     return {"unloaded": args.topic}
 
 
@@ -228,17 +229,17 @@ async def _topics_create(args: argparse.Namespace) -> dict[str, object]:
         request: WireMessage = pb.PartitionedTopicRequest(base_name=args.topic, partitions=args.partitions,
                                                           dispatch_strategy=strategy,
                                                           schema_subject=args.schema_subject)
-        await _call(args, "TopicAdmin", "CreatePartitionedTopic", request, pb.TopicResponse)
+        await call_method(args, "TopicAdmin", "CreatePartitionedTopic", request, pb.TopicResponse)
     else:
         request = pb.NewTopicRequest(name=args.topic, dispatch_strategy=strategy,
                                      schema_subject=args.schema_subject)
-        await _call(args, "TopicAdmin", "CreateTopic", request, pb.TopicResponse)
+        await call_method(args, "TopicAdmin", "CreateTopic", request, pb.TopicResponse)
     return {"created": args.topic, "partitions": args.partitions,
             "delivery": "Reliable" if args.reliable else "NonReliable"}
 
 
 async def _topics_delete(args: argparse.Namespace) -> dict[str, object]:
-    await _call(args, "TopicAdmin", "DeleteTopic", pb.TopicRequest(name=args.topic), pb.TopicResponse)
+    await call_method(args, "TopicAdmin", "DeleteTopic", pb.TopicRequest(name=args.topic), pb.TopicResponse)
     return {"deleted": args.topic}
 
 
@@ -251,7 +252,7 @@ MOVE_COLUMNS = [("topic", "TOPIC"), ("from_broker", "FROM"), ("to_broker", "TO")
 
 
 async def _cluster_balance(args: argparse.Namespace) -> Listing:
-    b = await _call(args, "BrokerAdmin", "GetClusterBalance", pb.ClusterBalanceRequest(),
+    b = await call_method(args, "BrokerAdmin", "GetClusterBalance", pb.ClusterBalanceRequest(),
                     pb.ClusterBalanceResponse)
     rows: list[dict[str, object]] = [
         {"broker_id": x.broker_id, "load": x.load, "topic_count": x.topic_count,
@@ -264,7 +265,7 @@ async def _cluster_balance(args: argparse.Namespace) -> Listing:
 
 async def _cluster_rebalance(args: argparse.Namespace) -> Listing:
     request = pb.RebalanceRequest(dry_run=args.dry_run, max_moves=args.max_moves)
-    r = await _call(args, "BrokerAdmin", "TriggerRebalance", request, pb.RebalanceResponse)
+    r = await call_method(args, "BrokerAdmin", "TriggerRebalance", request, pb.RebalanceResponse)
     fields: dict[str, object] = {"dry_run": args.dry_run, "success": r.success,
                                  "moves_executed": r.moves_executed}
     if r.error_message:

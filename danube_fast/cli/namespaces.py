@@ -15,35 +15,31 @@ import argparse
 import functools
 import json
 
-from danube_fast.cli.admin import Leaf, Listing, Subparsers, admin_command, area, call
+from danube_fast.cli.admin import Leaf, Listing, Subparsers, admin_command, area, call_method
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 
 
-def _path(service: str, method: str) -> str:
-    return f"/{pb.DESCRIPTOR.services_by_name[service].full_name}/{method}"
-
-
 async def _list(args: argparse.Namespace) -> Listing:
-    answer = await call(args, _path("BrokerAdmin", "ListNamespaces"), pb.Empty(), pb.NamespaceListResponse)
+    answer = await call_method(args, "BrokerAdmin", "ListNamespaces", pb.Empty(), pb.NamespaceListResponse)
     return Listing("namespaces", [("namespace", "NAMESPACE")], [{"namespace": n} for n in answer.namespaces])
 
 
 async def _describe(args: argparse.Namespace) -> Listing:
     request = pb.NamespaceRequest(name=args.namespace)
-    policy = await call(args, _path("NamespaceAdmin", "GetNamespacePolicies"), request, pb.PolicyResponse)
-    topics = await call(args, _path("NamespaceAdmin", "GetNamespaceTopics"), request, pb.TopicListResponse)
+    policy = await call_method(args, "NamespaceAdmin", "GetNamespacePolicies", request, pb.PolicyResponse)
+    topics = await call_method(args, "NamespaceAdmin", "GetNamespaceTopics", request, pb.TopicListResponse)
     return Listing("topics", [("topic", "TOPIC")], [{"topic": "/" + t} for t in topics.topics],
                    {"namespace": args.namespace, "policy": json.loads(policy.policies)})
 
 
 async def _create(args: argparse.Namespace) -> dict[str, object]:
-    await call(args, _path("NamespaceAdmin", "CreateNamespace"), pb.NamespaceRequest(name=args.namespace),
+    await call_method(args, "NamespaceAdmin", "CreateNamespace", pb.NamespaceRequest(name=args.namespace),
                pb.NamespaceResponse)
     return {"namespace": args.namespace, "created": True}
 
 
 async def _delete(args: argparse.Namespace) -> dict[str, object]:
-    await call(args, _path("NamespaceAdmin", "DeleteNamespace"), pb.NamespaceRequest(name=args.namespace),
+    await call_method(args, "NamespaceAdmin", "DeleteNamespace", pb.NamespaceRequest(name=args.namespace),
                pb.NamespaceResponse)
     return {"namespace": args.namespace, "deleted": True}
 

@@ -21,12 +21,12 @@ import base64
 import datetime
 import functools
 
-from danube_fast.cli.admin import Leaf, Listing, Run, Subparsers, admin_command, area, call
+from danube_fast.cli.admin import Leaf, Listing, Run, Subparsers, admin_command, area, call_method
 from danube_fast.cli.args import count
+from danube_fast.client.rpc import M, WireMessage
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import SubscriptionAdmin_pb2 as pb
 
-SERVICE = pb.DESCRIPTOR.services_by_name["SubscriptionAdmin"].full_name
 TYPES = {"exclusive": 0, "shared": 1, "failover": 2, "key_shared": 3}
 POSITION_COLUMNS = (("stored_topic", "TOPIC"), ("from_offset", "FROM"), ("to_offset", "TO"),
                     ("records", "RECORDS"), ("moved", "MOVED"))
@@ -40,12 +40,13 @@ PEEK_COLUMNS = (("stored_topic", "TOPIC"), ("offset", "OFFSET"), ("publish_time"
                 ("key", "KEY"), ("payload", "PAYLOAD"))
 
 
-def _admin_path(method: str) -> str:
-    return f"/{admin_pb.DESCRIPTOR.services_by_name['TopicAdmin'].full_name}/{method}"
+async def _ask(args: argparse.Namespace, method: str, request: WireMessage, reply: type[M]) -> M:
+    """One SubscriptionAdmin call."""
+    return await call_method(args, "SubscriptionAdmin", method, request, reply)
 
 
 async def _list(args: argparse.Namespace) -> Listing:
-    answer = await call(args, f"/{SERVICE}/List", pb.ListRequest(topic=args.topic), pb.DescribeResponse)
+    answer = await _ask(args, "List", pb.ListRequest(topic=args.topic), pb.DescribeResponse)
     rows = []
     for s in answer.partitions:
         row = _state_row(s)
@@ -56,7 +57,7 @@ async def _list(args: argparse.Namespace) -> Listing:
 
 async def _delete(args: argparse.Namespace) -> dict[str, object]:
     request = admin_pb.SubscriptionRequest(topic=args.topic, subscription=args.subscription)
-    await call(args, _admin_path("Unsubscribe"), request, admin_pb.SubscriptionResponse)
+    await call_method(args, "TopicAdmin", "Unsubscribe", request, admin_pb.SubscriptionResponse)
     return {"topic": args.topic, "subscription": args.subscription, "deleted": True}
 
 
@@ -91,7 +92,7 @@ async def _seek(args: argparse.Namespace) -> Listing:
         request.latest = True
     else:
         request.shift = args.shift
-    return _positions(args, await call(args, f"/{SERVICE}/Seek", request, pb.PositionsResponse))
+    return _positions(args, await _ask(args, "Seek", request, pb.PositionsResponse))
 
 
 async def _skip(args: argparse.Namespace) -> Listing:
@@ -100,7 +101,7 @@ async def _skip(args: argparse.Namespace) -> Listing:
         request.all = True
     else:
         request.records = args.count
-    return _positions(args, await call(args, f"/{SERVICE}/Skip", request, pb.PositionsResponse))
+    return _positions(args, await _ask(args, "Skip", request, pb.PositionsResponse))
 
 
 async def _create(args: argparse.Namespace) -> Listing:
@@ -115,11 +116,11 @@ async def _create(args: argparse.Namespace) -> Listing:
     else:
         raise argparse.ArgumentTypeError(f"--position {args.position!r}: expected earliest, latest or an "
                                          "offset")
-    return _positions(args, await call(args, f"/{SERVICE}/Create", request, pb.PositionsResponse))
+    return _positions(args, await _ask(args, "Create", request, pb.PositionsResponse))
 
 
 async def _describe(args: argparse.Namespace) -> Listing:
-    answer = await call(args, f"/{SERVICE}/Describe",
+    answer = await _ask(args, "Describe",
                         pb.DescribeRequest(topic=args.topic, subscription=args.subscription),
                         pb.DescribeResponse)
     rows = [_state_row(s) for s in answer.partitions]
@@ -137,7 +138,7 @@ def _state_row(s: pb.SubscriptionState) -> dict[str, object]:
 
 
 async def _peek(args: argparse.Namespace) -> Listing:
-    answer = await call(args, f"/{SERVICE}/Peek",
+    answer = await _ask(args, "Peek",
                         pb.PeekRequest(topic=args.topic, subscription=args.subscription, count=args.count),
                         pb.PeekResponse)
     rows: list[dict[str, object]] = []

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from danube_fast.cli.admin import Leaf, Listing, Subparsers, call, connection_options
+from danube_fast.cli.admin import Leaf, Listing, Subparsers, call_method, connection_options
 from danube_fast.proto import TableAdmin_pb2 as pb
-
-SERVICE = pb.DESCRIPTOR.services_by_name["TableAdmin"].full_name
 
 COLUMNS = (("stored_topic", "TOPIC"), ("mode", "MODE"), ("committed_offset", "COMMITTED"),
            ("topic_offset", "TOPIC OFFSET"), ("lag_ms", "LAG MS"), ("files", "FILES"), ("bytes", "BYTES"),
@@ -20,7 +18,7 @@ COLUMNS = (("stored_topic", "TOPIC"), ("mode", "MODE"), ("committed_offset", "CO
 
 
 async def _status(args: argparse.Namespace) -> Listing:
-    got = await call(args, f"/{SERVICE}/Status", pb.TableStatusRequest(topic=args.topic),
+    got = await call_method(args, "TableAdmin", "Status", pb.TableStatusRequest(topic=args.topic),
                      pb.TableStatusResponse)
     rows: list[dict[str, object]] = []
     for t in got.tables:

@@ -50,6 +50,16 @@ class Admin:
             await getattr(self.stub, method)(request, timeout=10)
         return e.value
 
+    async def settled(self, topic: str, sub: str, backlog: int = 0, timeout: float = 30.0) -> None:
+        """Wait until every partition's backlog is `backlog` (0: the acks sent have reached the broker)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            got = await self.stub.Describe(pb.DescribeRequest(topic=topic, subscription=sub), timeout=10)
+            if sum(p.backlog for p in got.partitions) == backlog:
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"{topic} {sub}: backlog {got}"
+            await asyncio.sleep(0.05)
+
     async def close(self) -> None:
         await self.channel.close()
 
@@ -104,7 +114,7 @@ def test_seek_moves_connected_official_consumers_back_by_time_and_forward(broker
             again = await consumer.get_n(8)
             assert offsets(again) == list(range(12, 20))
             await ack_all(consumer, again)
-            await asyncio.sleep(0.3)  # the acks reach the broker
+            await admin.settled(topic, "sub")
             assert (await admin.describe(topic, "sub")).position == 20
             moved = await admin.seek(topic, "sub", earliest=True, dry_run=True)
             assert [(p.from_offset, p.to_offset, p.records, p.moved) for p in moved] == [(20, 0, -20, False)]
@@ -133,7 +143,7 @@ def test_seek_a_shared_subscription_with_two_consumers(broker: Broker, topic: st
                         got.append(m)
                         await c.ack(m)
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
+            await admin.settled(topic, "shared")
             await admin.seek(topic, "shared", earliest=True)
             again: list[Any] = []
             for _ in range(100):
@@ -164,7 +174,7 @@ def test_a_fast_consumer_follows_a_seek_and_a_skip(broker: Broker, topic: str) -
         first = [await asyncio.wait_for(anext(stream), 5) for _ in range(50)]
         assert [r.offset for r in first] == list(range(50))
         await consumer.ack_cumulative(49)
-        await asyncio.sleep(0.3)
+        await admin.settled(topic, "fsub")
         await admin.seek(topic, "fsub", offset=20)
         again = [await asyncio.wait_for(anext(stream), 10) for _ in range(30)]
         assert [r.offset for r in again] == list(range(20, 50))
@@ -257,8 +267,8 @@ def test_partitioned_topic_seeks_every_partition(broker: Broker, topic: str) -> 
             await send_all(producer, [b"p-%d" % i for i in range(10)])
             got = await consumer.get_n(10)
             await ack_all(consumer, got)
-            await asyncio.sleep(0.3)
             admin = Admin(broker)
+            await admin.settled(topic, "sub")
             moved = await admin.seek(topic, "sub", earliest=True)
             assert [p.stored_topic for p in moved] == [f"{topic}-part-0", f"{topic}-part-1"]
             assert sum(-p.records for p in moved) == 10
@@ -279,8 +289,8 @@ def test_refusals_name_what_was_wrong_and_change_nothing(broker: Broker, topic: 
             live = await s.producer(topic + "-live", "p")  # NonReliable
             await s.consumer(topic + "-live", "c", "sub", SubType.EXCLUSIVE)
             await send_all(live, [b"y"])
-        await asyncio.sleep(0.3)
         admin = Admin(broker)
+        await admin.settled(topic, "sub")
         cases = [
             ("Seek", pb.SeekRequest(topic=topic, subscription="sub", offset=6),
              grpc.StatusCode.INVALID_ARGUMENT, "offset 6, outside"),
