@@ -129,6 +129,22 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def tree_cpu(pid: int) -> float:
+    """process_cpu of `pid` and of its live child processes (a broker's table worker)."""
+    total = process_cpu(pid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == pid:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                parent = int(f.read().rpartition(")")[2].split()[1])
+            if parent == pid:
+                total += process_cpu(int(entry))
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return total
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

@@ -9,9 +9,9 @@ acks read concurrently. Figures:
   Target: tables hurt the publish-ack p99 by at most 10% (`ack_p99_on` / `ack_p99_off`).
 - `freshness_p50`, `freshness_p99`: per batch, seconds from its ack until the table's committed offset (the
   TableAdmin status, polled every POLL_S) covers it. Target: p99 within lag_ms.
-- `writer_cpu_ms_per_mb`: the `on` broker's CPU from the first batch until its table caught up, less the
-  `off` broker's from the first batch until its uploads went quiet, per MB of record batches (what the
-  table writer costs: decoding, Parquet, zstd, commits).
+- `writer_cpu_ms_per_mb`: the `on` broker's CPU (its table worker process's included) from the first batch
+  until its table caught up, less the `off` broker's from the first batch until its uploads went quiet,
+  per MB of record batches (what the table writer costs: decoding, Parquet, zstd, commits).
 - `table_catch_up_s`: from the last ack until the table held every record.
 - `half_rate_*`, `quarter_rate_*`: then, on other topics of the same brokers, once they are quiet, the same
   batches offered at half and at a quarter of the rate the run's first broker reached (one batch every
@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from bench.broker import percentile
-from bench.common import MB, Options, Result, Target, median, paired_ratio, process_cpu, progress
+from bench.common import MB, Options, Result, Target, median, paired_ratio, progress, tree_cpu
 from bench.fast import BATCH_RECORDS, RECORD_BYTES, quiet
 from danube_fast.client import FastProducer
 from danube_fast.proto import TableAdmin_pb2 as table_pb
@@ -93,7 +93,7 @@ async def _one(broker: Broker, count: int, tables: bool, topic: str = TOPIC,
     payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
     poller = asyncio.create_task(poll()) if tables else None
     try:
-        cpu0, start = process_cpu(broker.pid), time.perf_counter()
+        cpu0, start = tree_cpu(broker.pid), time.perf_counter()
 
         def on_ack(sent: float) -> object:
             def record(future: asyncio.Future[tuple[int, int]]) -> None:
@@ -119,7 +119,7 @@ async def _one(broker: Broker, count: int, tables: bool, topic: str = TOPIC,
                 await asyncio.sleep(POLL_S)
             run.catch_up = time.perf_counter() - last_ack
         await quiet(broker.pid)
-        run.cpu = process_cpu(broker.pid) - cpu0
+        run.cpu = tree_cpu(broker.pid) - cpu0
     finally:
         done.set()
         if poller is not None:

@@ -44,6 +44,7 @@ from danube_fast.broker.services.schema import SchemaRegistryService
 from danube_fast.broker.services.security_admin import SecurityAdminService
 from danube_fast.broker.services.wire_guard import register, server_options
 from danube_fast.broker.stall_dump import StallDump
+from danube_fast.broker.table_worker import TableWorker
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic_registry import TopicRegistry
@@ -118,8 +119,10 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         retention = Retention(topics, namespaces, tier.objects, store, config.retention_check_ms / 1000,
                               ttl=MessageTtl(topics.subscriptions))
         c = config.cluster
-        tables = TableWriter(topics, namespaces, store, table_catalog(config), config.tables,
-                             file_io(c.s3_endpoint, c.s3_region, c.s3_access_key, c.s3_secret_key))
+        catalog = table_catalog(config)
+        tables = TableWriter(topics, namespaces, store, catalog, config.tables, TableWorker(
+            catalog, file_io(c.s3_endpoint, c.s3_region, c.s3_access_key, c.s3_secret_key), store,
+            os.path.join(config.data_dir, "tables"), config.tables.worker_nice, config.tables.worker_threads))
         undo.append(tables.close)
         security = config.security
         forwarder = Forwarder(credentials=channel_credentials(

@@ -22,6 +22,10 @@ ENV = "DANUBE_FAST_CRASH_AT"
 _ARMED = os.environ.get(ENV, "")
 
 
+def armed(point: str) -> bool:
+    return point == _ARMED
+
+
 def reach(point: str) -> None:
     if point == _ARMED:
         log.warning("crash point %s reached: killing this broker (DANUBE_FAST_CRASH_AT)", point)

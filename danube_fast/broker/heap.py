@@ -1,12 +1,12 @@
 """The broker process's long-lived objects kept out of the cyclic garbage collector's full passes.
 
-A full (generation 2) collection walks every tracked object and holds the GIL while it does: in a broker
-with the table libraries loaded (pyiceberg, pydantic, sqlalchemy: about 160 k objects) one took 30-100 ms
-on this 2-core machine under load, and every producer waiting for an ack waited that long too
-(bench/RESULTS.md, "Topic tables"). Modules, classes and the parts assembled at start live as long as the
-process, so they are collected once and then frozen (`gc.freeze`, CPython's permanent generation): later
-full passes walk only what was created since. That first collection takes 50-200 ms, so it runs before the
-broker serves (Broker.start), and again only if a policy turns tables on later.
+A full (generation 2) collection walks every tracked object and holds the GIL while it does: when the
+broker still loaded the table libraries itself (pyiceberg, pydantic, sqlalchemy: about 160 k objects; they
+now live in the table worker process) one took 30-100 ms on this 2-core machine under load, and every
+producer waiting for an ack waited that long too. Modules, classes and the parts assembled at start live as
+long as the process, so they are collected once and then frozen (`gc.freeze`, CPython's permanent
+generation): later full passes walk only what was created since. That first collection takes tens of
+milliseconds, so it runs before the broker serves (Broker.start).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ log = logging.getLogger("danube_fast.broker")
 
 
 def settle(why: str) -> None:
-    """Collect what start-up left, then move every object still alive out of the collector's passes. Called
-    before the broker serves and once more after a later import of a large library (`why` says which)."""
+    """Collect what start-up left, then move every object still alive out of the collector's passes, before
+    the broker serves (`why` says when, for the log)."""
     started = time.perf_counter()
     gc.collect()
     gc.freeze()

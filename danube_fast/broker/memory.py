@@ -56,8 +56,9 @@ class Share:
 # the defaults are the ones bench/RESULTS.md's runs used; with less, they plan on 7/16 of it, leaving the
 # rest to what has no setting (the interpreter and its modules, gRPC's buffers per stream, groups being
 # written, messages being produced, up to [broker] max_message_size each) and to the page cache, which a
-# cgroup charges too. A table commit holds its batches, their Arrow columns and the Parquet being written,
-# up to about three times commit_bytes while it runs (only on a broker whose topics have tables). The tail
+# cgroup charges too. A table commit holds its batches (an anonymous memory file for the table worker), their
+# Arrow columns and the Parquet being written (in the table worker process), up to about three times
+# commit_bytes while it runs (only on a broker whose topics have tables). The tail
 # cache takes the largest share (Pulsar's broker cache takes 1/5 of its direct memory, apache/pulsar
 # conf/broker.conf managedLedgerCacheSizeMB): it is what keeps consumers at the tail off the disk.
 SHARES: tuple[Share, ...] = (

@@ -11,9 +11,9 @@ commit. A topic that turns a table on is backfilled from the first offset it kee
 where to resume (its current snapshot's `danube.offsets`), so a restart, a crash or a move to another broker
 continues where the last commit ended, and a writer that lost a race to another plans again.
 
-Decoding, Parquet encoding and the catalog commit run in the writer's own thread (pyiceberg is synchronous;
-Arrow and zstd release the GIL), one commit at a time per broker: not the default executor, which serves
-the WAL's reads.
+Decoding, Parquet encoding, the catalog commit and maintenance run in the table worker, a process of its
+own (broker/table_worker.py, tables/worker.py), one request at a time per broker: here, only the reads and a
+spool file's write.
 
 Owner: the broker's event loop. `status` (what each table holds and what went wrong) is written only by the
 pass; the admin service and the metrics read it.
@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from danube_fast import names
-from danube_fast.broker import crashpoints, heap
+from danube_fast.broker import crashpoints
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.retention import own_policies
+from danube_fast.broker.table_worker import TableWorker, WorkerFailed
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topic_registry import TopicRegistry, partition_prefix, partitions_in
 from danube_fast.errors import DanubeError, ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
@@ -45,21 +44,19 @@ from danube_fast.meta.store import MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.storage.objects.format import clip_batches
 from danube_fast.storage.tiered import records_between
+from danube_fast.tables import worker_messages as m
 from danube_fast.tables.config import TablesConfig
 from danube_fast.tables.errors import ModeMismatch, SchemaModeError
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
-    from pyiceberg.table import Table
-
     from danube_fast.schema.arrow_values import Resolved
+    from danube_fast.tables.commit import Committed
 
 log = logging.getLogger("danube_fast.tables")
-T = TypeVar("T")
 
 READ_BYTES = 4 * 1024 * 1024  # one log read
 TICK_S = 0.25  # how often the writer looks for topics due a commit
-STORE_TIMEOUT = 30.0  # seconds a catalog call on the metadata store may take
+COMPACT_ROW_GROUPS = 4  # compaction's groups hold at most this many row groups' rows (maintenance.py)
 
 
 class DataLost(Exception):
@@ -68,14 +65,6 @@ class DataLost(Exception):
 
 class TableAhead(Exception):
     """The table holds offsets the topic has not: it belongs to an earlier topic of the same name."""
-
-
-class StaleSchema(Exception):
-    """Records carry a schema version newer than the writer's latest: read the registry again first."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"records of schema version {version}")
-        self.version = version
 
 
 @dataclass
@@ -103,7 +92,7 @@ class TableStatus:
 
 @dataclass
 class _Table:
-    table: Table | None = None
+    committed: Committed | None = None  # the table as the worker last loaded or committed it; None: load it
     status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
     last_commit: float = 0.0  # when this broker last committed to it (the writer's clock)
     bytes_per_record: float = 0.0  # of the record batches of the last commit: to size what is pending
@@ -111,23 +100,19 @@ class _Table:
     resolved_at: float = 0.0  # when it was last read (or tried)
     unresolved: SchemaModeError | None = None  # why it could not be, then
     asked_version: int = 0  # the newest schema version records carried when the registry was last read
-    dead_letters: Table | None = None  # schema mode: the dead-letter table, once a record needed it
 
 
 class TableWriter:
     def __init__(self, topics: TopicRegistry, namespaces: Namespaces, store: MetadataStore,
-                 location: TableCatalog, config: TablesConfig, file_io: dict[str, str] | None = None,
+                 location: TableCatalog, config: TablesConfig, worker: TableWorker,
                  clock: Callable[[], float] = time.time) -> None:
         self._topics = topics
         self._namespaces = namespaces
         self._store = store
         self.location = location
         self._config = config
-        self._file_io = file_io or {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = ThreadPoolExecutor(1, "tables")
+        self._worker = worker
         self._clock = clock
-        self._catalog: Catalog | None = None
         self._tables: dict[str, _Table] = {}  # by stored topic
         self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
         # stored topic -> its table's retention: (ms, bytes), 0 for no limit
@@ -151,35 +136,30 @@ class TableWriter:
             await self._store.put(key, self.location.to_json())
 
     async def prepare(self) -> None:
-        """Before the broker serves: when a policy asks for tables, import the table libraries and open the
-        catalog now. Done at the first table pass instead, that is 0.7 s of imports holding the GIL while
-        producers wait for their acks (bench/RESULTS.md, "Tables"). A topic whose table is turned on later
-        pays it then, once."""
-        self._loop = asyncio.get_running_loop()
+        """Before the broker serves: when a policy asks for tables, start the table worker (its imports take
+        about a second), so that the first commit does not wait for it."""
         policies = await self._policies(self._topics.stored())
         modes = [p.table_mode for p in policies.values()]
         modes += [self._namespaces.policy(ns).table_mode for ns in self._namespaces.names()]
         if any(mode != "none" for mode in modes):
-            await self._in_thread(self._open_catalog)
+            await self._worker.start()
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._run(), name="tables")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tables")
 
-    def _in_thread(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
-
-    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run `coro` on the broker's loop from a worker thread (the catalog on the metadata store)."""
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(STORE_TIMEOUT)
+    async def _ask(self, op: str, **kwargs: Any) -> Any:
+        """An op of the worker; its failures that stop or hold a table raised as the writer's own."""
+        try:
+            return await self._worker.call(op, **kwargs)
+        except WorkerFailed as e:
+            raise _translated(e) from None
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._executor.shutdown(wait=False)
+        await self._worker.close()
 
     async def _run(self) -> None:
         tick = min(self._config.lag_ms / 2000, TICK_S)
@@ -222,7 +202,7 @@ class TableWriter:
                 more = await self._write(topic, entry)
                 behind |= more
                 if not more:
-                    await self._maintain(entry, self._retention.get(topic.full, (0, 0)))
+                    await self._maintain(entry, topic, self._retention.get(topic.full, (0, 0)))
                 entry.status.error = ""
             except (DataLost, TableAhead, ModeMismatch) as e:
                 entry.status.stopped = str(e)
@@ -232,8 +212,8 @@ class TableWriter:
                     log.warning("%s: table waits: %s", topic.full, e)
                 entry.status.error = str(e)
             except Exception as e:  # the catalog, the object store or a disk away: the next pass retries
-                entry.table = None  # reload: a failed commit may have left it stale
-                error = f"{type(e).__name__}: {e}"
+                entry.committed = None  # reload: a failed commit may have left it stale
+                error = str(e) if isinstance(e, WorkerFailed) else f"{type(e).__name__}: {e}"
                 if error != entry.status.error:  # once per cause, not once per pass
                     log.warning("%s: table commit failed, retrying each pass: %s", topic.full, error)
                 entry.status.error = error
@@ -255,14 +235,13 @@ class TableWriter:
         """Drop the tables whose topic is gone from the metadata store (read there, not from the cache: a
         cache behind would drop a live topic's table). Any broker may do it; a table dropped twice is
         dropped once."""
-        from danube_fast.tables import maintenance
         from danube_fast.tables.catalog import DEAD_LETTER_SUFFIX
 
-        for namespace, table in await self._in_thread(self._table_names):
+        for namespace, table in await self._ask("tables"):
             base = table.removesuffix(DEAD_LETTER_SUFFIX)
             if await self._topic_exists(namespace, base):
                 continue
-            files = await self._in_thread(maintenance.drop, self._catalog, (namespace, table))
+            files = await self._ask("drop", identifier=(namespace, table))
             self.dropped.append(f"{namespace}.{table}")
             log.info("%s.%s: topic /%s/%s was deleted: table dropped, %d files deleted", namespace, table,
                      namespace, base, files)
@@ -273,15 +252,6 @@ class TableWriter:
             return True
         name = TopicName(namespace, topic)
         return bool(partitions_in(await self._store.get_prefix(partition_prefix(name)), name))
-
-    def _table_names(self) -> list[tuple[str, str]]:
-        """Every table of the catalog, as (namespace, table)."""
-        catalog = self._open_catalog()
-        found = []
-        for namespace in catalog.list_namespaces():
-            for ident in catalog.list_tables(namespace):
-                found.append((str(ident[0]), str(ident[-1])))
-        return found
 
     async def _resolve(self, topic: ReliableTopic, entry: _Table, force: bool = False) -> Resolved:
         """Schema mode: the topic's subject, read again every policy_check_ms (or when `force`d); raises
@@ -303,24 +273,14 @@ class TableWriter:
     async def _write(self, topic: ReliableTopic, entry: _Table) -> bool:
         """Commit up to commit_bytes of what the table lacks; whether more is left."""
         status = entry.status
-        loaded = entry.table is None
-        if entry.table is None:
-            # The first load imports pyiceberg (0.7 s of imports): in the writer's thread, not the loop's.
-            entry.table = await self._in_thread(self._load, topic)
-        from pyiceberg.exceptions import CommitFailedException
-
-        from danube_fast.tables import commit
-        from danube_fast.tables.catalog import committed_offsets
-
-        if loaded:
-            state = commit.state(entry.table)
-            status.table = ".".join(entry.table.name())
-            status.metadata_location, status.files, status.bytes = (
-                state.metadata_location, state.files, state.bytes)
+        spec = self._spec(topic)
+        if entry.committed is None:
+            entry.committed = await self._ask("load", spec=spec)
+            status.table = ".".join(spec.identifier)
+            self._took(entry, entry.committed)
         if status.mode == "schema":
             await self._resolve(topic, entry)
-        table = entry.table
-        held = committed_offsets(table).get(topic.full)
+        held = entry.committed.offsets.get(topic.full)
         log_ = topic.log
         start = log_.start_offset if held is None else held
         end = log_.committed_offset
@@ -353,23 +313,30 @@ class TableWriter:
             return False
         base, partition = _stored(topic)
         try:
-            state, dead = await self._in_thread(self._commit, entry, topic, start, next_offset, data, base,
-                                                  partition)
-        except (CommitFailedException, commit.OffsetsMoved) as e:
-            log.info("%s: another commit landed first (%s): planning again from the table", topic.full, e)
-            entry.table = entry.dead_letters = None
-            return True
-        except StaleSchema as e:  # read the registry again; a version it still lacks does not decode
-            await self._resolve(topic, entry, force=True)
-            entry.asked_version = e.version
-            return True
+            state, dead = await self._worker.commit(
+                data, spec=spec, stored=topic.full, topic=f"/{topic.name.namespace}/{base}",
+                partition=partition, start=start, end=next_offset,
+                resolved=entry.resolved if status.mode == "schema" else None,
+                asked_version=entry.asked_version,
+                pause_before_commit=crashpoints.armed(crashpoints.TABLE_BEFORE_COMMIT))
+        except WorkerFailed as e:
+            if e.failure.kind == m.MOVED:
+                log.info("%s: another commit landed first (%s): planning again from the table", topic.full,
+                         e.failure.message)
+                entry.committed = None
+                return True
+            if e.failure.kind == m.STALE_SCHEMA:  # read the registry again; a version it lacks won't decode
+                await self._resolve(topic, entry, force=True)
+                entry.asked_version = e.failure.version
+                return True
+            raise _translated(e) from None
+        entry.committed = state
         if dead:
             status.dlq_records += dead
             log.warning("%s: %d records did not decode with their schema and went to the dead-letter table",
                         topic.full, dead)
         status.committed_offset = state.offsets[topic.full]
-        status.metadata_location, status.files, status.bytes = (
-            state.metadata_location, state.files, state.bytes)
+        self._took(entry, state)
         status.commits += 1
         entry.last_commit = now
         entry.bytes_per_record = sum(len(d) for d in data) / max(1, next_offset - start)
@@ -378,43 +345,41 @@ class TableWriter:
             status.behind_since = None
         return more
 
-    async def _maintain(self, entry: _Table, retention: tuple[int, int]) -> None:
-        """Retention, compaction, expiry and the sweep of the entry's table, and of its dead-letter table,
-        when due (each table once per maintenance_ms, whichever of its stored topics comes first)."""
-        from danube_fast.tables import commit
-
-        if entry.table is not None:
-            got = await self._maintain_table(entry.table, entry.status.table, retention)
-            if got is not None:
-                entry.table, compacted = got
-                state = commit.state(entry.table)
-                entry.status.compacted_files += compacted
-                entry.status.metadata_location, entry.status.files, entry.status.bytes = (
-                    state.metadata_location, state.files, state.bytes)
-        if entry.dead_letters is not None:
-            got = await self._maintain_table(entry.dead_letters, ".".join(entry.dead_letters.name()),
-                                             retention)
-            if got is not None:
-                entry.dead_letters = got[0]
-
-    async def _maintain_table(self, table: Table, name: str, retention: tuple[int, int]
-                              ) -> tuple[Table, int] | None:
-        """`table` maintained and reloaded, with how many files compaction replaced; None when not due."""
+    async def _maintain(self, entry: _Table, topic: ReliableTopic, retention: tuple[int, int]) -> None:
+        """Retention, compaction, expiry and the sweep of the entry's table (and of its dead-letter table)
+        when due: each table once per maintenance_ms, whichever of its stored topics comes first."""
+        name = entry.status.table
         now = self._clock()
-        if now - self._maintained.get(name, 0.0) < self._config.maintenance_ms / 1000:
-            return None
+        due = now - self._maintained.get(name, 0.0) >= self._config.maintenance_ms / 1000
+        if entry.committed is None or not due:
+            return
         self._maintained[name] = now
-        from danube_fast.tables import maintenance
-
         c = self._config
-        done = await self._in_thread(functools.partial(
-            maintenance.maintain, table, c.target_file_bytes, c.compact_min_files, c.snapshot_keep_ms,
-            c.orphan_grace_ms, retention_ms=retention[0], retention_bytes=retention[1]))
+        started = time.monotonic()
+        got = await self._ask("maintain", spec=self._spec(topic), target_bytes=c.target_file_bytes,
+                              min_files=c.compact_min_files, keep_ms=c.snapshot_keep_ms,
+                              grace_ms=c.orphan_grace_ms, retention_ms=retention[0],
+                              retention_bytes=retention[1], group_rows=COMPACT_ROW_GROUPS * c.row_group_rows)
+        if got is None:  # the worker has not loaded it (it was restarted): the next commit does
+            return
+        entry.committed, done = got
+        self._took(entry, entry.committed)
+        entry.status.compacted_files += done.compacted_files
         if done.compacted_files or done.expired_snapshots or done.swept_files or done.retained_files:
             log.info("%s: retention removed %d files, compacted %d files into %d, expired %d snapshots, "
-                     "swept %d files", name, done.retained_files, done.compacted_files, done.written_files,
-                     done.expired_snapshots, done.swept_files)
-        return await self._in_thread(self._reload, table), done.compacted_files
+                     "swept %d files (%.1f s)", name, done.retained_files, done.compacted_files,
+                     done.written_files, done.expired_snapshots, done.swept_files, time.monotonic() - started)
+
+    @staticmethod
+    def _took(entry: _Table, state: Committed) -> None:
+        entry.status.metadata_location, entry.status.files, entry.status.bytes = (
+            state.metadata_location, state.files, state.bytes)
+
+    def _spec(self, topic: ReliableTopic) -> m.TableSpec:
+        base, partition = _stored(topic)
+        return m.TableSpec(topic.name.namespace, base, partition >= 0,
+                           self._modes.get(topic.full, "envelope"), self._config.hour_partitions,
+                           self._config.row_group_rows)
 
     async def _read(self, topic: ReliableTopic, start: int, end: int,
                     status: TableStatus) -> tuple[list[memoryview], int]:
@@ -459,63 +424,15 @@ class TableWriter:
                     target - 1, error)
         return target
 
-    # -- worker thread ----------------------------------------------------------------------------------
 
-    def _open_catalog(self) -> Catalog:
-        """The catalog, opened on first use, with the modules a commit needs imported."""
-        if self._catalog is None:
-            from danube_fast.tables import commit, envelope, maintenance, typed  # noqa: F401
-            from danube_fast.tables.catalog import open_catalog
-
-            self._catalog = open_catalog(self.location, store=self._store, call=self._call, io=self._file_io)
-            if self._task is not None:  # opened while serving; at start the broker settles after prepare()
-                heap.settle("the table libraries' import")
-        return self._catalog
-
-    def _load(self, topic: ReliableTopic, dead_letters: bool = False) -> Table:
-        from danube_fast.tables.catalog import dead_letter_name, load_or_create
-
-        catalog = self._open_catalog()
-        base, partition = _stored(topic)
-        mode = "envelope" if dead_letters else self._modes.get(topic.full, "envelope")
-        if dead_letters:
-            base = dead_letter_name(base)
-        return load_or_create(catalog, topic.name.namespace, base, partition >= 0,
-                              self._config.hour_partitions, self._config.row_group_rows, mode)
-
-    def _reload(self, table: Table) -> Table:
-        return table.refresh()
-
-    def _commit(self, entry: _Table, topic: ReliableTopic, start: int, end: int, data: list[memoryview],
-                base: str, partition: int) -> tuple[Any, int]:
-        """Append [start, end) to the topic's table; in schema mode the records that do not decode go to
-        the dead-letter table first (commit.append_dead_letters). The state after, and how many went there."""
-        from danube_fast.tables import commit, typed
-        from danube_fast.tables.envelope import rows_of
-
-        table = entry.table
-        assert table is not None
-        rows = rows_of(data, start, end, f"/{topic.full.split('/')[1]}/{base}", partition)
-        dead = 0
-        if entry.status.mode == "schema":
-            resolved = entry.resolved
-            assert resolved is not None  # _write resolved it before it read
-            newest = typed.newest_version(rows)
-            if newest is not None and newest > max(resolved.version, entry.asked_version):
-                raise StaleSchema(newest)
-            columns = typed.value_columns(resolved)
-            commit.evolve(table, columns, f"{resolved.subject}:{resolved.version}", resolved.format)
-            decoded = typed.split(rows, resolved, columns)
-            if decoded.dead.num_rows:
-                if entry.dead_letters is None:
-                    entry.dead_letters = self._load(topic, dead_letters=True)
-                if commit.append_dead_letters(entry.dead_letters, topic.full, start, end, decoded.dead):
-                    dead = decoded.dead.num_rows
-            from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-            rows = typed.conform(decoded.typed, schema_to_pyarrow(table.schema(), include_field_ids=False))
-        return commit.append_range(table, topic.full, start, end, rows,
-                                   lambda: crashpoints.reach(crashpoints.TABLE_BEFORE_COMMIT)), dead
+def _translated(e: WorkerFailed) -> Exception:
+    """A worker's failure as the writer handles it: a table of another mode stops, a topic whose schema
+    cannot type a table waits, anything else is retried."""
+    if e.failure.kind == m.MODE_MISMATCH:
+        return ModeMismatch(e.failure.message)
+    if e.failure.kind == m.SCHEMA_MODE:
+        return SchemaModeError(e.failure.message)
+    return e
 
 
 def _stored(topic: ReliableTopic) -> tuple[str, int]:

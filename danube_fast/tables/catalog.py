@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from danube_fast.meta.resources_storage import TableCatalog
-from danube_fast.meta.store import MetadataStore
 from danube_fast.tables.errors import ModeMismatch
+from danube_fast.tables.pointers import PointerStore
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
-
-Call = Callable[[Coroutine[Any, Any, Any]], Any]
 
 OFFSETS = "danube.offsets"  # snapshot summary: {stored topic: next offset the table lacks}
 TOPIC_PROPERTY = "danube.topic"  # table property: the topic the table keeps
@@ -64,21 +62,21 @@ def file_io(endpoint: str | None = None, region: str | None = None, access_key: 
     return {k: v for k, v in given.items() if v}
 
 
-def open_catalog(location: TableCatalog, *, read_only: bool = False, store: MetadataStore | None = None,
-                 call: Call | None = None, io: Mapping[str, str] | None = None) -> Catalog:
+def open_catalog(location: TableCatalog, *, read_only: bool = False, pointers: PointerStore | None = None,
+                 io: Mapping[str, str] | None = None) -> Catalog:
     """The catalog at `location`; `io` adds FileIO settings (S3 endpoint and keys, file_io()).
 
     - kind "sql": pyiceberg's SQL catalog (its tables are created on first use). `read_only`, for readers:
       nothing is created, and a SQLite file is opened with SQLite's read-only mode, safely next to the broker
       that writes it.
-    - kind "metadata": the catalog on the metadata store (meta_catalog.py), for a broker: `store` and `call`
-      (which runs a coroutine on the store's loop and returns its result) are required."""
+    - kind "metadata": the catalog on the metadata store (meta_catalog.py), for a broker's table worker:
+      `pointers` (pointers.py, the store's calls it makes) is required."""
     if location.kind == "metadata":
         from danube_fast.tables.meta_catalog import MetaCatalog
 
-        if store is None or call is None:
-            raise ValueError("the catalog on the metadata store needs the store and its event loop")
-        return MetaCatalog(CATALOG_NAME, store, call, warehouse=location.warehouse, **(io or {}))
+        if pointers is None:
+            raise ValueError("the catalog on the metadata store needs the store's pointer calls")
+        return MetaCatalog(CATALOG_NAME, pointers, warehouse=location.warehouse, **(io or {}))
     from pyiceberg.catalog.sql import SqlCatalog
 
     if read_only:

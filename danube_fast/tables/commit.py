@@ -11,7 +11,7 @@ pyiceberg), and the writer plans again from the table as it now is. A writer kil
 and before the commit leaves files no snapshot names: invisible to every reader (which plan from
 snapshots), removed by the orphan sweep.
 
-Runs in a worker thread: pyiceberg is synchronous (Parquet encoding and zstd release the GIL).
+Runs in the table worker process (tables/worker.py), never in the broker's.
 """
 
 from __future__ import annotations

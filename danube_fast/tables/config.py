@@ -24,6 +24,10 @@ class TablesConfig:
     # A deleted topic's table (and dead-letter table) is dropped, files and all, at the next maintenance
     # round; false keeps it for its readers (a topic created later under the name stops at it, TableAhead).
     drop_with_topic: bool = False
+    # Added to the table worker process's nice value: on a busy machine the broker's threads get the CPU
+    # first (docs/TABLES.md, "Freshness and pacing").
+    worker_nice: int = 10
+    worker_threads: int = 1  # Arrow's thread pools in the table worker (Parquet encoding, reads)
 
     def check(self) -> None:
         if self.lag_ms < 100:
@@ -40,5 +44,9 @@ class TablesConfig:
         if self.orphan_grace_ms < 60_000:
             raise ValueError("[tables] orphan_grace_ms must be at least 60000: a commit in progress must not "
                              "lose its files to a sweep")
+        if not 0 <= self.worker_nice <= 19:
+            raise ValueError(f"[tables] worker_nice must be between 0 and 19, not {self.worker_nice}")
+        if self.worker_threads < 1:
+            raise ValueError(f"[tables] worker_threads must be at least 1, not {self.worker_threads}")
         if self.policy_check_ms < 100:
             raise ValueError(f"[tables] policy_check_ms must be at least 100, not {self.policy_check_ms}")

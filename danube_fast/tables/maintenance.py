@@ -20,7 +20,7 @@ rewrite_data_files) nor an orphan-file removal, so both are written here over it
   those of commits that never happened (a writer killed between Parquet and commit, a refused commit). The
   grace keeps a commit in progress from losing its files to a sweep.
 
-Runs in a worker thread (synchronous pyiceberg and pyarrow I/O).
+Runs in the table worker process (tables/worker.py), never in the broker's.
 """
 
 from __future__ import annotations
@@ -111,27 +111,34 @@ def _delete_before(table: Table, cutoff_us: int) -> int:
     return len(doomed)
 
 
-def small_groups(table: Table, target_bytes: int, min_files: int) -> list[list[DataFile]]:
-    """Per partition of the current snapshot, the files under half `target_bytes` when there are at least
-    `min_files` of them, cut into groups of at most about `target_bytes`, each of two files or more."""
+def small_groups(table: Table, target_bytes: int, min_files: int,
+                 group_rows: int = 0) -> list[list[DataFile]]:
+    """Per partition of the current snapshot, the small files when there are at least `min_files` of them,
+    cut into groups of at most about `target_bytes` (and, when `group_rows`, of at most that many rows), each
+    of two files or more. A file is small under half `target_bytes`, and, when `group_rows`, under an eighth
+    of it in rows too: a busy topic's commits are files of a quarter of a million rows and more, which a
+    scan reads well, and whose rewriting would cost the writer as much as writing them did (records that
+    compress well make small files of many rows)."""
     by_partition: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
     for task in table.scan().plan_files():
         f = task.file
-        if f.file_size_in_bytes < target_bytes // 2:
+        if f.file_size_in_bytes < target_bytes // 2 and (not group_rows or f.record_count < group_rows // 8):
             by_partition[(f.spec_id, repr(f.partition))].append(f)  # Record: equal partitions, equal repr
     groups = []
     for files in by_partition.values():
         if len(files) < min_files:
             continue
         group: list[DataFile] = []
-        size = 0
+        size = rows = 0
         for f in sorted(files, key=lambda f: f.file_path):
-            if group and size + f.file_size_in_bytes > target_bytes:
+            if group and (size + f.file_size_in_bytes > target_bytes or
+                          (group_rows and rows + f.record_count > group_rows)):
                 if len(group) > 1:
                     groups.append(group)
-                group, size = [], 0
+                group, size, rows = [], 0, 0
             group.append(f)
             size += f.file_size_in_bytes
+            rows += f.record_count
         if len(group) > 1:
             groups.append(group)
     return groups
@@ -148,7 +155,7 @@ def compact(table: Table, files: list[DataFile]) -> int:
     parts = []
     for f in files:
         with table.io.new_input(f.file_path).open() as stream:
-            parts.append(pq.read_table(stream))
+            parts.append(_large(pq.read_table(stream)))
     rows = pa.concat_tables(parts).sort_by([("partition", "ascending"), ("offset", "ascending")])
     offsets = committed_offsets(table)
     written = 0
@@ -161,6 +168,16 @@ def compact(table: Table, files: list[DataFile]) -> int:
                 overwrite.append_data_file(new)
                 written += 1
     return written
+
+
+def _large(rows: Any) -> Any:
+    """`rows` with binary and string columns as their 64-bit-offset kinds: sorting joins a column's chunks
+    into one array, and values of well-compressed files add up to more than the 2 GiB 32-bit offsets hold."""
+    import pyarrow as pa
+
+    fields = [f.with_type(pa.large_binary()) if pa.types.is_binary(f.type) else
+              f.with_type(pa.large_string()) if pa.types.is_string(f.type) else f for f in rows.schema]
+    return rows.cast(pa.schema(fields, metadata=rows.schema.metadata))
 
 
 def expire(table: Table, keep_ms: int, now: float | None = None) -> int:
@@ -251,7 +268,8 @@ def _key(name: str) -> str:
 
 
 def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grace_ms: int,
-             retention_ms: int = 0, max_groups: int = 4, retention_bytes: int = 0) -> Done:
+             retention_ms: int = 0, max_groups: int = 4, retention_bytes: int = 0,
+             group_rows: int = 0) -> Done:
     """One maintenance round: retention (by time when `retention_ms`, by size when `retention_bytes`),
     compact up to `max_groups` groups of small files, expire, sweep. A step that lost a race to another
     commit is left for the next round."""
@@ -266,7 +284,7 @@ def maintain(table: Table, target_bytes: int, min_files: int, keep_ms: int, grac
             except (CommitFailedException, ValidationException):
                 table = table.refresh()
     compacted = written = 0
-    for group in small_groups(table, target_bytes, min_files)[:max_groups]:
+    for group in small_groups(table, target_bytes, min_files, group_rows)[:max_groups]:
         try:
             written += compact(table, group)
             compacted += len(group)

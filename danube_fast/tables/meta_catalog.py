@@ -13,14 +13,13 @@ swap per commit, which etcd already does for the brokers' own state. What it cos
 standard catalogs (the Iceberg Spark runtime) cannot list these tables; every reader can open a table's
 metadata file (`admin tables status` shows it), and `read_table` and pyiceberg's StaticTable do.
 
-The store is async and bound to its event loop; pyiceberg is synchronous and runs in worker threads, so each
-call is sent to the loop (`call`) and waited for. Never call it from the loop's own thread.
+The store is async and bound to its event loop, pyiceberg synchronous: the catalog reaches the store through
+a PointerStore (pointers.py), which a broker's table worker process asks over its socket.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog, MetastoreCatalog, PropertiesUpdateSummary
 from pyiceberg.exceptions import (
@@ -41,26 +40,22 @@ from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
 from danube_fast.meta import keys
 from danube_fast.meta.resources_storage import TablePointer
-from danube_fast.meta.store import Compare, KeyValue, MetadataStore, Put
+from danube_fast.meta.store import Compare, KeyValue
+from danube_fast.tables.pointers import PointerStore
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.table.update import TableRequirement, TableUpdate
     from pyiceberg.view import View
 
-T = TypeVar("T")
-Call = Callable[[Coroutine[Any, Any, Any]], Any]
-
 
 class MetaCatalog(MetastoreCatalog):
-    def __init__(self, name: str, store: MetadataStore, call: Call, **properties: str) -> None:
+    def __init__(self, name: str, pointers: PointerStore, **properties: str) -> None:
         super().__init__(name, **properties)
-        self._store = store
-        self._call = call
+        self._pointers = pointers
 
     def _get(self, namespace: str, table: str) -> KeyValue | None:
-        kv: KeyValue | None = self._call(self._store.get(keys.table_pointer(namespace, table)))
-        return kv
+        return self._pointers.get(keys.table_pointer(namespace, table))
 
     def _names(self, identifier: str | Identifier) -> tuple[str, str]:
         namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
@@ -76,8 +71,7 @@ class MetaCatalog(MetastoreCatalog):
         key = keys.table_pointer(namespace, name)
         guard = Compare(key, "mod_revision", "==", old.mod_revision) if old is not None else \
             Compare(key, "version", "==", 0)
-        value = TablePointer(metadata_location).to_json()
-        return bool(self._call(self._store.transaction([guard], [Put(key, value)], [])).succeeded)
+        return self._pointers.swap(key, guard, TablePointer(metadata_location).to_json())
 
     # -- tables ---------------------------------------------------------------------------------------------
 
@@ -138,14 +132,14 @@ class MetaCatalog(MetastoreCatalog):
         namespace, name = self._names(identifier)
         if self._get(namespace, name) is None:
             raise NoSuchTableError(f"Table does not exist: {namespace}.{name}")
-        self._call(self._store.delete(keys.table_pointer(namespace, name)))
+        self._pointers.delete(keys.table_pointer(namespace, name))
 
     def rename_table(self, from_identifier: str | Identifier, to_identifier: str | Identifier) -> Table:
         raise NotImplementedError("topic tables are named after their topics and are not renamed")
 
     def list_tables(self, namespace: str | Identifier) -> list[Identifier]:
         ns = Catalog.namespace_to_string(namespace)
-        kvs: list[KeyValue] = self._call(self._store.get_prefix(keys.table_pointers_prefix(ns)))
+        kvs = self._pointers.get_prefix(keys.table_pointers_prefix(ns))
         return [keys.parse_table_pointer(kv.key) for kv in kvs]
 
     # -- namespaces: Danube's, implicit ---------------------------------------------------------------------
@@ -157,7 +151,7 @@ class MetaCatalog(MetastoreCatalog):
         return True
 
     def list_namespaces(self, namespace: str | Identifier = ()) -> list[Identifier]:
-        kvs: list[KeyValue] = self._call(self._store.get_prefix(keys.table_pointers_prefix()))
+        kvs = self._pointers.get_prefix(keys.table_pointers_prefix())
         return sorted({(keys.parse_table_pointer(kv.key)[0],) for kv in kvs})
 
     def drop_namespace(self, namespace: str | Identifier) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -146,6 +147,46 @@ def test_killed_between_parquet_and_commit_then_killed_under_load_the_table_hold
         broker.start()
     until("the table after the kills", lambda: caught_up(broker, topic, 5000))
     assert table_rows(broker, "default.crashy") == expected(0, 5000)
+
+
+def table_workers(broker: Broker) -> list[int]:
+    """The pids of the broker's table worker processes (its children running tables/worker.py)."""
+    assert broker.process is not None
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"danube_fast.tables.worker" in argv and str(broker.process.pid).encode() in argv:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b")")[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_table_worker_is_started_again_and_dies_with_its_broker(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG + "[policy]\ntable_mode = \"envelope\"\n")
+    topic = "/default/worked"
+    produce(broker, topic, 0, 1000)
+    until("the first commits", lambda: caught_up(broker, topic, 1000))
+    (first,) = until("the table worker", lambda: table_workers(broker))
+    os.kill(first, signal.SIGKILL)
+    produce(broker, topic, 1000, 1000)
+    until("the table after the worker's death", lambda: caught_up(broker, topic, 2000))
+    assert table_rows(broker, "default.worked") == expected(0, 2000)
+    (second,) = table_workers(broker)
+    assert second != first and "table worker started" in broker.log_tail()
+    broker.kill()
+    until("the worker's end with its broker", lambda: not alive(second), timeout=10)
 
 
 def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None:

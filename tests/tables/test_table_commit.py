@@ -22,6 +22,7 @@ from pyiceberg.exceptions import CommitFailedException
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources_storage import TableCatalog
 from danube_fast.tables import catalog, commit, envelope
+from danube_fast.tables.pointers import LoopPointers
 from danube_fast.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 TOPIC = "/default/orders"
@@ -59,7 +60,8 @@ def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
 
     store = call(EmbeddedStore.open(str(tmp_path / "metadata.db")))
     try:
-        yield catalog.open_catalog(catalog.cluster_catalog(str(tmp_path / "objects")), store=store, call=call)
+        yield catalog.open_catalog(catalog.cluster_catalog(str(tmp_path / "objects")),
+                                   pointers=LoopPointers(store, call))
     finally:
         call(store.close())
         loop.call_soon_threadsafe(loop.stop)
@@ -135,6 +137,28 @@ def test_a_reader_opens_the_sql_catalog_read_only(tmp_path: Path) -> None:
         reader.create_namespace("other")
     with pytest.raises(FileNotFoundError, match="no table was written yet"):
         catalog.open_catalog(catalog.standalone_catalog(str(tmp_path / "none")), read_only=True)
+
+
+def test_compaction_leaves_files_of_many_rows_and_caps_a_group_by_rows(cat) -> None:  # type: ignore[no-untyped-def]
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "busy", False, True, 1 << 20)
+    for low in range(0, 1200, 100):
+        commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
+    commit.append_range(table, TOPIC, 1200, 3200, rows(TOPIC, -1, 1200, 3200))  # one file of 2000 rows
+    # Files under an eighth of group_rows in rows are small; a group holds at most group_rows rows.
+    groups = maintenance.small_groups(table, 64 << 20, 2, group_rows=1000)
+    assert sorted(len(g) for g in groups) == [2, 10]
+    assert all(sum(f.record_count for f in g) <= 1000 for g in groups)
+    assert all(f.record_count == 100 for g in groups for f in g)
+    assert maintenance.small_groups(table, 64 << 20, 2, group_rows=800) == []  # 100 rows: not under 800 / 8
+    # Large types when joining: the rows of the rewritten files are the same.
+    before = offsets_in(table)
+    for group in groups:
+        maintenance.compact(table, group)
+        table = cat.load_table(("default", "busy"))
+    assert offsets_in(table) == before == list(range(3200))
+    assert len(list(table.scan().plan_files())) == 3
 
 
 def test_compaction_keeps_every_row_and_offsets_then_expiry_and_the_sweep_free_the_old_files(
