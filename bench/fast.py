@@ -8,6 +8,9 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
 - `fast_produce_reliable`: danube_fast.client.FastProducer.send_batch through the broker to a Reliable topic
   (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
+- `native_produce_reliable`: the same batches to a Reliable topic through the broker's native transport
+  (danube_fast.client.native.NativeProducer over frames on TCP, docs/TRANSPORT.md), the same cap on
+  unacknowledged bytes; its ratio is to `fast_produce_reliable` (gRPC) of the same run.
 - `fast_produce_reliable_half_rate_ack_p50/p99`: the same batches to a Reliable topic offered at half the
   rate `fast_produce_reliable` reached in the same run, one batch every BATCH_RECORDS / rate seconds;
   latency per batch from the moment it was due (not when it was sent: a late send counts as waiting).
@@ -39,10 +42,12 @@ from bench.broker import bare_server, metered, percentile, start_bare_server, st
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
+from danube_fast.client.native import NativeConnection, NativeProducer
 from danube_fast.client.producer import batch_request
 from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.testing.broker import Broker
 from danube_fast.testing.process import ServerProcess
 
 RECORD_BYTES = 256
@@ -182,6 +187,31 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
         await producer.close()
 
 
+async def native_through_broker(server: Broker, topic: str, count: int) -> tuple[float, float, float]:
+    """through_broker's full-rate figure over the native transport."""
+    conn = await NativeConnection.connect(server.fast_target)
+    try:
+        producer = await NativeProducer.open(conn, topic, "bench",
+                                             max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
+        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        latencies: list[float] = []
+
+        def acked(sent: float) -> Callable[[object], None]:
+            return lambda _future: latencies.append(time.perf_counter() - sent)
+
+        with metered(server.pid) as usage:
+            for _ in range(count):
+                sent = time.perf_counter()
+                future = await producer.send_batch(payloads)
+                future.add_done_callback(acked(sent))
+            await producer.flush()
+        latencies.sort()
+        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
+                percentile(latencies, 0.99) * 1e3)
+    finally:
+        conn.close()
+
+
 def run_fast(options: Options) -> list[Result]:
     count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
@@ -189,7 +219,7 @@ def run_fast(options: Options) -> list[Result]:
     bare_server = start_bare_server(scratch / "bare.log")
     try:
         for run in range(options.runs):
-            broker = start_broker(scratch / f"broker-{run}")
+            broker = start_broker(scratch / f"broker-{run}", native=True)
             figures: Figures = {}
             try:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -200,6 +230,10 @@ def run_fast(options: Options) -> list[Result]:
                         topic = f"/default/{name}-{run}"
                         runner.run(through_broker(broker, topic + "-warm", reliable, count // 10))
                         figures[name] = runner.run(through_broker(broker, topic, reliable, count))
+                    topic = f"/default/native_produce_reliable-{run}"
+                    runner.run(native_through_broker(broker, topic + "-warm", count // 10))
+                    figures["native_produce_reliable"] = runner.run(
+                        native_through_broker(broker, topic, count))
                     half = figures["fast_produce_reliable"][0] / 2
                     runner.run(quiet(broker.pid))  # the full-rate runs' uploads done
                     figures["fast_produce_reliable_half_rate"] = runner.run(
@@ -233,6 +267,15 @@ def summarise(runs: list[Figures]) -> list[Result]:
         for i, q in ((1, "p50"), (2, "p99")):
             values = [v for r in runs if (v := r[name][i]) is not None]
             results.append(Result(f"{name}_ack_{q}", "ms", median(values), n))
+    grpc_rates = [r["fast_produce_reliable"][0] for r in runs]
+    native = [r["native_produce_reliable"] for r in runs]
+    native_rates = [v[0] for v in native]
+    results.append(Result("native_produce_reliable", "records/s", median(native_rates), n, median(grpc_rates),
+                          paired_ratio(native_rates, grpc_rates), TARGET))
+    results.append(Result("native_produce_reliable_mb", "MB/s", median(native_rates) * RECORD_BYTES / 1e6, n))
+    for i, q in ((1, "p50"), (2, "p99")):
+        values = [v for r in native if (v := r[i]) is not None]
+        results.append(Result(f"native_produce_reliable_ack_{q}", "ms", median(values), n))
     half = [r["fast_produce_reliable_half_rate"] for r in runs]
     results.append(Result("fast_produce_reliable_half_rate", "records/s", median([h[0] for h in half]), n))
     results.append(Result("fast_produce_reliable_half_rate_ack_p50", "ms",

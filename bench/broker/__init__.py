@@ -163,9 +163,10 @@ def make_sample(count: int, elapsed: float, latencies_s: list[float] | None, usa
 # -- server processes -----------------------------------------------------------------------------------
 
 
-def start_broker(workdir: Path) -> Broker:
-    """A standalone broker with its data (metadata store, WALs) and log in `workdir`."""
-    broker = Broker(workdir, die_with_parent=True)
+def start_broker(workdir: Path, native: bool = False) -> Broker:
+    """A standalone broker with its data (metadata store, WALs) and log in `workdir` (`native`: serving the
+    native transport too)."""
+    broker = Broker(workdir, die_with_parent=True, native=native)
     _started(broker)
     return broker
 

@@ -9,6 +9,7 @@ that the registration a cluster node publishes names them, and served from Broke
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,7 @@ from danube_fast.broker.services.discovery import DiscoveryService, HealthServic
 from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
 from danube_fast.broker.services.fast_reader import FastReaderService
 from danube_fast.broker.services.forward import Forwarder
+from danube_fast.broker.services.native import NativeServer
 from danube_fast.broker.services.policy_admin import PolicyAdminService
 from danube_fast.broker.services.producer import ProducerService
 from danube_fast.broker.services.schema import SchemaRegistryService
@@ -139,6 +141,15 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             gate = Gate(security, Authorizer(cache, privileged), consumer_topic, DenyList(cache))
         metrics = MetricsServer(ctx, retention, tables) if config.prom_exporter else None
         client, admin, listening = await _bind(config, gate, metrics, undo)
+        native = None
+        if config.fast_addr:
+            native = NativeServer(ctx)
+            undo.append(native.close)
+            host, _, port = config.fast_addr.rpartition(":")
+            try:
+                listening = dataclasses.replace(listening, fast_port=await native.bind(host, int(port)))
+            except OSError as e:
+                raise StartError(f"cannot listen on {config.fast_addr} (--fast-addr): {e}") from e
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one
         if url.endswith(":0"):
             url = url[:-1] + str(listening.client_port)
@@ -177,7 +188,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         for server in (client, admin):
             register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server, gate)
         stall_dump = StallDump(config.stall_dump_ms / 1000) if config.stall_dump_ms else None
-        listeners = Listeners(client, admin, metrics, listening)
+        listeners = Listeners(client, admin, metrics, listening, native)
         return Broker(config, ctx, store, cache, tier, schemas, listeners, url, node, retention, tables,
                       stall_dump, forwarder, close_store)
     except BaseException:

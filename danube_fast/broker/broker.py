@@ -25,6 +25,7 @@ from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.retention import Retention
 from danube_fast.broker.services.forward import Forwarder
+from danube_fast.broker.services.native import NativeServer
 from danube_fast.broker.stall_dump import StallDump
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.tiering import Tier
@@ -51,6 +52,7 @@ class Listening:
     client_port: int
     admin_port: int
     metrics_port: int | None
+    fast_port: int | None = None  # the native transport's, when it listens
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Listeners:
     admin: grpc.aio.Server
     metrics: MetricsServer | None
     ports: Listening
+    native: NativeServer | None = None
 
 
 class Broker:
@@ -104,6 +107,8 @@ class Broker:
             await self.listeners.admin.start()
             if self.listeners.metrics is not None:
                 await self.listeners.metrics.serve()
+            if self.listeners.native is not None:
+                await self.listeners.native.serve()
             await self.cluster.start()
             self.retention.start()
             await self.tables.publish_location()
@@ -122,6 +127,8 @@ class Broker:
         if self.stall_dump is not None:
             await self.stall_dump.close()
         self.topics.stop_streams()
+        if self.listeners.native is not None:
+            await self.listeners.native.close()
         await asyncio.gather(self.listeners.client.stop(STOP_GRACE), self.listeners.admin.stop(STOP_GRACE))
         await self._forwarder.close()
         if self.listeners.metrics is not None:

@@ -12,6 +12,7 @@ data_dir = "./danube-data"
 broker_addr = "127.0.0.1:6650"      # the client API (Danube's ProducerService, ConsumerService, ...)
 admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
+fast_addr = ""                    # the native transport's listener (docs/TRANSPORT.md); "" = none
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 malloc_keep_bytes = "auto"        # freed memory glibc keeps for reuse before giving it back to the kernel
@@ -233,6 +234,7 @@ class BrokerConfig:
     broker_addr: str = "127.0.0.1:6650"
     admin_addr: str = "127.0.0.1:50051"
     prom_exporter: str = "127.0.0.1:9040"
+    fast_addr: str = ""  # the native transport (docs/TRANSPORT.md): produce over frames on TCP; "" = off
     advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
@@ -389,6 +391,12 @@ def check(config: BrokerConfig) -> None:
         _host_port(getattr(config, name), name)
     if config.prom_exporter:
         _host_port(config.prom_exporter, "prom_exporter")
+    if config.fast_addr:
+        _host_port(config.fast_addr, "fast_addr")
+        if config.security.mode != "none":
+            raise ConfigError(f"fast_addr: the native transport speaks neither TLS nor tokens yet, and "
+                              f"[security] mode is {config.security.mode}: leave fast_addr unset "
+                              "(docs/TRANSPORT.md)")
     for name in ("window", "window_bytes", "broker_bytes"):
         if getattr(config.dispatch, name) < 1:
             raise ConfigError(f"[dispatch] {name} must be at least 1")

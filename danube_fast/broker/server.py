@@ -52,11 +52,13 @@ async def serve(config: BrokerConfig) -> None:
     admin_host = config.admin_addr.rpartition(":")[0]
     metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
                if listening.metrics_port is not None else "off")
+    native = (f", native transport on {config.fast_addr.rpartition(':')[0]}:{listening.fast_port}"
+              if listening.fast_port is not None else "")
     failed = broker.topics.broken()
     broken = f" ({len(failed)} could not be loaded: see above)" if failed else ""
-    log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s, data in %s, "
-             "%d topics%s", host, listening.client_port, broker.url(), admin_host, listening.admin_port,
-             metrics, os.path.abspath(config.data_dir), len(broker.topics.names()), broken)
+    log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s%s, data in "
+             "%s, %d topics%s", host, listening.client_port, broker.url(), admin_host, listening.admin_port,
+             metrics, native, os.path.abspath(config.data_dir), len(broker.topics.names()), broken)
     await stopping.wait()
     log.info("stopping: ending streams, flushing cursors and WALs")
     await broker.stop()

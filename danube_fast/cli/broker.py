@@ -36,6 +36,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--admin-addr", metavar="HOST:PORT", help=f"admin API, default {DEFAULTS.admin_addr}")
     p.add_argument("--prom-exporter", metavar="HOST:PORT",
                    help=f"Prometheus endpoint, default {DEFAULTS.prom_exporter}; '' turns it off")
+    p.add_argument("--fast-addr", metavar="HOST:PORT",
+                   help="the native transport's listener (docs/TRANSPORT.md); default none")
     p.add_argument("--advertised-addr", metavar="HOST:PORT",
                    help="the address lookups return to clients (default: --broker-addr)")
     p.add_argument("--security-mode", choices=("none", "tls", "tls_jwt"), default=None,
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = broker_config.load(args.config_file, {
             "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
-            "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter,
+            "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter, "fast_addr": args.fast_addr,
             "advertised_addr": args.advertised_addr, "cluster.metadata_store": args.metadata_store,
             "cluster.object_store": args.object_store, "cluster.name": args.cluster_name,
             "security.mode": args.security_mode, "security.cert_file": args.tls_cert,

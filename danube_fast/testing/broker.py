@@ -18,12 +18,13 @@ READY_LINE = "broker ready"  # what `danube-fast broker` logs once every listene
 
 class Broker(ServerProcess):
     """One `danube-fast broker --mode standalone`. `config` is the TOML of its config file; with `metrics`
-    off it serves no Prometheus endpoint."""
+    off it serves no Prometheus endpoint; with `native` it serves the native transport on `fast_port`."""
 
     def __init__(self, workdir: Path, config: str | None = None, *, metrics: bool = True,
-                 die_with_parent: bool = False) -> None:
+                 die_with_parent: bool = False, native: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.broker_port, self.admin_port, self.prom_port = free_ports(3)
+        self.fast_port = free_ports(1)[0] if native else None
         super().__init__("broker", [], workdir / "broker.log", ready_text=READY_LINE, port=self.broker_port,
                          die_with_parent=die_with_parent)
         self.data_dir = workdir / "data"
@@ -42,9 +43,17 @@ class Broker(ServerProcess):
             "--admin-addr", f"{LOOPBACK}:{self.admin_port}",
             "--prom-exporter", f"{LOOPBACK}:{self.prom_port}" if self.metrics else "",
         ]
+        if self.fast_port is not None:
+            cmd += ["--fast-addr", f"{LOOPBACK}:{self.fast_port}"]
         if self.config_file is not None:
             cmd += ["--config-file", str(self.config_file)]
         return [*cmd, *self.flags]
+
+    @property
+    def fast_target(self) -> str:
+        """host:port of its native transport listener."""
+        assert self.fast_port is not None, "a broker started without native=True"
+        return f"{LOOPBACK}:{self.fast_port}"
 
     def restart(self) -> None:
         """Stop the broker if it runs (SIGTERM, must exit 0), then start it on the same ports and data dir."""
@@ -84,14 +93,14 @@ class BrokerFactory:
         self.root = root
         self.brokers: list[Broker] = []
 
-    def add(self, config: str | None = None) -> Broker:
+    def add(self, config: str | None = None, *, native: bool = False) -> Broker:
         """A broker of this factory, not started yet."""
-        broker = Broker(self.root / f"broker{len(self.brokers)}", config)
+        broker = Broker(self.root / f"broker{len(self.brokers)}", config, native=native)
         self.brokers.append(broker)
         return broker
 
-    def start(self, config: str | None = None) -> Broker:
-        broker = self.add(config)
+    def start(self, config: str | None = None, *, native: bool = False) -> Broker:
+        broker = self.add(config, native=native)
         broker.start()
         return broker
 

@@ -28,6 +28,7 @@ from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.services.status import Context
 from danube_fast.broker.topic import Topic
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import (
     BatchRequest,
@@ -97,14 +98,7 @@ class FastProducerService(fast_grpc.FastProducerServicer):
         if isinstance(request, BatchRequest) or request.WhichOneof("kind") != "open":
             raise invalid("the first request of a Produce stream must be Open (topic, producer name)")
         req = request.open
-        check_name(req.producer_name, "Open.producer_name")  # before the topic is created
-        delivery = DeliveryMode.RELIABLE if req.reliable else DeliveryMode.NON_RELIABLE
-        topic = await self._topics.topic_for_producer(parse_topic(req.topic), delivery)
-        if topic.schema_gate is not None:
-            raise ApiError("FAILED_PRECONDITION", f"topic {topic.full} validates payloads against a schema: "
-                                                  "publish to it through the Danube API")
-        producer_id = await self._topics.add_producer(topic, req.producer_name, 0)
-        await topic.ready_for_batches()
+        topic, producer_id = await open_producer(self._topics, req.topic, req.producer_name, req.reliable)
         return topic, producer_id, req.producer_name
 
     async def _read(self, requests: AsyncIterator[ProduceRequest], topic: Topic, producer_id: int, name: str,
@@ -120,12 +114,12 @@ class FastProducerService(fast_grpc.FastProducerServicer):
                     raise invalid("after Open, every request of a Produce stream must be a Batch")
                 fut: asyncio.Future[tuple[int, int, int]]
                 try:
-                    records, sequenced = _check(data, topic, producer_id, name)
+                    records, sequenced = check_batch(data, topic, producer_id, name)
                 except DanubeError as e:
                     fut = loop.create_future()
                     fut.set_exception(e)
                 else:
-                    append = functools.partial(_publish, topic, data, records)
+                    append = functools.partial(publish, topic, data, records)
                     fut = topic.publish_once(name, sequenced, append)
                     # Should the client go first, nobody answers this one: its outcome is not an error here.
                     fut.add_done_callback(_retrieved)
@@ -139,16 +133,31 @@ def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
         fut.exception()
 
 
-async def _publish(topic: Topic, data: bytes | memoryview, records: int,
-                   stored: Callable[[int, int], None] | None = None) -> tuple[int, int, int]:
+async def open_producer(topics: TopicRegistry, topic_name: str, producer_name: str, reliable: bool
+                        ) -> tuple[Topic, int]:
+    """The topic (created per the Danube API's rules, docs/WIRE.md C.4) and the producer's id, ready for
+    batches; any transport's fast producer opens this way."""
+    check_name(producer_name, "Open.producer_name")  # before the topic is created
+    delivery = DeliveryMode.RELIABLE if reliable else DeliveryMode.NON_RELIABLE
+    topic = await topics.topic_for_producer(parse_topic(topic_name), delivery)
+    if topic.schema_gate is not None:
+        raise ApiError("FAILED_PRECONDITION", f"topic {topic.full} validates payloads against a schema: "
+                                              "publish to it through the Danube API")
+    producer_id = await topics.add_producer(topic, producer_name, 0)
+    await topic.ready_for_batches()
+    return topic, producer_id
+
+
+async def publish(topic: Topic, data: bytes | memoryview, records: int,
+                  stored: Callable[[int, int], None] | None = None) -> tuple[int, int, int]:
     started = time.perf_counter()
     first, last = await topic.publish_batch(data, records, stored)
     latency.PUBLISH_FAST.observe(time.perf_counter() - started)
     return first, last, records
 
 
-def _check(data: bytes | memoryview, topic: Topic, producer_id: int, name: str
-           ) -> tuple[int, tuple[int, int] | None]:
+def check_batch(data: bytes | memoryview, topic: Topic, producer_id: int, name: str
+                ) -> tuple[int, tuple[int, int] | None]:
     """The batch's record count and, for a sequenced batch, its (session, sequence); or raise: structure
     (CRC too when no WAL checks it), the producer id in every header, a sequenced batch alone in its request
     and named for this stream's producer, max_message_size per record."""

@@ -1,0 +1,210 @@
+"""A client of the native transport (docs/TRANSPORT.md): a connection, and the fast API's producer over it.
+
+`NativeProducer` sends each batch as one PRODUCE frame written with the batch itself (`writelines`: framing
+and batch, the batch not copied in Python) and pipelines them up to the connection's `max_inflight_bytes`;
+answers are matched by request id. It does not reconnect: a dropped connection fails what is unanswered
+with a retriable UNAVAILABLE (FastProducer, over gRPC, resends; the native transport joins it there next).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from danube_fast.client.producer import Offsets, ProduceRejected
+from danube_fast.codec import frames as codec
+from danube_fast.transport import frames
+from danube_fast.transport.frames import Frame, FrameType
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+Part = bytes | bytearray | memoryview
+PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
+
+
+class NativeConnection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._decoder = frames.FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Frame]] = {}
+        self._welcome: asyncio.Future[frames.Welcome] = asyncio.get_running_loop().create_future()
+        self.welcome: frames.Welcome | None = None
+        self._lost: ProduceRejected | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @classmethod
+    async def connect(cls, target: str, *, client: str = "danube-fast", timeout: float = 10.0
+                      ) -> NativeConnection:
+        """Connect to a broker's native listener at `target` (host:port) and make the handshake."""
+        host, _, port = target.rpartition(":")
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(loop.create_connection(cls, host, int(port)), timeout)
+        conn._write([frames.frame(FrameType.HELLO, frames.Hello(
+            frames.VERSION, frames.VERSION, frames.DEFAULT_MAX_FRAME, "", client).encode())])
+        try:
+            conn.welcome = await asyncio.wait_for(asyncio.shield(conn._welcome), timeout)
+        except BaseException:
+            conn.close()
+            raise
+        conn._decoder.max_frame = conn.welcome.max_frame
+        return conn
+
+    # -- asyncio --------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            got = self._decoder.feed(data)
+        except frames.FrameError as e:
+            self._fail(ProduceRejected("INTERNAL", f"the broker broke the native protocol: {e}"))
+            self.close()
+            return
+        for frame in got:
+            self._received(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f"the connection to the broker was lost: {exc}" if exc else "the broker closed the connection"
+        self._fail(self._lost or ProduceRejected("UNAVAILABLE", why, True))
+
+    def pause_writing(self) -> None:
+        self._drained.clear()
+
+    def resume_writing(self) -> None:
+        self._drained.set()
+
+    # -- frames ---------------------------------------------------------------------------------------------
+
+    def _received(self, frame: Frame) -> None:
+        if frame.request_id == 0:
+            if frame.type == FrameType.WELCOME and not self._welcome.done():
+                self._welcome.set_result(frames.Welcome.decode(frame.body))
+            elif frame.type == FrameType.ERROR:
+                error = frames.Error.decode(frame.body)
+                self._lost = ProduceRejected(error.code, error.message, error.retriable)
+                self._fail(self._lost)
+            elif frame.type == FrameType.GOODBYE:
+                bye = frames.Goodbye.decode(frame.body)
+                self._lost = ProduceRejected("UNAVAILABLE", f"the broker said goodbye: {bye.message}", True)
+            return
+        waiting = self._waiting.pop(frame.request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(frame)
+
+    def _fail(self, error: ProduceRejected) -> None:
+        if not self._welcome.done():
+            self._welcome.set_exception(error)
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(error)
+        self._waiting.clear()
+
+    def _write(self, parts: Sequence[Part]) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise self._lost or ProduceRejected("UNAVAILABLE", "the connection to the broker is closed", True)
+        self._transport.writelines(parts)
+
+    def send(self, kind: FrameType, parts: Sequence[Part], body_bytes: int) -> asyncio.Future[Frame]:
+        """Send a request of `kind` whose body is `parts` (`body_bytes` in all); the future of its answer."""
+        request_id = next(self._ids)
+        answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        try:
+            self._write([frames.header(kind, body_bytes, request_id), *parts])
+        except ProduceRejected:
+            self._waiting.pop(request_id, None)
+            raise
+        return answer
+
+    async def drained(self) -> None:
+        """Until the transport's write buffer is below its high-water mark."""
+        await self._drained.wait()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            with contextlib.suppress(ProduceRejected):
+                self._write([frames.frame(FrameType.GOODBYE, frames.Goodbye("OK", "closing").encode())])
+            self._transport.close()
+
+
+def _refusal(frame: Frame, what: str) -> ProduceRejected:
+    if frame.type == FrameType.ERROR:
+        error = frames.Error.decode(frame.body)
+        return ProduceRejected(error.code, error.message, error.retriable)
+    return ProduceRejected("INTERNAL", f"the broker answered {what} with {frame.type.name}")
+
+
+class NativeProducer:
+    def __init__(self, conn: NativeConnection, topic: str, name: str, producer_id: int,
+                 max_inflight_bytes: int | None = None) -> None:
+        self._conn = conn
+        self.topic = topic
+        self.name = name
+        self.producer_id = producer_id
+        assert conn.welcome is not None
+        # At most what the broker takes unacknowledged on the connection (WELCOME), or less when asked.
+        self._max_inflight = min(conn.welcome.max_inflight_bytes, max_inflight_bytes or 1 << 62)
+        self._inflight = 0
+        self._room = asyncio.Event()
+        self._pending: set[asyncio.Future[Offsets]] = set()
+
+    @classmethod
+    async def open(cls, conn: NativeConnection, topic: str, name: str, *, reliable: bool = True,
+                   max_inflight_bytes: int | None = None) -> NativeProducer:
+        body = frames.ProduceOpen(topic, name, reliable).encode()
+        answer = await conn.send(FrameType.PRODUCE_OPEN, [body], len(body))
+        if answer.type != FrameType.PRODUCE_OPENED:
+            raise _refusal(answer, "PRODUCE_OPEN")
+        return cls(conn, topic, name, frames.BodyReader(answer.body, "PRODUCE_OPENED").u64("producer_id"),
+                   max_inflight_bytes)
+
+    async def send_batch(self, payloads: Sequence[bytes]) -> asyncio.Future[Offsets]:
+        """Send `payloads` as one record batch; the future of its offsets once the broker acknowledged it."""
+        data = codec.encode_payloads(list(payloads), publish_time=int(time.time() * 1000),
+                                     producer_id=self.producer_id, producer_name=self.name)
+        return await self.send_data(data, len(payloads))
+
+    async def send_data(self, data: Buffer, records: int) -> asyncio.Future[Offsets]:
+        """Send encoded record batches holding `records` records (this producer's id in their headers)."""
+        view = memoryview(data)
+        size = view.nbytes
+        while self._inflight and self._inflight + size > self._max_inflight:
+            self._room.clear()
+            await self._room.wait()
+        await self._conn.drained()
+        answer = self._conn.send(FrameType.PRODUCE, [frames.produce_head(records), view],
+                                 PRODUCE_FIELDS + size)
+        self._inflight += size
+        done: asyncio.Future[Offsets] = asyncio.get_running_loop().create_future()
+        self._pending.add(done)
+        answer.add_done_callback(lambda a: self._answered(a, done, size))
+        return done
+
+    def _answered(self, answer: asyncio.Future[Frame], done: asyncio.Future[Offsets], size: int) -> None:
+        self._inflight -= size
+        self._room.set()
+        self._pending.discard(done)
+        if done.done():
+            return
+        if answer.cancelled():
+            done.cancel()
+        elif (error := answer.exception()) is not None:
+            done.set_exception(error)
+        elif (frame := answer.result()).type == FrameType.ACK:
+            first, last, _ = frames.decode_offsets(frame.body, "ACK", "first_offset", "last_offset")
+            done.set_result((first, last))
+        else:
+            done.set_exception(_refusal(frame, "PRODUCE"))
+
+    async def flush(self) -> None:
+        """Until every batch sent so far is answered (a refusal is raised by its own future)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending))

@@ -1,0 +1,174 @@
+"""The native transport's produce path (docs/TRANSPORT.md) on a real broker: records produced over frames
+are the records read back over gRPC, acks come in order with the offsets stored, and bad input gets a clear
+ERROR frame, closes only its own connection and stores nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from danube_fast.client import FastProducer
+from danube_fast.client.native import NativeConnection, NativeProducer
+from danube_fast.client.producer import ProduceRejected
+from danube_fast.client.reader import TopicReader
+from danube_fast.codec import frames as codec
+from danube_fast.testing.broker import Broker, BrokerFactory
+from danube_fast.transport import frames
+from danube_fast.transport.frames import FrameType
+
+
+@pytest.fixture
+def broker(broker_factory: BrokerFactory) -> Broker:
+    return broker_factory.start(native=True)
+
+
+def target(broker: Broker) -> str:
+    return broker.fast_target
+
+
+def port(broker: Broker) -> int:
+    assert broker.fast_port is not None
+    return broker.fast_port
+
+
+async def stored(broker: Broker, topic: str) -> list[tuple[int, bytes]]:
+    out = []
+    async with TopicReader(broker.target) as reader:
+        async for data, _, _ in reader.read(topic, 0, 0):
+            out += [(r.offset, bytes(r.payload)) for r in codec.iter_records(memoryview(data), verify=True)]
+    return out
+
+
+def test_records_produced_over_frames_are_stored_in_order_and_read_back_over_grpc(broker: Broker) -> None:
+    async def run() -> list[tuple[int, int]]:
+        conn = await NativeConnection.connect(target(broker))
+        producer = await NativeProducer.open(conn, "/default/native", "p1")
+        acks = []
+        for low in range(0, 5000, 500):
+            acks.append(await producer.send_batch([b"rec-%d" % i for i in range(low, low + 500)]))
+        big = await producer.send_batch([bytes([i % 251]) * 300_000 for i in range(4)])  # bodies past 64 KiB
+        await producer.flush()
+        # a gRPC producer on the same topic goes on after them
+        grpc_producer = await FastProducer.connect(broker.target, "/default/native", "p2")
+        await (await grpc_producer.send_batch([b"after"]))
+        await grpc_producer.close()
+        conn.close()
+        return [await a for a in acks] + [await big]
+
+    acks = asyncio.run(run())
+    assert acks[:10] == [(low, low + 499) for low in range(0, 5000, 500)]
+    assert acks[10] == (5000, 5003)
+    got = asyncio.run(stored(broker, "/default/native"))
+    assert got[:5000] == [(i, b"rec-%d" % i) for i in range(5000)]
+    assert got[5000:5004] == [(5000 + i, bytes([i % 251]) * 300_000) for i in range(4)]
+    assert got[5004:] == [(5004, b"after")]
+
+
+def test_refusals_name_what_was_wrong_and_keep_the_connection(broker: Broker) -> None:
+    async def run() -> None:
+        conn = await NativeConnection.connect(target(broker))
+        with pytest.raises(ProduceRejected, match="INVALID_ARGUMENT"):
+            await NativeProducer.open(conn, "no-namespace-here", "p")
+        producer = await NativeProducer.open(conn, "/default/refused", "p")
+        # a batch claiming another producer's id
+        other = codec.encode_payloads([b"x"], publish_time=1, producer_id=producer.producer_id + 1000,
+                                      producer_name="p")
+        with pytest.raises(ProduceRejected, match="was not opened on this connection"):
+            await (await producer.send_data(other, 1))
+        # a record count that is not the batches'
+        good = codec.encode_payloads([b"a", b"b"], publish_time=1, producer_id=producer.producer_id,
+                                     producer_name="p")
+        with pytest.raises(ProduceRejected, match="PRODUCE says 5 records, its batches hold 2"):
+            await (await producer.send_data(good, 5))
+        # a corrupt batch (its CRC no longer matches)
+        bad = bytearray(good)
+        bad[-1] ^= 0xFF
+        with pytest.raises(ProduceRejected, match="INVALID_ARGUMENT"):
+            await (await producer.send_data(bytes(bad), 2))
+        # and the same connection still serves
+        assert await (await producer.send_batch([b"fine"])) == (0, 0)
+        conn.close()
+
+    asyncio.run(run())
+    assert asyncio.run(stored(broker, "/default/refused")) == [(0, b"fine")]
+
+
+def raw(broker: Broker, data: bytes, wait: float = 5.0) -> bytes:
+    """Send `data` on a fresh connection and read until the broker closes it (or `wait` passes)."""
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=wait) as s:
+        s.sendall(data)
+        got = b""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                return got
+            got += chunk
+        raise AssertionError(f"the broker kept the connection open; it sent {got!r}")
+
+
+def error_of(reply: bytes) -> frames.Error:
+    size, kind, _, request_id = frames.parse_header(reply, frames.DEFAULT_MAX_FRAME)
+    assert kind == FrameType.ERROR and request_id == 0
+    return frames.Error.decode(reply[frames.HEADER_BYTES:frames.HEADER_BYTES + size])
+
+
+def hello() -> bytes:
+    return frames.frame(FrameType.HELLO, frames.Hello(1, 1, frames.DEFAULT_MAX_FRAME, "", "test").encode())
+
+
+@pytest.mark.parametrize("what, data, message", [
+    ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "frame length"),
+    ("a 4 GiB length", struct.pack("<IBBHQ", 0xFFFFFFFF, 0x12, 0, 0, 1), "frame length 4294967295"),
+    ("an unknown type", frames.header(0x7F, 0, 1), "unknown frame type 0x7f"),  # type: ignore[arg-type]
+    ("PRODUCE before HELLO", frames.header(FrameType.PRODUCE, 0, 1), "the first frame must be HELLO"),
+    ("a future version", frames.frame(FrameType.HELLO, frames.Hello(7, 9, frames.DEFAULT_MAX_FRAME, "",
+                                                                    "t").encode()), "this broker speaks 1"),
+    ("a HELLO that is cut short", frames.header(FrameType.HELLO, 2, 0) + b"DN", "HELLO"),
+])
+def test_bad_bytes_get_an_error_frame_and_the_connection_closed(broker: Broker, what: str, data: bytes,
+                                                                message: str) -> None:
+    assert message in error_of(raw(broker, data)).message, what
+
+
+def test_a_frame_not_served_yet_is_refused_by_request_and_the_connection_stays(broker: Broker) -> None:
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.sendall(hello() + frames.frame(FrameType.LOOKUP, frames.string_body("/default/x"), 7) +
+                  frames.frame(FrameType.PING, frames.ping_body(99), 8))
+        decoder = frames.FrameDecoder()
+        got: list[frames.Frame] = []
+        while len(got) < 3:
+            got += decoder.feed(s.recv(65536))
+    assert [f.type for f in got] == [FrameType.WELCOME, FrameType.ERROR, FrameType.PONG]
+    assert got[1].request_id == 7 and frames.Error.decode(got[1].body).code == "UNIMPLEMENTED"
+    assert frames.decode_ping(got[2].body, "PONG") == 99
+
+
+def test_a_handshake_that_never_finishes_is_closed_and_others_are_served(broker: Broker) -> None:
+    async def run() -> None:
+        idle = [socket.create_connection(("127.0.0.1", port(broker))) for _ in range(50)]
+        conn = await NativeConnection.connect(target(broker))
+        producer = await NativeProducer.open(conn, "/default/busy", "p")
+        assert await (await producer.send_batch([b"served"])) == (0, 0)
+        conn.close()
+        for s in idle:
+            s.settimeout(10)
+            assert s.recv(65536)[4] == FrameType.ERROR  # after HANDSHAKE_S: ERROR, then the close
+            s.close()
+
+    asyncio.run(run())
+
+
+def test_a_broker_with_security_refuses_a_native_listener_with_a_clear_error(broker_factory: BrokerFactory
+                                                                              ) -> None:
+    b = broker_factory.add("[security]\nmode = \"tls\"\n", native=True)
+    done = subprocess.run(b.command(), capture_output=True, timeout=60, check=False)
+    assert done.returncode != 0 and b"fast_addr" in done.stderr
