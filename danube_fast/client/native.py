@@ -1,11 +1,13 @@
-"""A client of the native transport (docs/TRANSPORT.md): a connection, and the fast API's producer over it.
+"""A client of the native transport (docs/TRANSPORT.md): a connection, and the fast API's producer and
+consumer over it.
 
-`NativeProducer` sends each batch as one PRODUCE frame written with the batch itself (`writelines`: framing
-and batch, the batch not copied in Python) and pipelines them up to the connection's `max_inflight_bytes`;
-answers are matched by request id. It does not reconnect: a dropped connection fails what is unanswered
-with a retriable UNAVAILABLE (FastProducer, over gRPC, resends; the native transport joins it there next).
+The connection reads with transport/receiver.py: a RECORDS frame's batches land in a buffer of their own,
+handed to the consumer as they are. `NativeProducer` sends each batch as one PRODUCE frame written with the
+batch itself (`writelines`: framing and batch, the batch not copied in Python) and pipelines them up to the
+connection's `max_inflight_bytes`; answers are matched by request id. Neither reconnects: a dropped
+connection fails what is unanswered with a retriable UNAVAILABLE (FastProducer and FastConsumer, over gRPC,
+resend and resubscribe; the native transport joins them there next).
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +21,7 @@ from danube_fast.client.producer import Offsets, ProduceRejected
 from danube_fast.codec import frames as codec
 from danube_fast.transport import frames
 from danube_fast.transport.frames import Frame, FrameType
+from danube_fast.transport.receiver import FrameReceiver
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -27,12 +30,13 @@ Part = bytes | bytearray | memoryview
 PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
 
 
-class NativeConnection(asyncio.Protocol):
+class NativeConnection(asyncio.BufferedProtocol):
     def __init__(self) -> None:
-        self._decoder = frames.FrameDecoder()
+        self._receiver = FrameReceiver(self._received)
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
+        self._streams: dict[int, asyncio.Queue[Frame | ProduceRejected]] = {}  # subscriptions' frames
         self._welcome: asyncio.Future[frames.Welcome] = asyncio.get_running_loop().create_future()
         self.welcome: frames.Welcome | None = None
         self._lost: ProduceRejected | None = None
@@ -53,7 +57,7 @@ class NativeConnection(asyncio.Protocol):
         except BaseException:
             conn.close()
             raise
-        conn._decoder.max_frame = conn.welcome.max_frame
+        conn._receiver.max_frame = conn.welcome.max_frame
         return conn
 
     # -- asyncio --------------------------------------------------------------------------------------------
@@ -61,15 +65,16 @@ class NativeConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._receiver.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            got = self._decoder.feed(data)
+            self._receiver.buffer_updated(nbytes)
         except frames.FrameError as e:
+            self._receiver.stop()
             self._fail(ProduceRejected("INTERNAL", f"the broker broke the native protocol: {e}"))
             self.close()
-            return
-        for frame in got:
-            self._received(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f"the connection to the broker was lost: {exc}" if exc else "the broker closed the connection"
@@ -95,6 +100,10 @@ class NativeConnection(asyncio.Protocol):
                 bye = frames.Goodbye.decode(frame.body)
                 self._lost = ProduceRejected("UNAVAILABLE", f"the broker said goodbye: {bye.message}", True)
             return
+        stream = self._streams.get(frame.request_id)
+        if stream is not None:
+            stream.put_nowait(frame)
+            return
         waiting = self._waiting.pop(frame.request_id, None)
         if waiting is not None and not waiting.done():
             waiting.set_result(frame)
@@ -106,6 +115,8 @@ class NativeConnection(asyncio.Protocol):
             if not waiting.done():
                 waiting.set_exception(error)
         self._waiting.clear()
+        for stream in self._streams.values():
+            stream.put_nowait(error)
 
     def _write(self, parts: Sequence[Part]) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -123,6 +134,23 @@ class NativeConnection(asyncio.Protocol):
             self._waiting.pop(request_id, None)
             raise
         return answer
+
+    def open_stream(self, kind: FrameType, parts: Sequence[Part], body_bytes: int
+                    ) -> tuple[int, asyncio.Queue[Frame | ProduceRejected]]:
+        """Send a request whose answers are many frames (SUBSCRIBE): its request id and their queue (an
+        error in it: the connection is gone)."""
+        request_id = next(self._ids)
+        queue: asyncio.Queue[Frame | ProduceRejected] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._write([frames.header(kind, body_bytes, request_id), *parts])
+        return request_id, queue
+
+    def close_stream(self, request_id: int) -> None:
+        self._streams.pop(request_id, None)
+
+    def send_frame(self, kind: FrameType, body: bytes, request_id: int, flags: int = 0) -> None:
+        """A frame nobody answers (ACKNOWLEDGE)."""
+        self._write([frames.frame(kind, body, request_id, flags)])
 
     async def drained(self) -> None:
         """Until the transport's write buffer is below its high-water mark."""
@@ -208,3 +236,58 @@ class NativeProducer:
         """Until every batch sent so far is answered (a refusal is raised by its own future)."""
         if self._pending:
             await asyncio.wait(list(self._pending))
+
+
+Records = tuple[memoryview, int, int]  # whole batches, first offset, last offset
+
+
+class NativeConsumer:
+    """A fast consumer over the native transport: `async for data, first, last in consumer` yields the
+    subscription's RECORDS (whole batches, as the broker sent them) within its byte window; `ack` moves the
+    cursor (cumulative `up_to`, individual `offsets`) and frees window bytes, `nack` redelivers. The
+    iteration ends with ProduceRejected when the broker ends the subscription's stream (UNAVAILABLE, a
+    retriable one: the topic moved or the broker stops; subscribe again)."""
+
+    def __init__(self, conn: NativeConnection, request_id: int, queue: asyncio.Queue[Frame | ProduceRejected],
+                 consumer_id: int, start_offset: int) -> None:
+        self._conn = conn
+        self._request_id = request_id
+        self._queue = queue
+        self.consumer_id = consumer_id
+        self.start_offset = start_offset
+
+    @classmethod
+    async def subscribe(cls, conn: NativeConnection, topic: str, subscription: str, consumer: str, *,
+                        window_bytes: int = 0, earliest: bool = False) -> NativeConsumer:
+        body = frames.Subscribe(topic, subscription, consumer, window_bytes, earliest).encode()
+        request_id, queue = conn.open_stream(FrameType.SUBSCRIBE, [body], len(body))
+        first = await queue.get()
+        if isinstance(first, ProduceRejected):
+            raise first
+        if first.type != FrameType.SUBSCRIBED:
+            conn.close_stream(request_id)
+            raise _refusal(first, "SUBSCRIBE")
+        consumer_id, start, _ = frames.decode_offsets(first.body, "SUBSCRIBED", "consumer_id", "start_offset")
+        return cls(conn, request_id, queue, consumer_id, start)
+
+    def __aiter__(self) -> NativeConsumer:
+        return self
+
+    async def __anext__(self) -> Records:
+        frame = await self._queue.get()
+        if isinstance(frame, ProduceRejected):
+            raise frame
+        if frame.type != FrameType.RECORDS:
+            self._conn.close_stream(self._request_id)
+            raise _refusal(frame, "SUBSCRIBE")
+        first, last, data = frames.decode_offsets(frame.body, "RECORDS", "first_offset", "last_offset",
+                                                  more=True)
+        return data, first, last
+
+    def ack(self, up_to: int | None = None, offsets: Sequence[int] = ()) -> None:
+        ack = frames.Acknowledge(up_to, list(offsets), [], 0)
+        self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)
+
+    def nack(self, offsets: Sequence[int], delay_ms: int = 0) -> None:
+        ack = frames.Acknowledge(None, [], list(offsets), delay_ms)
+        self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)

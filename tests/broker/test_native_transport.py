@@ -13,7 +13,7 @@ import time
 import pytest
 
 from danube_fast.client import FastProducer
-from danube_fast.client.native import NativeConnection, NativeProducer
+from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
 from danube_fast.client.producer import ProduceRejected
 from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames as codec
@@ -172,3 +172,58 @@ def test_a_broker_with_security_refuses_a_native_listener_with_a_clear_error(bro
     b = broker_factory.add("[security]\nmode = \"tls\"\n", native=True)
     done = subprocess.run(b.command(), capture_output=True, timeout=60, check=False)
     assert done.returncode != 0 and b"fast_addr" in done.stderr
+
+
+def test_a_native_consumer_reads_within_its_window_acks_and_resumes_after_its_acks(broker: Broker) -> None:
+    async def run() -> None:
+        conn = await NativeConnection.connect(target(broker))
+        producer = await NativeProducer.open(conn, "/default/consumed", "p")
+        for low in range(0, 3000, 1000):
+            await producer.send_batch([b"c-%d" % i for i in range(low, low + 1000)])
+        await producer.flush()
+        batch_bytes = len(codec.encode_payloads([b"c-%d" % i for i in range(1000)], publish_time=1,
+                                                producer_id=producer.producer_id, producer_name="p"))
+        consumer = await NativeConsumer.subscribe(conn, "/default/consumed", "s", "c1", earliest=True,
+                                                  window_bytes=batch_bytes)
+        assert consumer.start_offset == 0
+        got: list[tuple[int, bytes]] = []
+        data, first, last = await anext(consumer)
+        got += [(r.offset, bytes(r.payload)) for r in codec.iter_records(data, verify=True)]
+        assert (first, last) == (0, 999)
+        with pytest.raises(asyncio.TimeoutError):  # the window is full until an ack frees it
+            await asyncio.wait_for(anext(consumer), 0.5)
+        consumer.ack(up_to=999)
+        while len(got) < 2000:
+            data, first, last = await asyncio.wait_for(anext(consumer), 10)
+            got += [(r.offset, bytes(r.payload)) for r in codec.iter_records(data, verify=True)]
+            consumer.ack(up_to=last)
+        assert got == [(i, b"c-%d" % i) for i in range(2000)]
+        await asyncio.sleep(0.2)  # the acks reach the broker before the connection goes
+        conn.close()
+        # another connection resumes the subscription after what was acknowledged
+        again = await NativeConnection.connect(target(broker))
+        resumed = await NativeConsumer.subscribe(again, "/default/consumed", "s", "c2")
+        data, first, last = await asyncio.wait_for(anext(resumed), 10)
+        assert first == 2000 and resumed.start_offset == 2000
+        again.close()
+
+    asyncio.run(run())
+
+
+def test_an_ack_for_no_subscription_is_refused_and_a_missing_topic_named(broker: Broker) -> None:
+    async def run() -> None:
+        conn = await NativeConnection.connect(target(broker))
+        with pytest.raises(ProduceRejected, match="topic /default/never-made does not exist"):
+            await NativeConsumer.subscribe(conn, "/default/never-made", "s", "c")
+        conn.close()
+
+    asyncio.run(run())
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.sendall(hello() + frames.frame(FrameType.ACKNOWLEDGE, frames.Acknowledge(5, [], [], 0).encode(), 9,
+                                         frames.UP_TO))
+        decoder = frames.FrameDecoder()
+        got: list[frames.Frame] = []
+        while len(got) < 2:
+            got += decoder.feed(s.recv(65536))
+    assert got[1].type == FrameType.ERROR and got[1].request_id == 9
+    assert "names no subscription" in frames.Error.decode(got[1].body).message

@@ -13,7 +13,9 @@ crash of the process) only on a bug. `run.py` drives them with atheris (coverage
   (a reason or None, never an exception).
 - transport_frames: the native transport's frame decoder and body parsers (docs/TRANSPORT.md) on a byte
   stream cut at a point the input chooses (FrameError only; what decodes must encode back the same, and
-  the decoder never holds more than one frame's worth).
+  the decoder never holds more than one frame's worth); and the BufferedProtocol receiver
+  (transport/receiver.py) fed the same stream in reads of other sizes gives the same frames, or fails where
+  the decoder fails.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from danube_fast.schema.types import build_definition
 from danube_fast.schema.validators import validator_for
 from danube_fast.storage.objects import format as objects
 from danube_fast.transport import frames as transport
+from danube_fast.transport.receiver import FrameReceiver
 
 Target = Callable[[bytes], None]
 
@@ -145,6 +148,21 @@ BODIES: dict[transport.FrameType, Callable[[memoryview], object]] = {
     transport.FrameType.LOOKUP: lambda b: transport.decode_string(b, "LOOKUP", "topic")}
 
 
+def received(stream: bytes, read: int) -> list[transport.Frame]:
+    """The frames transport/receiver.py delivers from `stream`, the "kernel" writing at most `read` bytes
+    into each buffer it is given; FrameError as it raises it."""
+    out: list[transport.Frame] = []
+    receiver = FrameReceiver(out.append, FUZZ_MAX_FRAME)
+    at = 0
+    while at < len(stream):
+        buf = receiver.get_buffer(-1)
+        n = min(len(buf), read, len(stream) - at)
+        buf[:n] = stream[at:at + n]
+        at += n
+        receiver.buffer_updated(n)
+    return out
+
+
 def transport_frames(data: bytes) -> None:
     if not data:
         return
@@ -153,8 +171,14 @@ def transport_frames(data: bytes) -> None:
     try:
         got = decoder.feed(data[1:split + 1]) + decoder.feed(data[split + 1:])
     except transport.FrameError:
-        return
+        try:
+            received(data[1:], 1 + split)
+        except transport.FrameError:
+            return
+        raise AssertionError("the receiver took a stream the decoder refused") from None
     assert decoder.buffered < FUZZ_MAX_FRAME
+    assert [(f.type, f.flags, f.request_id, bytes(f.body)) for f in received(data[1:], 1 + split)] == \
+        [(f.type, f.flags, f.request_id, bytes(f.body)) for f in got]
     for one in got:
         parse = BODIES.get(one.type)
         if parse is None:

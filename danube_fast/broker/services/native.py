@@ -24,20 +24,25 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
+from danube_fast import latency
+from danube_fast.broker.clients import new_id
 from danube_fast.broker.context import BrokerContext
-from danube_fast.broker.services.fast import check_batch, open_producer, publish
+from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.services.fast import DEFAULT_WINDOW, check_batch, open_producer, publish
 from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
 from danube_fast.errors import DanubeError, FrameCorrupt, invalid
+from danube_fast.names import parse_topic
 from danube_fast.transport import frames
 from danube_fast.transport.frames import FrameError, FrameType
+from danube_fast.transport.receiver import FrameReceiver
 
 log = logging.getLogger("danube_fast.transport")
 
-STAGE_BYTES = 64 * 1024  # a connection's staging buffer: every small frame fits
 HANDSHAKE_S = 5.0  # a connection that has not sent its HELLO by then is closed
 KEEPALIVE_MS = 30_000
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024  # unacknowledged produce bytes per connection
@@ -87,16 +92,14 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, server: NativeServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
-        self._stage = bytearray(STAGE_BYTES)
-        self._staged = 0
-        self._body: bytearray | None = None  # a large frame's body being read into its own buffer
-        self._body_got = 0
-        self._head: tuple[int, FrameType, int, int] | None = None
-        self._max_frame = frames.DEFAULT_MAX_FRAME
+        self._receiver = FrameReceiver(self._frame)
+        self._writable = asyncio.Event()  # the transport's write buffer is under its high-water mark
+        self._writable.set()
         self._welcomed = False
         self._handshake: asyncio.TimerHandle | None = None
         self._producers: dict[int, _Producer] = {}
-        self._opening: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # opening producers, serving subscriptions
+        self._consumers: dict[int, BatchDispatcher] = {}  # by their SUBSCRIBE's request id
         self._inflight = 0
         self._paused = False
         self._closed = False
@@ -113,68 +116,35 @@ class Connection(asyncio.BufferedProtocol):
         self._server.connections.discard(self)
         if self._handshake is not None:
             self._handshake.cancel()
-        for task in self._opening:
+        self._receiver.stop()
+        for task in self._tasks:
             task.cancel()
         for producer in self._producers.values():
             if producer.task is not None:
                 producer.task.cancel()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._body is not None:
-            return memoryview(self._body)[self._body_got:]
-        return memoryview(self._stage)[self._staged:]
+        return self._receiver.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
-            if self._body is not None:
-                self._body_got += nbytes
-                if self._body_got == len(self._body):
-                    body, head = self._body, self._head
-                    self._body = self._head = None
-                    assert head is not None
-                    self._frame(head, memoryview(body))
-                return
-            self._staged += nbytes
-            self._parse_stage()
+            self._receiver.buffer_updated(nbytes)
         except FrameError as e:
             self._fatal(e.code, str(e))
 
     def eof_received(self) -> bool:
         return False
 
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
     # -- frames ---------------------------------------------------------------------------------------------
 
-    def _parse_stage(self) -> None:
-        view = memoryview(self._stage)
-        at = 0
-        try:
-            while not self._closed and self._staged - at >= frames.HEADER_BYTES:
-                head = frames.parse_header(view[at:at + frames.HEADER_BYTES], self._max_frame)
-                size = head[0]
-                start = at + frames.HEADER_BYTES
-                if self._staged - start >= size:
-                    body = bytes(view[start:start + size])
-                    at = start + size
-                    self._frame(head, memoryview(body))
-                    continue
-                if start + size <= len(self._stage):
-                    break  # a small frame not all in yet: it will be, here
-                # A large body: the rest of it is read straight into a buffer of its own.
-                have = self._staged - start
-                self._body = bytearray(size)
-                self._body[:have] = view[start:self._staged]
-                self._body_got, self._head = have, head
-                at = self._staged
-                break
-            rest = self._staged - at
-            if rest and at:
-                view[:rest] = view[at:self._staged]
-            self._staged = rest
-        finally:
-            view.release()
-
-    def _frame(self, head: tuple[int, FrameType, int, int], body: memoryview) -> None:
-        _, kind, _, request_id = head
+    def _frame(self, frame: frames.Frame) -> None:
+        kind, request_id, body = frame.type, frame.request_id, frame.body
         if not self._welcomed:
             if kind != FrameType.HELLO:
                 raise FrameError(f"the first frame must be HELLO, not {kind.name}")
@@ -184,10 +154,11 @@ class Connection(asyncio.BufferedProtocol):
             if kind == FrameType.PRODUCE:
                 self._produce(request_id, body)
             elif kind == FrameType.PRODUCE_OPEN:
-                opening = self._open(request_id, frames.ProduceOpen.decode(body))
-                task = asyncio.get_running_loop().create_task(opening)
-                self._opening.add(task)
-                task.add_done_callback(self._opening.discard)
+                self._start(self._open(request_id, frames.ProduceOpen.decode(body)))
+            elif kind == FrameType.ACKNOWLEDGE:
+                self._acknowledge(request_id, frames.Acknowledge.decode(body, frame.flags))
+            elif kind == FrameType.SUBSCRIBE:
+                self._start(self._subscribe(request_id, frames.Subscribe.decode(body)))
             elif kind == FrameType.PING:
                 nonce = frames.decode_ping(body)
                 self._send(frames.frame(FrameType.PONG, frames.ping_body(nonce), request_id))
@@ -200,13 +171,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def _hello(self, body: memoryview) -> None:
         hello = frames.Hello.decode(body)
-        version, self._max_frame = hello.agree(frames.DEFAULT_MAX_FRAME)
+        version, self._receiver.max_frame = hello.agree(frames.DEFAULT_MAX_FRAME)
         self._welcomed = True
         if self._handshake is not None:
             self._handshake.cancel()
             self._handshake = None
         self._send(frames.frame(FrameType.WELCOME, frames.Welcome(
-            version, self._max_frame, self._server.broker_id, KEEPALIVE_MS,
+            version, self._receiver.max_frame, self._server.broker_id, KEEPALIVE_MS,
             self._server.max_inflight_bytes).encode()))
 
     async def _open(self, request_id: int, request: frames.ProduceOpen) -> None:
@@ -222,6 +193,11 @@ class Connection(asyncio.BufferedProtocol):
             self._producers[producer_id] = producer
         self._send(frames.frame(FrameType.PRODUCE_OPENED, frames.BodyWriter().u64(producer_id).done(),
                                 request_id))
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _produce(self, request_id: int, body: memoryview) -> None:
         records, data = frames.decode_produce(body)
@@ -270,11 +246,72 @@ class Connection(asyncio.BufferedProtocol):
                 self._paused = False
                 self._transport.resume_reading()
 
+    async def _subscribe(self, request_id: int, request: frames.Subscribe) -> None:
+        """A consumer: SUBSCRIBED, then RECORDS within its byte window for as long as it holds the
+        subscription (services/fast.py `FastConsumerService.Consume`, frame for message)."""
+        if request_id in self._consumers:
+            self._error(request_id, "ALREADY_EXISTS", f"request id {request_id} already names a subscription")
+            return
+        ctx = self._server._ctx
+        try:
+            topic = ctx.topics.topic_for_consumer(parse_topic(request.topic))
+            batches = await ctx.subscriptions.subscribe_batches(
+                topic, request.subscription, request.consumer, earliest=request.earliest)
+        except DanubeError as e:
+            self._error(request_id, e.grpc_code, str(e), e.retriable)
+            return
+        holder = new_id()
+        batches.holder = holder
+        self._consumers[request_id] = batches
+        window = request.window_bytes or DEFAULT_WINDOW  # next_records caps it at [dispatch] window_bytes
+        try:
+            self._send(frames.frame(FrameType.SUBSCRIBED, frames.offsets_body(holder, batches.floor + 1),
+                                    request_id))
+            while not self._closed:
+                got = await batches.next_records(window)
+                subscription = topic.subscriptions.get(request.subscription)
+                if got is None or subscription is None or subscription.dispatcher is not batches:
+                    break
+                data, first, last = got
+                latency.observe_age(latency.DELIVERY_FAST, codec.parse_header(data).base_timestamp)
+                size = memoryview(data).nbytes
+                self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
+                                  frames.offsets_body(first, last), data])
+                await self._writable.wait()
+            why = _ended(batches, ctx, topic)
+            if why is not None:
+                self._error(request_id, "UNAVAILABLE", why, True)
+            else:
+                self._error(request_id, "ABORTED", f"subscription {request.subscription} of {topic.full} was "
+                                                   "taken over by another consumer, or deleted")
+        finally:
+            self._consumers.pop(request_id, None)
+            if batches.holder == holder:
+                batches.holder = 0
+                batches.consumer_lost()
+                with contextlib.suppress(DanubeError):
+                    await batches.save_cursor()
+
+    def _acknowledge(self, request_id: int, ack: frames.Acknowledge) -> None:
+        batches = self._consumers.get(request_id)
+        if batches is None:
+            self._error(request_id, "FAILED_PRECONDITION",
+                        f"request id {request_id} names no subscription of this connection")
+            return
+        batches.acknowledge(ack.up_to, ack.offsets)
+        if ack.nacks:
+            batches.nack(min(ack.nacks), ack.nack_delay_ms or None)
+
     # -- out ------------------------------------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
         if not self._closed and self._transport is not None:
             self._transport.write(data)
+
+    def _send_parts(self, parts: list[Any]) -> None:
+        """One frame as its parts (header, fields, batches): written together, the batches not copied."""
+        if not self._closed and self._transport is not None:
+            self._transport.writelines(parts)
 
     def _error(self, request_id: int, code: str, message: str, retriable: bool = False) -> None:
         self._send(frames.frame(FrameType.ERROR, frames.Error(code, retriable, message).encode(), request_id))
@@ -296,6 +333,17 @@ class Connection(asyncio.BufferedProtocol):
         if not self._closed and self._transport is not None:
             self._closed = True
             self._transport.close()
+
+
+def _ended(batches: BatchDispatcher, ctx: BrokerContext, topic: Topic) -> str | None:
+    """Why a subscription's stream ended when the client should subscribe again (UNAVAILABLE), or None."""
+    if batches.moved:  # an operator moved the subscription: resubscribing starts at its position
+        return batches.moved
+    if ctx.subscriptions.stopping:
+        return f"the broker is stopping: look {topic.full} up again and resubscribe"
+    if ctx.topics.find(topic.full) is not topic:
+        return f"the topic left this broker: look {topic.full} up again and resubscribe"
+    return None
 
 
 def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:
