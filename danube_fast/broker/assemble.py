@@ -68,7 +68,7 @@ from danube_fast.schema import SchemaRegistry, TopicSchemas
 from danube_fast.security.gate import Gate
 from danube_fast.security.rbac import Authorizer
 from danube_fast.security.revocation import DenyList
-from danube_fast.security.tls import channel_credentials, metrics_ssl_context, server_credentials
+from danube_fast.security.tls import channel_credentials, server_credentials, server_ssl_context
 from danube_fast.storage.log_manager import LogManager
 from danube_fast.tables.catalog import cluster_catalog, file_io, standalone_catalog
 
@@ -143,7 +143,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         client, admin, listening = await _bind(config, gate, metrics, undo)
         native = None
         if config.fast_addr:
-            native = NativeServer(ctx)
+            native = NativeServer(ctx, gate, server_ssl_context(security) if security.tls else None)
             undo.append(native.close)
             host, _, port = config.fast_addr.rpartition(":")
             try:
@@ -221,7 +221,7 @@ async def _bind(config: BrokerConfig, gate: Gate | None, metrics: MetricsServer 
         if security.tls and not security.metrics_open:
             # The metrics port follows the security mode unless `metrics_open` says otherwise: HTTPS in the
             # tls modes, and the Lookup permission cluster-wide when the broker checks identities.
-            guard["ssl"] = metrics_ssl_context(security)
+            guard["ssl"] = server_ssl_context(security)
             if gate is not None:
                 guard["admit"] = gate.admit_metrics
         try:

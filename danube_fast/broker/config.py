@@ -393,10 +393,6 @@ def check(config: BrokerConfig) -> None:
         _host_port(config.prom_exporter, "prom_exporter")
     if config.fast_addr:
         _host_port(config.fast_addr, "fast_addr")
-        if config.security.mode != "none":
-            raise ConfigError(f"fast_addr: the native transport speaks neither TLS nor tokens yet, and "
-                              f"[security] mode is {config.security.mode}: leave fast_addr unset "
-                              "(docs/TRANSPORT.md)")
     for name in ("window", "window_bytes", "broker_bytes"):
         if getattr(config.dispatch, name) < 1:
             raise ConfigError(f"[dispatch] {name} must be at least 1")

@@ -31,6 +31,7 @@ from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.retention import Retention
 from danube_fast.broker.tables import TableWriter
 from danube_fast.errors import DanubeError
+from danube_fast.security.tls import common_name
 
 log = logging.getLogger("danube_fast.metrics")
 
@@ -214,7 +215,7 @@ class MetricsServer:
         if text is not None:
             token = text[7:].strip() if text[:7].lower() == "bearer " else ""
         try:
-            self._admit(token, _common_name(peercert))
+            self._admit(token, common_name(peercert))
         except DanubeError as e:
             status = b"401 Unauthorized" if e.grpc_code == "UNAUTHENTICATED" else b"403 Forbidden"
             return status, str(e).encode() + b"\n"
@@ -246,15 +247,6 @@ class MetricsServer:
             pass
         finally:
             writer.close()
-
-
-def _common_name(peercert: Any) -> str | None:
-    """The subject CN of a certificate as ssl's getpeercert() gives it (None without one)."""
-    for rdn in (peercert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
 
 
 def _header(request: bytes, wanted: bytes) -> str | None:

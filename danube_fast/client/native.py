@@ -17,8 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+from danube_fast.client.credentials import Credentials
 from danube_fast.client.producer import Offsets, ProduceRejected
 from danube_fast.codec import frames as codec
+from danube_fast.security.tls import client_ssl_context
 from danube_fast.transport import frames
 from danube_fast.transport.frames import Frame, FrameType
 from danube_fast.transport.receiver import FrameReceiver
@@ -34,6 +36,8 @@ class NativeConnection(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self._receiver = FrameReceiver(self._received)
         self._transport: asyncio.Transport | None = None
+        self._raw: asyncio.Transport | None = None  # under TLS, the TCP transport beneath
+        self._lost_now = asyncio.get_running_loop().create_future()  # connection_lost was called
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._streams: dict[int, asyncio.Queue[Frame | ProduceRejected]] = {}  # subscriptions' frames
@@ -44,18 +48,34 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._drained.set()
 
     @classmethod
-    async def connect(cls, target: str, *, client: str = "danube-fast", timeout: float = 10.0
-                      ) -> NativeConnection:
-        """Connect to a broker's native listener at `target` (host:port) and make the handshake."""
+    async def connect(cls, target: str, *, client: str = "danube-fast", timeout: float = 10.0,
+                      credentials: Credentials | None = None) -> NativeConnection:
+        """Connect to a broker's native listener at `target` (host:port) and make the handshake; with
+        `credentials`, over TLS (a client certificate for mTLS), the token sent in HELLO."""
         host, _, port = target.rpartition(":")
         loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(loop.create_connection(cls, host, int(port)), timeout)
-        conn._write([frames.frame(FrameType.HELLO, frames.Hello(
-            frames.VERSION, frames.VERSION, frames.DEFAULT_MAX_FRAME, "", client).encode())])
+        tls = None if credentials is None else client_ssl_context(
+            credentials.ca_file, credentials.cert_file, credentials.key_file)
+        raw, conn = await asyncio.wait_for(loop.create_connection(cls, host, int(port)), timeout)
         try:
+            # TLS started on the open connection rather than by create_connection, so that a refused
+            # handshake leaves a transport this code holds, and closes.
+            if tls is not None:
+                starting = loop.start_tls(raw, conn, tls, server_hostname=host)
+                secured = await asyncio.wait_for(starting, timeout)
+                if secured is None:
+                    raise ProduceRejected("UNAVAILABLE", "the broker closed the connection during TLS", True)
+                conn._raw, conn._transport = conn._transport, secured
+            token = ""
+            if credentials is not None:
+                token = (credentials.token_supplier() if credentials.token_supplier
+                         else credentials.token or "")
+            conn._write([frames.frame(FrameType.HELLO, frames.Hello(
+                frames.VERSION, frames.VERSION, frames.DEFAULT_MAX_FRAME, token, client).encode())])
             conn.welcome = await asyncio.wait_for(asyncio.shield(conn._welcome), timeout)
         except BaseException:
             conn.close()
+            raw.abort()
             raise
         conn._receiver.max_frame = conn.welcome.max_frame
         return conn
@@ -77,6 +97,8 @@ class NativeConnection(asyncio.BufferedProtocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost_now.done():
+            self._lost_now.set_result(None)
         why = f"the connection to the broker was lost: {exc}" if exc else "the broker closed the connection"
         self._fail(self._lost or ProduceRejected("UNAVAILABLE", why, True))
 
@@ -157,10 +179,19 @@ class NativeConnection(asyncio.BufferedProtocol):
         await self._drained.wait()
 
     def close(self) -> None:
+        """Say GOODBYE and close; the connection ends once what is buffered is sent (`aclose` waits)."""
         if self._transport is not None and not self._transport.is_closing():
             with contextlib.suppress(ProduceRejected):
                 self._write([frames.frame(FrameType.GOODBYE, frames.Goodbye("OK", "closing").encode())])
             self._transport.close()
+
+    async def aclose(self, timeout: float = 2.0) -> None:
+        """close(), and wait until the connection is gone (TLS's closing exchange included)."""
+        self.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._lost_now), timeout)
+        if self._raw is not None and not self._raw.is_closing():
+            self._raw.abort()
 
 
 def _refusal(frame: Frame, what: str) -> ProduceRejected:

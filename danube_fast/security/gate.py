@@ -96,21 +96,39 @@ class Gate:
                                                                              "cluster"):
             raise denied(f"{principal} may not read metrics: it needs Lookup on the cluster")
 
+    def connection_principal(self, token: str | None, common_name: str | None) -> str:
+        """The caller of a connection that is not a gRPC call (the native transport): the token's
+        principal, else on mTLS the verified certificate's (`common_name`: its CN); UNAUTHENTICATED saying
+        what is missing or wrong."""
+        if token and self._verifier is not None:
+            return self._authenticated(token)
+        if self._config.verify_client and (certified := cert_principal(common_name)) is not None:
+            return certified
+        if self._verifier is not None:
+            raise unauthenticated("authentication required: a token in HELLO (a JWT from 'danube-fast admin "
+                                  "security tokens create')")
+        raise unauthenticated("authentication required: a client certificate signed by the broker's CA")
+
     def admit(self, method: str, request: Any, context: Any) -> str | None:
         """The principal allowed to make this call, or UNAUTHENTICATED / PERMISSION_DENIED; None when the
         broker checks no identities (mode none, or tls without client certificates)."""
         if not self._config.authenticates:
             return None
         principal = self.principal(context)
+        self.authorize(principal, method, request)
+        return principal
+
+    def authorize(self, principal: str, method: str, request: Any) -> None:
+        """PERMISSION_DENIED unless `principal` may call `method` (security/rules.py) with `request`."""
         rule = RULES.get(method)
         if rule is None:  # deny by default: only the privileged may call what has no rule
             if principal in self._privileged:
-                return principal
+                return
             raise denied(f"{method} is not open to {principal}")
         if rule.permission is None:
-            return principal
+            return
         scope = rule.scope(request, self._consumer_topic)
         if scope is None or self._authorizer.allowed(principal, rule.permission, scope):
-            return principal
+            return
         raise denied(f"{principal} may not call {method.rpartition('/')[2]} on {scope}: it needs the "
                      f"{rule.permission.value} permission there (or above it)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import grpc
 
@@ -33,8 +34,9 @@ def channel_credentials(ca_file: str | None = None, cert_file: str | None = None
         certificate_chain=_read(cert_file) if cert_file else None)
 
 
-def metrics_ssl_context(config: SecurityConfig) -> ssl.SSLContext:
-    """The Prometheus port's TLS (HTTPS), with the same certificate and, on mTLS, the same client check."""
+def server_ssl_context(config: SecurityConfig) -> ssl.SSLContext:
+    """The TLS of the ports gRPC does not serve (Prometheus' HTTPS, the native transport), with the same
+    certificate and, on mTLS, the same client check."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(config.cert_file, config.key_file)
@@ -42,3 +44,22 @@ def metrics_ssl_context(config: SecurityConfig) -> ssl.SSLContext:
         context.load_verify_locations(config.ca_file)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def client_ssl_context(ca_file: str | None = None, cert_file: str | None = None,
+                       key_file: str | None = None) -> ssl.SSLContext:
+    """channel_credentials for a client that is not gRPC's (the native transport)."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def common_name(peercert: Any) -> str | None:
+    """The subject CN of a certificate as ssl's getpeercert() gives it (None without one)."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-import subprocess
 import time
 
 import pytest
@@ -165,13 +164,6 @@ def test_a_handshake_that_never_finishes_is_closed_and_others_are_served(broker:
             s.close()
 
     asyncio.run(run())
-
-
-def test_a_broker_with_security_refuses_a_native_listener_with_a_clear_error(broker_factory: BrokerFactory
-                                                                              ) -> None:
-    b = broker_factory.add("[security]\nmode = \"tls\"\n", native=True)
-    done = subprocess.run(b.command(), capture_output=True, timeout=60, check=False)
-    assert done.returncode != 0 and b"fast_addr" in done.stderr
 
 
 def test_a_native_consumer_reads_within_its_window_acks_and_resumes_after_its_acks(broker: Broker) -> None:

@@ -66,8 +66,8 @@ def security_toml(pki: Pki, *, mode: str = "tls_jwt", verify_client: bool = Fals
     return "\n".join(lines) + "\n" + extra
 
 
-def started(workdir: Path, config: str) -> Iterator[Broker]:
-    broker = Broker(workdir, config)
+def started(workdir: Path, config: str, *, native: bool = False) -> Iterator[Broker]:
+    broker = Broker(workdir, config, native=native)
     try:
         broker.start()
         yield broker

@@ -12,8 +12,13 @@ ERRORs) go out in the order of its PRODUCEs; several producers may share a conne
 produce bytes per connection are bounded (`max_inflight_bytes`, told in WELCOME): past it the connection
 stops reading until acks drain, which TCP's flow control passes on to the client.
 
-Not yet: TLS and the JWT/mTLS principal (the listener is refused when `[security]` authenticates), the
-consume path, lookup, keepalive PINGs from the broker's side.
+Security as on the gRPC ports: TLS with the broker's certificate in the tls modes (the client's
+certificate checked on mTLS); when the broker checks identities, HELLO's token or the client certificate is
+the connection's principal (security/gate.py `connection_principal`, refused with UNAUTHENTICATED and the
+close), and each PRODUCE_OPEN and SUBSCRIBE passes the same RBAC rule as the gRPC fast API's Produce and
+Consume (PERMISSION_DENIED for that request; the connection stays).
+
+Not yet: lookup, keepalive PINGs from the broker's side.
 
 Owner: the event loop. Each `Connection` owns its buffers, its producers and their ack queues.
 """
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +43,9 @@ from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
 from danube_fast.errors import DanubeError, FrameCorrupt, invalid
 from danube_fast.names import parse_topic
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.security.gate import Gate
+from danube_fast.security.tls import common_name
 from danube_fast.transport import frames
 from danube_fast.transport.frames import FrameError, FrameType
 from danube_fast.transport.receiver import FrameReceiver
@@ -57,9 +66,16 @@ class _Producer:
     task: asyncio.Task[None] | None = None
 
 
+PRODUCE_METHOD = "danube_fast.v1.FastProducer/Produce"  # security/rules.py: what opening a producer needs
+CONSUME_METHOD = "danube_fast.v1.FastConsumer/Consume"
+
+
 class NativeServer:
-    def __init__(self, ctx: BrokerContext, max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
+    def __init__(self, ctx: BrokerContext, gate: Gate | None = None, tls: ssl.SSLContext | None = None,
+                 max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
         self._ctx = ctx
+        self.gate = gate  # None: the broker checks no identities
+        self._tls = tls
         self.max_inflight_bytes = max_inflight_bytes
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
@@ -71,7 +87,8 @@ class NativeServer:
     async def bind(self, host: str, port: int) -> int:
         """Bind host:port (0: any free port), not accepting yet; the port."""
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False)
+            lambda: Connection(self), host, port, reuse_address=True, backlog=1024, start_serving=False,
+            ssl=self._tls, ssl_handshake_timeout=HANDSHAKE_S if self._tls else None)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def serve(self) -> None:
@@ -96,6 +113,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()  # the transport's write buffer is under its high-water mark
         self._writable.set()
         self._welcomed = False
+        self._principal = ""  # who HELLO said (when the broker checks identities)
         self._handshake: asyncio.TimerHandle | None = None
         self._producers: dict[int, _Producer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # opening producers, serving subscriptions
@@ -172,6 +190,14 @@ class Connection(asyncio.BufferedProtocol):
     def _hello(self, body: memoryview) -> None:
         hello = frames.Hello.decode(body)
         version, self._receiver.max_frame = hello.agree(frames.DEFAULT_MAX_FRAME)
+        gate = self._server.gate
+        if gate is not None:
+            assert self._transport is not None
+            try:
+                self._principal = gate.connection_principal(
+                    hello.token or None, common_name(self._transport.get_extra_info("peercert")))
+            except DanubeError as e:
+                raise FrameError(str(e), e.grpc_code) from None
         self._welcomed = True
         if self._handshake is not None:
             self._handshake.cancel()
@@ -182,6 +208,8 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _open(self, request_id: int, request: frames.ProduceOpen) -> None:
         try:
+            self._authorize(PRODUCE_METHOD, fast.ProduceRequest(open=fast.Open(
+                topic=request.topic, producer_name=request.producer, reliable=request.reliable)))
             topic, producer_id = await open_producer(self._server._ctx.topics, request.topic,
                                                      request.producer, request.reliable)
         except DanubeError as e:
@@ -254,6 +282,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         ctx = self._server._ctx
         try:
+            self._authorize(CONSUME_METHOD, fast.ConsumeRequest(subscribe=fast.Subscribe(
+                topic=request.topic, subscription=request.subscription, consumer_name=request.consumer)))
             topic = ctx.topics.topic_for_consumer(parse_topic(request.topic))
             batches = await ctx.subscriptions.subscribe_batches(
                 topic, request.subscription, request.consumer, earliest=request.earliest)
@@ -291,6 +321,12 @@ class Connection(asyncio.BufferedProtocol):
                 batches.consumer_lost()
                 with contextlib.suppress(DanubeError):
                     await batches.save_cursor()
+
+    def _authorize(self, method: str, request: Any) -> None:
+        """PERMISSION_DENIED unless this connection's principal may make `request` (the gRPC fast API's
+        rule for `method`)."""
+        if self._server.gate is not None:
+            self._server.gate.authorize(self._principal, method, request)
 
     def _acknowledge(self, request_id: int, ack: frames.Acknowledge) -> None:
         batches = self._consumers.get(request_id)
