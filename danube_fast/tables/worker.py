@@ -51,16 +51,18 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def read_parent(pid: int, regions: list[tuple[int, int]]) -> Any:
-    """The bytes at `regions` ((address, size) in process `pid`) one after another, in a new pyarrow buffer
-    (not zeroed first). Raises OSError when the kernel refuses or a region is not all there."""
+def read_parent(pid: int, regions: list[tuple[int, int]], into: Any = None) -> Any:
+    """The bytes at `regions` ((address, size) in process `pid`) one after another, in `into` (a mutable
+    pyarrow buffer at least that large) or a new buffer; the buffer. Raises OSError when the kernel refuses
+    or a region is not all there."""
     import pyarrow as pa
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.process_vm_readv.restype = ctypes.c_ssize_t
     libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
-    buf = pa.allocate_buffer(sum(size for _, size in regions))
+    total = sum(size for _, size in regions)
+    buf = into if into is not None and into.size >= total else pa.allocate_buffer(total)
     at = 0
     for i in range(0, len(regions), IOV_MAX):
         group = regions[i:i + IOV_MAX]
@@ -144,6 +146,9 @@ class Worker:
         self._io: dict[str, str] = {}
         self._catalog: Catalog | None = None
         self._tables: dict[tuple[str, str], Table] = {}
+        # Commits' batches are read into this one buffer, kept: a new one each time cost the worker its
+        # pages again (faulting in 256 MiB took 0.6 s of CPU where a copy into mapped pages took 34 ms).
+        self._batches: Any = None
 
     def forget(self, spec: m.TableSpec | None) -> None:
         if spec is not None:
@@ -209,7 +214,8 @@ class Worker:
         table = self._table(spec)
         with contextlib.ExitStack() as mapped:
             if regions is not None:
-                view = memoryview(read_parent(self._parent, regions))
+                self._batches = read_parent(self._parent, regions, self._batches)
+                view = memoryview(self._batches)
             else:
                 assert spool is not None
                 view = memoryview(mapped.enter_context(pa.memory_map(spool)).read_buffer())
