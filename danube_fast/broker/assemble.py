@@ -143,7 +143,9 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         client, admin, listening = await _bind(config, gate, metrics, undo)
         native = None
         if config.fast_addr:
-            native = NativeServer(ctx, gate, server_ssl_context(security) if security.tls else None)
+            native = NativeServer(ctx, gate, server_ssl_context(security) if security.tls else None,
+                                  keepalive_ms=config.fast_keepalive_ms,
+                                  max_connections=config.fast_max_connections)
             undo.append(native.close)
             host, _, port = config.fast_addr.rpartition(":")
             try:

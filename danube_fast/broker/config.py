@@ -13,6 +13,8 @@ broker_addr = "127.0.0.1:6650"      # the client API (Danube's ProducerService, 
 admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
 fast_addr = ""                    # the native transport's listener (docs/TRANSPORT.md); "" = none
+fast_keepalive_ms = 30000         # its keepalive period: 3 silent periods close a connection
+fast_max_connections = 10000      # native connections this broker serves at once
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 malloc_keep_bytes = "auto"        # freed memory glibc keeps for reuse before giving it back to the kernel
@@ -235,6 +237,8 @@ class BrokerConfig:
     admin_addr: str = "127.0.0.1:50051"
     prom_exporter: str = "127.0.0.1:9040"
     fast_addr: str = ""  # the native transport (docs/TRANSPORT.md): produce over frames on TCP; "" = off
+    fast_keepalive_ms: int = 30_000
+    fast_max_connections: int = 10_000
     advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
@@ -393,6 +397,10 @@ def check(config: BrokerConfig) -> None:
         _host_port(config.prom_exporter, "prom_exporter")
     if config.fast_addr:
         _host_port(config.fast_addr, "fast_addr")
+    if config.fast_keepalive_ms < 100:
+        raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
+    if config.fast_max_connections < 1:
+        raise ConfigError(f"fast_max_connections must be at least 1, not {config.fast_max_connections}")
     for name in ("window", "window_bytes", "broker_bytes"):
         if getattr(config.dispatch, name) < 1:
             raise ConfigError(f"[dispatch] {name} must be at least 1")

@@ -38,6 +38,8 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._raw: asyncio.Transport | None = None  # under TLS, the TCP transport beneath
         self._lost_now = asyncio.get_running_loop().create_future()  # connection_lost was called
+        self._keepalive: asyncio.Task[None] | None = None
+        self._sent = False  # anything written since the keepalive task last looked
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._streams: dict[int, asyncio.Queue[Frame | ProduceRejected]] = {}  # subscriptions' frames
@@ -78,6 +80,7 @@ class NativeConnection(asyncio.BufferedProtocol):
             raw.abort()
             raise
         conn._receiver.max_frame = conn.welcome.max_frame
+        conn._keepalive = loop.create_task(conn._ping(conn.welcome.keepalive_ms / 1000))
         return conn
 
     # -- asyncio --------------------------------------------------------------------------------------------
@@ -97,6 +100,8 @@ class NativeConnection(asyncio.BufferedProtocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         if not self._lost_now.done():
             self._lost_now.set_result(None)
         why = f"the connection to the broker was lost: {exc}" if exc else "the broker closed the connection"
@@ -144,6 +149,18 @@ class NativeConnection(asyncio.BufferedProtocol):
         if self._transport is None or self._transport.is_closing():
             raise self._lost or ProduceRejected("UNAVAILABLE", "the connection to the broker is closed", True)
         self._transport.writelines(parts)
+        self._sent = True
+
+    async def _ping(self, period: float) -> None:
+        """A PING after each keepalive period in which nothing was sent: the broker closes a connection
+        silent for three of them."""
+        nonce = itertools.count(1)
+        while True:
+            await asyncio.sleep(period)
+            if not self._sent:
+                with contextlib.suppress(ProduceRejected):
+                    self._write([frames.frame(FrameType.PING, frames.ping_body(next(nonce)))])
+            self._sent = False
 
     def send(self, kind: FrameType, parts: Sequence[Part], body_bytes: int) -> asyncio.Future[Frame]:
         """Send a request of `kind` whose body is `parts` (`body_bytes` in all); the future of its answer."""
@@ -180,6 +197,8 @@ class NativeConnection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         """Say GOODBYE and close; the connection ends once what is buffered is sent (`aclose` waits)."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         if self._transport is not None and not self._transport.is_closing():
             with contextlib.suppress(ProduceRejected):
                 self._write([frames.frame(FrameType.GOODBYE, frames.Goodbye("OK", "closing").encode())])

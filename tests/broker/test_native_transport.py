@@ -219,3 +219,99 @@ def test_an_ack_for_no_subscription_is_refused_and_a_missing_topic_named(broker:
             got += decoder.feed(s.recv(65536))
     assert got[1].type == FrameType.ERROR and got[1].request_id == 9
     assert "names no subscription" in frames.Error.decode(got[1].body).message
+
+
+LIMITS = "[broker]\nfast_keepalive_ms = 300\nfast_max_connections = 3\n"
+
+
+def read_to_end(sock: socket.socket, within: float) -> list[frames.Frame]:
+    """The frames the broker sends until it closes the connection (which must be within `within` s)."""
+    sock.settimeout(within)
+    decoder = frames.FrameDecoder()
+    got: list[frames.Frame] = []
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(1 << 20)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += decoder.feed(chunk)
+    raise AssertionError(f"still open after {within} s; got {[f.type.name for f in got]}")
+
+
+def test_a_silent_connection_is_closed_and_a_pinging_client_is_kept(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(LIMITS, native=True)
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.sendall(hello())
+        started = time.monotonic()
+        got = read_to_end(s, 10)
+    assert [f.type for f in got] == [FrameType.WELCOME, FrameType.ERROR]
+    assert "nothing received for 0.9 s" in frames.Error.decode(got[1].body).message
+    assert 0.8 < time.monotonic() - started < 5
+    assert frames.Welcome.decode(got[0].body).keepalive_ms == 300
+
+    async def idle_client() -> None:
+        conn = await NativeConnection.connect(broker.fast_target)
+        await asyncio.sleep(2)  # over six keepalive periods: its PINGs keep it
+        producer = await NativeProducer.open(conn, "/default/kept", "p")
+        assert await (await producer.send_batch([b"still here"])) == (0, 0)
+        conn.close()
+
+    asyncio.run(idle_client())
+
+
+def test_connections_over_the_cap_are_refused_until_one_closes(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(LIMITS, native=True)
+    held = [socket.create_connection(("127.0.0.1", port(broker)), timeout=10) for _ in range(3)]
+    for s in held:
+        s.sendall(hello())
+        s.settimeout(10)
+        assert s.recv(65536)[4] == FrameType.WELCOME
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as extra:
+        got = read_to_end(extra, 10)
+    assert [f.type for f in got] == [FrameType.ERROR]
+    error = frames.Error.decode(got[0].body)
+    assert error.code == "RESOURCE_EXHAUSTED" and "fast_max_connections" in error.message
+    held.pop().close()
+    time.sleep(0.2)
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as again:
+        again.sendall(hello())
+        again.settimeout(10)
+        assert again.recv(65536)[4] == FrameType.WELCOME
+    for s in held:
+        s.close()
+
+
+def test_a_consumer_that_stops_reading_is_cut_off_and_others_are_served(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(LIMITS.replace("fast_max_connections = 3", "fast_max_connections = 10"),
+                                  native=True)
+
+    async def fill() -> None:
+        conn = await NativeConnection.connect(broker.fast_target)
+        producer = await NativeProducer.open(conn, "/default/unread", "p")
+        for _ in range(40):  # 40 MB: far more than the socket buffers hold
+            await producer.send_batch([b"z" * 100_000] * 10)
+        await producer.flush()
+        conn.close()
+
+    asyncio.run(fill())
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        body = frames.Subscribe("/default/unread", "s", "c", 64 << 20, True).encode()
+        s.sendall(hello() + frames.frame(FrameType.SUBSCRIBE, body, 1))
+        time.sleep(3)  # read nothing for three keepalive periods and more; keep pinging so silence is not why
+        s.sendall(frames.frame(FrameType.PING, frames.ping_body(1)))
+        read_to_end(s, 30)  # closed: what it left unread is dropped, not held
+    assert "the client read nothing for 0.9 s" in broker.log_tail()
+
+    async def served() -> None:
+        conn = await NativeConnection.connect(broker.fast_target)
+        consumer = await NativeConsumer.subscribe(conn, "/default/unread", "s", "c2")
+        _, first, _ = await asyncio.wait_for(anext(consumer), 10)
+        assert first == 0  # the cut-off consumer acknowledged nothing: its records come again
+        conn.close()
+
+    asyncio.run(served())

@@ -53,7 +53,7 @@ from danube_fast.transport.receiver import FrameReceiver
 log = logging.getLogger("danube_fast.transport")
 
 HANDSHAKE_S = 5.0  # a connection that has not sent its HELLO by then is closed
-KEEPALIVE_MS = 30_000
+SILENT_PERIODS = 3  # keepalive periods of silence, or of a client not reading, before the close
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024  # unacknowledged produce bytes per connection
 
 
@@ -72,11 +72,14 @@ CONSUME_METHOD = "danube_fast.v1.FastConsumer/Consume"
 
 class NativeServer:
     def __init__(self, ctx: BrokerContext, gate: Gate | None = None, tls: ssl.SSLContext | None = None,
-                 max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
+                 max_inflight_bytes: int = MAX_INFLIGHT_BYTES, keepalive_ms: int = 30_000,
+                 max_connections: int = 10_000) -> None:
         self._ctx = ctx
         self.gate = gate  # None: the broker checks no identities
         self._tls = tls
         self.max_inflight_bytes = max_inflight_bytes
+        self.keepalive_ms = keepalive_ms  # told in WELCOME: the client PINGs when it has nothing to send
+        self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
 
@@ -121,19 +124,29 @@ class Connection(asyncio.BufferedProtocol):
         self._inflight = 0
         self._paused = False
         self._closed = False
+        self._heard = False  # anything received since the silence timer last looked
+        self._silence: asyncio.TimerHandle | None = None
+        self._silent_s = server.keepalive_ms * SILENT_PERIODS / 1000
 
     # -- asyncio --------------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+        if len(self._server.connections) >= self._server.max_connections:
+            self._fatal("RESOURCE_EXHAUSTED", f"the broker serves {self._server.max_connections} native "
+                                              "connections already ([broker] fast_max_connections)")
+            return
         self._server.connections.add(self)
-        self._handshake = asyncio.get_running_loop().call_later(HANDSHAKE_S, self._handshake_late)
+        loop = asyncio.get_running_loop()
+        self._handshake = loop.call_later(HANDSHAKE_S, self._handshake_late)
+        self._silence = loop.call_later(self._silent_s, self._silent)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
-        if self._handshake is not None:
-            self._handshake.cancel()
+        for timer in (self._handshake, self._silence):
+            if timer is not None:
+                timer.cancel()
         self._receiver.stop()
         for task in self._tasks:
             task.cancel()
@@ -145,6 +158,7 @@ class Connection(asyncio.BufferedProtocol):
         return self._receiver.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._heard = True
         try:
             self._receiver.buffer_updated(nbytes)
         except FrameError as e:
@@ -203,7 +217,7 @@ class Connection(asyncio.BufferedProtocol):
             self._handshake.cancel()
             self._handshake = None
         self._send(frames.frame(FrameType.WELCOME, frames.Welcome(
-            version, self._receiver.max_frame, self._server.broker_id, KEEPALIVE_MS,
+            version, self._receiver.max_frame, self._server.broker_id, self._server.keepalive_ms,
             self._server.max_inflight_bytes).encode()))
 
     async def _open(self, request_id: int, request: frames.ProduceOpen) -> None:
@@ -307,7 +321,12 @@ class Connection(asyncio.BufferedProtocol):
                 size = memoryview(data).nbytes
                 self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
                                   frames.offsets_body(first, last), data])
-                await self._writable.wait()
+                try:
+                    await asyncio.wait_for(self._writable.wait(), self._silent_s)
+                except TimeoutError:
+                    self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s, "
+                                                     "its records stayed unsent")
+                    break
             why = _ended(batches, ctx, topic)
             if why is not None:
                 self._error(request_id, "UNAVAILABLE", why, True)
@@ -362,13 +381,27 @@ class Connection(asyncio.BufferedProtocol):
         self._send(frames.frame(FrameType.GOODBYE, frames.Goodbye(code, message).encode()))
         self._close()
 
+    def _silent(self) -> None:
+        """Closes a connection that sent nothing for SILENT_PERIODS keepalive periods (its client PINGs when
+        idle: the peer or the network is gone)."""
+        if self._closed:
+            return
+        if not self._heard:
+            self._fatal("DEADLINE_EXCEEDED", f"nothing received for {self._silent_s:g} s")
+            return
+        self._heard = False
+        self._silence = asyncio.get_running_loop().call_later(self._silent_s, self._silent)
+
     def _handshake_late(self) -> None:
         self._fatal("DEADLINE_EXCEEDED", f"no HELLO within {HANDSHAKE_S:g} s")
 
     def _close(self) -> None:
+        """Close once what is buffered is sent; a peer that does not read it is cut off (abort) after the
+        same silence that closes an idle connection, or its buffer would be held for ever."""
         if not self._closed and self._transport is not None:
             self._closed = True
             self._transport.close()
+            asyncio.get_running_loop().call_later(self._silent_s, self._transport.abort)
 
 
 def _ended(batches: BatchDispatcher, ctx: BrokerContext, topic: Topic) -> str | None:
