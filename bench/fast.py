@@ -9,8 +9,8 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   (appended to the WAL, fsynced before the ack), and `fast_produce_nonreliable`.
 - `*_ack_p50/p99`: per batch, from send_batch to its ack.
 - `native_produce_reliable`: the same batches to a Reliable topic through the broker's native transport
-  (danube_fast.client.native.NativeProducer over frames on TCP, docs/TRANSPORT.md), the same cap on
-  unacknowledged bytes; its ratio is to `fast_produce_reliable` (gRPC) of the same run.
+  (FastProducer(transport="native"): frames on TCP, docs/TRANSPORT.md), the same cap on unacknowledged
+  bytes; its ratio is to `fast_produce_reliable` (FastProducer(transport="grpc")) of the same run.
 - `fast_produce_reliable_half_rate_ack_p50/p99`: the same batches to a Reliable topic offered at half the
   rate `fast_produce_reliable` reached in the same run, one batch every BATCH_RECORDS / rate seconds;
   latency per batch from the moment it was due (not when it was sent: a late send counts as waiting).
@@ -44,7 +44,7 @@ from bench.broker import bare_server, metered, percentile, start_bare_server, st
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
-from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
+from danube_fast.client.native import NativeConnection, NativeConsumer
 from danube_fast.client.producer import batch_request
 from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
@@ -122,7 +122,8 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int, 
                                  ) -> tuple[float, None, None]:
     """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks;
     with `settle`, once the broker has finished what the produce left it (uploads)."""
-    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True)  # creates the topic
+    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,  # creates the topic
+                                          transport="grpc")
     consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench")
     try:
         payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
@@ -148,7 +149,8 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int, 
 async def native_consume_through_broker(server: Broker, topic: str, count: int, settle: bool = False
                                         ) -> tuple[float, None, None]:
     """consume_through_broker over the native transport (the batches produced through gRPC, as there)."""
-    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True)  # creates the topic
+    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,  # creates the topic
+                                          transport="grpc")
     conn = await NativeConnection.connect(server.fast_target)
     try:
         consumer = await NativeConsumer.subscribe(conn, topic, "catch-up", "bench")
@@ -183,13 +185,13 @@ async def quiet(pid: int, window: float = 0.5, busy: float = 0.05, limit: float 
 
 
 async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int,
-                         credentials: Credentials | None = None, rate: float | None = None
-                         ) -> tuple[float, float, float]:
+                         credentials: Credentials | None = None, rate: float | None = None,
+                         transport: str = "grpc") -> tuple[float, float, float]:
     """`count` batches as fast as acks come back, or offered at `rate` records/s; ack latency per batch from
     its send, or (paced) from the moment it was due."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
                                           max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]),
-                                          credentials=credentials)
+                                          credentials=credentials, transport=transport)
     try:
         payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
         latencies: list[float] = []
@@ -216,31 +218,6 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
         await producer.close()
 
 
-async def native_through_broker(server: Broker, topic: str, count: int) -> tuple[float, float, float]:
-    """through_broker's full-rate figure over the native transport."""
-    conn = await NativeConnection.connect(server.fast_target)
-    try:
-        producer = await NativeProducer.open(conn, topic, "bench",
-                                             max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
-        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
-        latencies: list[float] = []
-
-        def acked(sent: float) -> Callable[[object], None]:
-            return lambda _future: latencies.append(time.perf_counter() - sent)
-
-        with metered(server.pid) as usage:
-            for _ in range(count):
-                sent = time.perf_counter()
-                future = await producer.send_batch(payloads)
-                future.add_done_callback(acked(sent))
-            await producer.flush()
-        latencies.sort()
-        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
-                percentile(latencies, 0.99) * 1e3)
-    finally:
-        conn.close()
-
-
 def run_fast(options: Options) -> list[Result]:
     count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
@@ -260,9 +237,9 @@ def run_fast(options: Options) -> list[Result]:
                         runner.run(through_broker(broker, topic + "-warm", reliable, count // 10))
                         figures[name] = runner.run(through_broker(broker, topic, reliable, count))
                     topic = f"/default/native_produce_reliable-{run}"
-                    runner.run(native_through_broker(broker, topic + "-warm", count // 10))
+                    runner.run(through_broker(broker, topic + "-warm", True, count // 10, transport="native"))
                     figures["native_produce_reliable"] = runner.run(
-                        native_through_broker(broker, topic, count))
+                        through_broker(broker, topic, True, count, transport="native"))
                     half = figures["fast_produce_reliable"][0] / 2
                     runner.run(quiet(broker.pid))  # the full-rate runs' uploads done
                     figures["fast_produce_reliable_half_rate"] = runner.run(

@@ -36,7 +36,7 @@ from danube_fast.broker.ownership import LocalPlacement, Placement
 from danube_fast.broker.retention import Retention
 from danube_fast.broker.services.consumer import ConsumerService
 from danube_fast.broker.services.discovery import DiscoveryService, HealthService
-from danube_fast.broker.services.fast import FastConsumerService, FastProducerService
+from danube_fast.broker.services.fast import FastConsumerService, FastProducerService, FastTransportsService
 from danube_fast.broker.services.fast_reader import FastReaderService
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.services.native import NativeServer
@@ -155,6 +155,9 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one
         if url.endswith(":0"):
             url = url[:-1] + str(listening.client_port)
+        # The native listener is advertised at the advertised address's host.
+        native_url = "" if listening.fast_port is None else \
+            f"{url.split('://', 1)[-1].rpartition(':')[0]}:{listening.fast_port}"
         if node is None:
             cluster = ClusterNode(config, store, cache, topics, logs, _registration(config, listening, url),
                                   cluster_placement, tier, lambda topic: schemas.load([topic]))
@@ -168,6 +171,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             (fast_grpc.add_FastProducerServicer_to_server, FastProducerService(ctx)),
             (fast_grpc.add_FastConsumerServicer_to_server, FastConsumerService(ctx)),
             (fast_grpc.add_FastReaderServicer_to_server, FastReaderService(ctx)),
+            (fast_grpc.add_FastTransportsServicer_to_server, FastTransportsService(native_url, security.tls)),
         ]
         admin_services: list[tuple[Callable[[Any, grpc.aio.Server], None], object]] = [
             (admin_grpc.add_BrokerAdminServicer_to_server,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from danube_fast.client.credentials import Credentials
-from danube_fast.client.producer import Offsets, ProduceRejected
+from danube_fast.client.status import Offsets, ProduceRejected
 from danube_fast.codec import frames as codec
 from danube_fast.security.tls import client_ssl_context
 from danube_fast.transport import frames
@@ -213,7 +213,7 @@ class NativeConnection(asyncio.BufferedProtocol):
             self._raw.abort()
 
 
-def _refusal(frame: Frame, what: str) -> ProduceRejected:
+def native_refusal(frame: Frame, what: str) -> ProduceRejected:
     if frame.type == FrameType.ERROR:
         error = frames.Error.decode(frame.body)
         return ProduceRejected(error.code, error.message, error.retriable)
@@ -240,7 +240,7 @@ class NativeProducer:
         body = frames.ProduceOpen(topic, name, reliable).encode()
         answer = await conn.send(FrameType.PRODUCE_OPEN, [body], len(body))
         if answer.type != FrameType.PRODUCE_OPENED:
-            raise _refusal(answer, "PRODUCE_OPEN")
+            raise native_refusal(answer, "PRODUCE_OPEN")
         return cls(conn, topic, name, frames.BodyReader(answer.body, "PRODUCE_OPENED").u64("producer_id"),
                    max_inflight_bytes)
 
@@ -280,7 +280,7 @@ class NativeProducer:
             first, last, _ = frames.decode_offsets(frame.body, "ACK", "first_offset", "last_offset")
             done.set_result((first, last))
         else:
-            done.set_exception(_refusal(frame, "PRODUCE"))
+            done.set_exception(native_refusal(frame, "PRODUCE"))
 
     async def flush(self) -> None:
         """Until every batch sent so far is answered (a refusal is raised by its own future)."""
@@ -316,7 +316,7 @@ class NativeConsumer:
             raise first
         if first.type != FrameType.SUBSCRIBED:
             conn.close_stream(request_id)
-            raise _refusal(first, "SUBSCRIBE")
+            raise native_refusal(first, "SUBSCRIBE")
         consumer_id, start, _ = frames.decode_offsets(first.body, "SUBSCRIBED", "consumer_id", "start_offset")
         return cls(conn, request_id, queue, consumer_id, start)
 
@@ -329,7 +329,7 @@ class NativeConsumer:
             raise frame
         if frame.type != FrameType.RECORDS:
             self._conn.close_stream(self._request_id)
-            raise _refusal(frame, "SUBSCRIBE")
+            raise native_refusal(frame, "SUBSCRIBE")
         first, last, data = frames.decode_offsets(frame.body, "RECORDS", "first_offset", "last_offset",
                                                   more=True)
         return data, first, last

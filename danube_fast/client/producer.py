@@ -22,14 +22,22 @@ fails the producer at once. Retries are bounded: `reconnect_tries` attempts, cou
 the broker gave, so a broker gone for good (or one that drops every stream before answering) fails the
 unacknowledged batches with a retriable ProduceRejected after about 25 s of backoff.
 
+Transport (`transport`): "auto" (the default) asks the broker it located the topic on where it serves the
+native transport (FastTransports/Native, docs/TRANSPORT.md) and produces there, over frames on TCP, when it
+does; else over gRPC. "grpc" never asks; "native" refuses a broker without it. Over either, the same
+batches, sequences, acks, back-pressure and reconnects: a native connection that drops or answers
+UNAVAILABLE sends the producer through the same lookup and resend as a gRPC stream.
+
 Ownership: one event loop. Writes to the stream are serialised by a lock (a gRPC call takes one write at a
-time); the reader task resolves futures in the order the broker answers, which is the order sent.
+time); the reader task (gRPC) or each PRODUCE's answer (native) resolves futures in the order the broker
+answers, which is the order sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import secrets
 import time
@@ -41,6 +49,9 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
+from danube_fast.client.native import NativeConnection, native_refusal
+from danube_fast.client.status import Offsets as Offsets  # re-exported: the producer's API
+from danube_fast.client.status import ProduceRejected as ProduceRejected
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import (
@@ -52,20 +63,14 @@ from danube_fast.codec.fast_wire import (
 )
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.transport import frames as wire
+from danube_fast.transport.frames import Frame, FrameType
 
-Offsets = tuple[int, int]
+TRANSPORTS = ("auto", "grpc", "native")
 # Batches unacknowledged at most, whatever their bytes: a retry must stay within the sequences a topic
 # remembers (broker/sequences.py WINDOW, twice this).
 MAX_UNACKED_BATCHES = 128
-
-
-class ProduceRejected(DanubeError):
-    """The broker refused a batch (or the producer): `code` is the gRPC status name it gave."""
-
-    def __init__(self, code: str, message: str, retriable: bool = False) -> None:
-        super().__init__(f"{code}: {message}")
-        self.grpc_code = code
-        self.retriable = retriable
 
 
 @dataclass
@@ -86,7 +91,9 @@ class FastProducer:
                  batch_records: int = 1000, batch_bytes: int = 1 << 20, linger_ms: float = 1.0,
                  max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50, compression: str = "none",
                  compression_level: int | None = None, credentials: Credentials | None = None,
-                 idempotent: bool = True) -> None:
+                 idempotent: bool = True, transport: str = "auto") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}, expected one of {', '.join(TRANSPORTS)}")
         if compression not in frames.COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}, expected one of "
                              f"{', '.join(frames.COMPRESSIONS)}")
@@ -111,6 +118,10 @@ class FastProducer:
         self._produce = produce_method(self._channel)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
+        self._transport = transport
+        self._natives: dict[str, str] = {}  # gRPC target -> its broker's native address ("" for none)
+        self._native: NativeConnection | None = None  # the native connection producing now
+        self.over_native = False  # the current stream (or the last one) is native
         self._write_lock = asyncio.Lock()
         self._open = _Open()
         self._linger_handle: asyncio.TimerHandle | None = None
@@ -197,6 +208,8 @@ class FastProducer:
                 await self.flush()
         finally:
             self._closed = True
+            if self._native is not None:
+                await self._native.aclose()
             if self._call is not None:
                 with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     await self._call.done_writing()
@@ -263,11 +276,65 @@ class FastProducer:
                 return  # a reconnect that ran while this waited for the lock has sent it already
             self._written = seq
             # A broken stream is noticed by the reader, which resends everything unacknowledged.
-            await write_or_broken(self._call, encode_batch_request(seq, self._unacked[seq].data))
+            await self._send(seq, self._unacked[seq].data)
+
+    async def _send(self, seq: int, data: Buffer) -> bool:
+        """Write one batch on the current stream; False when that stream is broken (its reconnect resends)."""
+        if not self.over_native:
+            return await write_or_broken(self._call, encode_batch_request(seq, data))
+        conn = self._native
+        if conn is None:
+            return False  # lost: the reconnect under way resends everything unacknowledged
+        view = memoryview(data)
+        records = sum(h.record_count for h in frames.scan_batches(view, verify=False))
+        try:
+            answer = conn.send(FrameType.PRODUCE, [wire.produce_head(records), view], 4 + view.nbytes)
+        except ProduceRejected as e:
+            self._native_lost(conn, e)
+            return False
+        answer.add_done_callback(functools.partial(self._native_answered, conn, seq))
+        return True
+
+    def _native_answered(self, conn: NativeConnection, seq: int, answer: asyncio.Future[Frame]) -> None:
+        if answer.cancelled():
+            return
+        error = answer.exception()
+        if error is None:
+            frame = answer.result()
+            if frame.type == FrameType.ACK:
+                self._attempts = 0  # the broker answers on this connection
+                first, last, _ = wire.decode_offsets(frame.body, "ACK", "first_offset", "last_offset")
+                self._settle(seq, (first, last))
+                return
+            error = native_refusal(frame, "PRODUCE")
+        if isinstance(error, ProduceRejected) and error.retriable and error.grpc_code == "UNAVAILABLE":
+            # The connection is gone, or the topic is moving: this batch and every one after it go again.
+            self._native_lost(conn, error)
+        else:
+            self._settle(seq, error if isinstance(error, ProduceRejected) else
+                         ProduceRejected("UNKNOWN", f"{type(error).__name__}: {error}"))
+
+    def _native_lost(self, conn: NativeConnection, cause: ProduceRejected) -> None:
+        """Reconnect once per lost connection (every unanswered PRODUCE on it fails at once)."""
+        if conn is not self._native or self._closed:
+            return
+        self._native = None
+        conn.close()
+        task = self._loop.create_task(self._reconnect(cause))
+        task.add_done_callback(_ignore_result)
 
     # -- the stream ---------------------------------------------------------------------------------
 
     async def _start_stream(self) -> None:
+        if self._transport != "grpc":
+            address = await self._native_address()
+            if address:
+                await self._start_native(address)
+                return
+            if self._transport == "native":
+                raise ProduceRejected("FAILED_PRECONDITION", f"the broker at {self._target} serves no native "
+                                                             "transport (its fast_addr is not set)")
+        self.over_native = False
         call = self._produce()
         try:
             await call.write(fast.ProduceRequest(open=fast.Open(topic=self.topic, producer_name=self.name,
@@ -279,6 +346,37 @@ class FastProducer:
         self.producer_id = response.opened.producer_id
         self._call = call
         self._reader = self._loop.create_task(self._read_answers(call))
+
+    async def _native_address(self) -> str:
+        """Where the broker at the current target serves the native transport ("" where it does not)."""
+        if self._target not in self._natives:
+            stub: Any = fast_grpc.FastTransportsStub(self._channel)  # type: ignore[no-untyped-call]
+            try:
+                reply = await stub.Native(fast.NativeRequest(), timeout=10)
+                self._natives[self._target] = reply.address
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise rejection(e, "ask the broker for its native transport") from e
+                self._natives[self._target] = ""  # a broker from before the native transport
+        return self._natives[self._target]
+
+    async def _start_native(self, address: str) -> None:
+        """Open the producer over a new native connection to `address`."""
+        try:
+            conn = await NativeConnection.connect(address, credentials=self._credentials)
+        except (TimeoutError, OSError) as e:
+            raise ProduceRejected("UNAVAILABLE", f"cannot reach the native transport at {address}: {e}",
+                                  True) from e
+        try:
+            body = wire.ProduceOpen(self.topic, self.name, self.reliable).encode()
+            answer = await conn.send(FrameType.PRODUCE_OPEN, [body], len(body))
+            if answer.type != FrameType.PRODUCE_OPENED:
+                raise native_refusal(answer, "PRODUCE_OPEN")
+        except BaseException:
+            await conn.aclose()
+            raise
+        self.producer_id = wire.BodyReader(answer.body, "PRODUCE_OPENED").u64("producer_id")
+        self._native, self.over_native, self._call = conn, True, None
 
     async def _read_answers(self, call: Any) -> None:
         try:
@@ -354,7 +452,7 @@ class FastProducer:
                         data = _with_producer_id(shipped.data, self.producer_id)
                         shipped.data = data
                         self._written = max(self._written, seq)
-                        if not await write_or_broken(self._call, encode_batch_request(seq, data)):
+                        if not await self._send(seq, data):
                             break  # the new stream broke too: its reader reconnects
                 return
             except ProduceRejected as e:

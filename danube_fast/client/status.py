@@ -47,6 +47,8 @@ from typing import Any
 
 import grpc
 
+from danube_fast.errors import DanubeError
+
 RETRIABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                              grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -92,3 +94,15 @@ async def write_or_broken(call: Any, request: Any) -> bool:
             raise
         return False
     return True
+
+
+Offsets = tuple[int, int]  # a batch's first and last offset
+
+
+class ProduceRejected(DanubeError):
+    """The broker refused a batch (or the producer): `code` is the gRPC status name it gave."""
+
+    def __init__(self, code: str, message: str, retriable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.grpc_code = code
+        self.retriable = retriable

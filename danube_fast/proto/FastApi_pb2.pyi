@@ -175,3 +175,15 @@ class ReadResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: Records
     def __init__(self, records: _Optional[_Union[Records, _Mapping]] = ...) -> None: ...
+
+class NativeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NativeResponse(_message.Message):
+    __slots__ = ("address", "tls")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    tls: bool
+    def __init__(self, address: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...

@@ -313,3 +313,78 @@ class FastReader:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class FastTransportsStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Native = channel.unary_unary(
+                '/danube_fast.v1.FastTransports/Native',
+                request_serializer=FastApi__pb2.NativeRequest.SerializeToString,
+                response_deserializer=FastApi__pb2.NativeResponse.FromString,
+                _registered_method=True)
+
+
+class FastTransportsServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Native(self, request, context):
+        """Where this broker serves the native transport (docs/TRANSPORT.md): the host of its advertised address
+        and the native listener's port, "" when it has none. A client asks the broker it located a topic on;
+        UNIMPLEMENTED from a broker that predates this call means the same as "": use gRPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FastTransportsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Native': grpc.unary_unary_rpc_method_handler(
+                    servicer.Native,
+                    request_deserializer=FastApi__pb2.NativeRequest.FromString,
+                    response_serializer=FastApi__pb2.NativeResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'danube_fast.v1.FastTransports', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('danube_fast.v1.FastTransports', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FastTransports:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Native(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.v1.FastTransports/Native',
+            FastApi__pb2.NativeRequest.SerializeToString,
+            FastApi__pb2.NativeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

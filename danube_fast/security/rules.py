@@ -93,6 +93,7 @@ RULES: dict[str, Rule] = {
     "danube_fast.v1.FastConsumer/Consume": Rule(C, _first_of_stream("subscribe", "topic")),
     "danube_fast.v1.FastReader/Offsets": Rule(C, _field("topic")),
     "danube_fast.v1.FastReader/Read": Rule(C, _field("topic")),
+    "danube_fast.v1.FastTransports/Native": Rule(None, _cluster),
     # Both ports: the schema registry (subjects are cluster-wide; a topic's schema settings are the topic's)
     "danube_schema.SchemaRegistry/RegisterSchema": Rule(SCHEMA, _cluster),
     "danube_schema.SchemaRegistry/GetSchema": Rule(L, _cluster),

@@ -315,3 +315,48 @@ def test_a_consumer_that_stops_reading_is_cut_off_and_others_are_served(
         conn.close()
 
     asyncio.run(served())
+
+
+def test_the_fast_producer_takes_the_native_transport_where_the_broker_serves_it(
+        broker: Broker, broker_factory: BrokerFactory) -> None:
+    async def run() -> None:
+        auto = await FastProducer.connect(broker.target, "/default/chosen", "auto")
+        grpc_only = await FastProducer.connect(broker.target, "/default/chosen", "grpc", transport="grpc")
+        assert auto.over_native and not grpc_only.over_native
+        assert await (await auto.send_batch([b"a1", b"a2"])) == (0, 1)
+        assert await (await grpc_only.send_batch([b"g1"])) == (2, 2)
+        await auto.close()
+        await grpc_only.close()
+        plain = broker_factory.start()
+        fallback = await FastProducer.connect(plain.target, "/default/chosen", "auto")
+        assert not fallback.over_native
+        await fallback.close()
+        with pytest.raises(ProduceRejected, match="serves no native transport"):
+            await FastProducer.connect(plain.target, "/default/chosen", "n", transport="native",
+                                       reconnect_tries=0)
+
+    asyncio.run(run())
+    assert asyncio.run(stored(broker, "/default/chosen")) == [(0, b"a1"), (1, b"a2"), (2, b"g1")]
+
+
+def test_the_native_fast_producer_survives_a_broker_kill_with_each_record_stored_once(broker: Broker) -> None:
+    async def run() -> None:
+        producer = await FastProducer.connect(broker.target, "/default/killed", "p", linger_ms=0)
+        assert producer.over_native
+        futures = []
+        for i in range(60):
+            futures.append(await producer.send_batch([b"k-%d-%d" % (i, j) for j in range(100)]))
+            if i == 30:
+                await futures[10]
+                broker.kill()
+                broker.start()
+        await producer.flush()
+        assert producer.over_native
+        offsets = [await f for f in futures]
+        assert offsets == sorted(offsets)
+        await producer.close()
+
+    asyncio.run(run())
+    got = asyncio.run(stored(broker, "/default/killed"))
+    assert [o for o, _ in got] == list(range(len(got)))
+    assert sorted(v for _, v in got) == sorted(b"k-%d-%d" % (i, j) for i in range(60) for j in range(100))

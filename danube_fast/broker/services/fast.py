@@ -276,3 +276,13 @@ async def _apply_acks(requests: AsyncIterator[fast.ConsumeRequest], batches: Bat
         batches.acknowledge(ack.up_to if ack.HasField("up_to") else None, list(ack.offsets))
         if ack.nacks:
             batches.nack(min(ack.nacks), ack.nack_delay_ms if ack.HasField("nack_delay_ms") else None)
+
+
+class FastTransportsService(fast_grpc.FastTransportsServicer):
+    """Where this broker serves the native transport (services/native.py), for clients choosing one."""
+
+    def __init__(self, native_address: str, tls: bool) -> None:
+        self._answer = fast.NativeResponse(address=native_address, tls=tls)
+
+    async def Native(self, request: fast.NativeRequest, context: Context) -> fast.NativeResponse:
+        return self._answer
