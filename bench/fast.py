@@ -17,7 +17,7 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   It starts once the broker is quiet (the full-rate runs' uploads done); its own rolled segments are
   uploaded while it runs, as they would be in service.
 - `native_consume_catchup_settled`: `fast_consume_catchup_settled` through the native transport
-  (NativeConsumer), its ratio to the gRPC figure of the same run.
+  (FastConsumer(transport="native")), its ratio to the gRPC figure (transport="grpc") of the same run.
 - `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
   danube_fast.client.FastConsumer reading back (from the WAL, cumulative acks) what was produced after
   its subscription was made, starting as soon as the producer's last ack came: the broker is then still
@@ -44,12 +44,10 @@ from bench.broker import bare_server, metered, percentile, start_bare_server, st
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
-from danube_fast.client.native import NativeConnection, NativeConsumer
 from danube_fast.client.producer import batch_request
 from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
-from danube_fast.testing.broker import Broker
 from danube_fast.testing.process import ServerProcess
 
 RECORD_BYTES = 256
@@ -118,13 +116,13 @@ async def bare_consume(server: ServerProcess, count: int, record_bytes: int = RE
         await channel.close()
 
 
-async def consume_through_broker(server: ServerProcess, topic: str, count: int, settle: bool = False
-                                 ) -> tuple[float, None, None]:
+async def consume_through_broker(server: ServerProcess, topic: str, count: int, settle: bool = False,
+                                 transport: str = "grpc") -> tuple[float, None, None]:
     """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks;
     with `settle`, once the broker has finished what the produce left it (uploads)."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,  # creates the topic
                                           transport="grpc")
-    consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench")
+    consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench", transport=transport)
     try:
         payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
         for _ in range(count):
@@ -143,34 +141,6 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int, 
         return got / usage.wall, None, None
     finally:
         await consumer.close()
-        await producer.close()
-
-
-async def native_consume_through_broker(server: Broker, topic: str, count: int, settle: bool = False
-                                        ) -> tuple[float, None, None]:
-    """consume_through_broker over the native transport (the batches produced through gRPC, as there)."""
-    producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,  # creates the topic
-                                          transport="grpc")
-    conn = await NativeConnection.connect(server.fast_target)
-    try:
-        consumer = await NativeConsumer.subscribe(conn, topic, "catch-up", "bench")
-        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
-        for _ in range(count):
-            await producer.send_batch(payloads)
-        await producer.flush()
-        if settle:
-            await quiet(server.pid)
-        total = count * BATCH_RECORDS
-        got = 0
-        with metered(server.pid) as usage:
-            async for _, first, last in consumer:
-                got += last - max(first, consumer.start_offset) + 1
-                consumer.ack(up_to=last)
-                if got >= total:
-                    break
-        return got / usage.wall, None, None
-    finally:
-        conn.close()
         await producer.close()
 
 
@@ -249,8 +219,9 @@ def run_fast(options: Options) -> list[Result]:
                         consume_through_broker(broker, f"/default/fast_consume-{run}", count))
                     figures["fast_consume_catchup_settled"] = runner.run(consume_through_broker(
                         broker, f"/default/fast_consume_settled-{run}", count, settle=True))
-                    figures["native_consume_catchup_settled"] = runner.run(native_consume_through_broker(
-                        broker, f"/default/native_consume_settled-{run}", count, settle=True))
+                    figures["native_consume_catchup_settled"] = runner.run(consume_through_broker(
+                        broker, f"/default/native_consume_settled-{run}", count, settle=True,
+                        transport="native"))
             finally:
                 broker.stop()
             runs.append(figures)

@@ -16,6 +16,9 @@ Records not acknowledged before that come again (at least once); so may records 
 Subscribing again is retried `reconnect_tries` times (about 25 s of backoff) and stops at once on a refusal
 that is not retriable. The stream ends for good (`batches()` returns) when the subscription is deleted or
 taken back by a Danube API consumer.
+
+Transport (`transport`): as FastProducer's: "auto" (the default) subscribes over the native transport where
+the located broker serves it (docs/TRANSPORT.md), with the same window, acks, nacks and resubscribing.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
+from danube_fast.client.native import TRANSPORTS, NativeConnection, NativeConsumer, native_address
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.codec import frames
@@ -62,12 +66,14 @@ def consume_method(channel: grpc.aio.Channel) -> Any:
 class FastConsumer:
     def __init__(self, target: str, topic: str, subscription: str, name: str, *, window_bytes: int = 0,
                  reconnect_tries: int = 50, credentials: Credentials | None = None,
-                 initial_position: str = "latest") -> None:
+                 initial_position: str = "latest", transport: str = "auto") -> None:
         """`initial_position`: where a subscription this consumer creates starts, "latest" (what is
         published from now on) or "earliest" (the first record the topic keeps); an existing one goes on
         from its cursor."""
         if initial_position not in POSITIONS:
             raise ValueError(f"initial_position must be one of {sorted(POSITIONS)}, not {initial_position!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}, expected one of {', '.join(TRANSPORTS)}")
         self.topic = topic
         self.subscription = subscription
         self.name = name
@@ -83,6 +89,10 @@ class FastConsumer:
         self._call: Any = None
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self._transport = transport
+        self._natives: dict[str, str] = {}  # gRPC target -> its broker's native address ("" for none)
+        self._native: NativeConnection | None = None  # the native connection consuming now, if any
+        self._native_stream: NativeConsumer | None = None
 
     @classmethod
     async def connect(cls, target: str, topic: str, subscription: str, name: str, **options: Any
@@ -98,29 +108,49 @@ class FastConsumer:
             raise
         return consumer
 
+    @property
+    def over_native(self) -> bool:
+        """The current subscription's stream is on the native transport."""
+        return self._native is not None
+
     async def batches(self) -> AsyncIterator[Delivery]:
         """Deliveries until the subscription ends (deleted, or taken back by a Danube API consumer) or the
         consumer is closed; across reconnects. Raises ProduceRejected when reconnecting gave up, and the
         stream's AioRpcError for a status that is not retriable."""
         while not self._closed:
+            if self._native_stream is not None:
+                try:
+                    data, first, last = await anext(self._native_stream)
+                except ProduceRejected as e:
+                    ended = e.grpc_code == "ABORTED"  # taken over or deleted: as a gRPC stream's EOF
+                    if self._closed or ended or not await self._resubscribe(e, e.retriable):
+                        return
+                    continue
+                yield Delivery(data, first, last)
+                continue
             try:
                 response = await self._call.read()
             except grpc.aio.AioRpcError as e:
-                if self._closed:
+                if self._closed or not await self._resubscribe(e, retriable(e)):
                     return
-                if not retriable(e):
-                    raise
-                try:
-                    await self._open(resubscribing=True)
-                except ProduceRejected:
-                    if self._closed:
-                        return
-                    raise
                 continue
             if response is grpc.aio.EOF:
                 return
             r = response if isinstance(response, RecordsResponse) else response.records
             yield Delivery(r.data, r.first_offset, r.last_offset)
+
+    async def _resubscribe(self, error: Exception, retried: bool) -> bool:
+        """After the stream failed with `error`: raise it when it is not `retried`; else subscribe again
+        (True), or, when the consumer was closed meanwhile, False."""
+        if not retried:
+            raise error
+        try:
+            await self._open(resubscribing=True)
+        except ProduceRejected:
+            if self._closed:
+                return False
+            raise
+        return True
 
     async def records(self) -> AsyncIterator[frames.Record]:
         """Record by record (per-record Python objects: use batches() where throughput matters)."""
@@ -147,6 +177,12 @@ class FastConsumer:
         """An ack on a stream that just failed is dropped: the records come again after the reconnect, and
         the broker ignores acks of offsets it has not sent on the new stream yet."""
         async with self._write_lock:
+            if self._native_stream is not None:
+                with contextlib.suppress(ProduceRejected):  # the connection is gone: see above
+                    self._native_stream.send_ack(ack.up_to if ack.HasField("up_to") else None,
+                                                 list(ack.offsets), list(ack.nacks),
+                                                 ack.nack_delay_ms if ack.HasField("nack_delay_ms") else 0)
+                return
             await write_or_broken(self._call, fast.ConsumeRequest(ack=ack))
 
     async def close(self, timeout: float = 5.0) -> None:
@@ -154,6 +190,11 @@ class FastConsumer:
         cursor and released the subscription (another consumer may take it at once). Deliveries still on
         their way are dropped; they come again to the next consumer."""
         self._closed = True
+        if self._native is not None:
+            # GOODBYE: the broker ends the subscription (acks applied, cursor saved), then the connection.
+            await self._native.aclose(timeout)
+            await self._channel.close()
+            return
         if not (self._call.done() or self._call.cancelled()):  # a task cancelled in read() cancels it
             async with self._write_lock:
                 with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -176,6 +217,9 @@ class FastConsumer:
             self.reconnects += 1
             if self._call is not None:
                 self._call.cancel()
+            if self._native is not None:
+                self._native.close()
+                self._native = self._native_stream = None
         error: ProduceRejected | None = None
         for attempt in range(self._reconnect_tries):
             await asyncio.sleep(min(0.02 * attempt, 1.0))
@@ -196,6 +240,16 @@ class FastConsumer:
                                                f"{error}", True)
 
     async def _subscribe(self) -> None:
+        if self._transport != "grpc":
+            if self._target not in self._natives:
+                self._natives[self._target] = await native_address(self._channel)
+            address = self._natives[self._target]
+            if address:
+                await self._subscribe_native(address)
+                return
+            if self._transport == "native":
+                raise ProduceRejected("FAILED_PRECONDITION", f"the broker at {self._target} serves no native "
+                                                             "transport (its fast_addr is not set)")
         call = consume_method(self._channel)()
         try:
             await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(
@@ -211,3 +265,15 @@ class FastConsumer:
         self._call = call
         self.start_offset = response.subscribed.start_offset
         self.consumer_id = response.subscribed.consumer_id
+
+    async def _subscribe_native(self, address: str) -> None:
+        conn = await NativeConnection.open(address, self._credentials)
+        try:
+            stream = await NativeConsumer.subscribe(conn, self.topic, self.subscription, self.name,
+                                                    window_bytes=self._window,
+                                                    earliest=self._position == fast.EARLIEST)
+        except BaseException:
+            await conn.aclose()
+            raise
+        self._native, self._native_stream = conn, stream
+        self.start_offset, self.consumer_id = stream.start_offset, stream.consumer_id

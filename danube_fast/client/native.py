@@ -15,11 +15,15 @@ import contextlib
 import itertools
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
 
 from danube_fast.client.credentials import Credentials
-from danube_fast.client.status import Offsets, ProduceRejected
+from danube_fast.client.status import Offsets, ProduceRejected, retriable
 from danube_fast.codec import frames as codec
+from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.security.tls import client_ssl_context
 from danube_fast.transport import frames
 from danube_fast.transport.frames import Frame, FrameType
@@ -30,6 +34,22 @@ if TYPE_CHECKING:
 
 Part = bytes | bytearray | memoryview
 PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
+TRANSPORTS = ("auto", "grpc", "native")  # what the fast clients' `transport` option takes
+
+
+async def native_address(channel: grpc.aio.Channel) -> str:
+    """Where the broker behind `channel` (its gRPC client port) serves the native transport; "" where it
+    does not (also a broker from before FastTransports: UNIMPLEMENTED). Raises ProduceRejected for any
+    other failure of the call, retriable by client/status.py's rule."""
+    stub: Any = fast_grpc.FastTransportsStub(channel)  # type: ignore[no-untyped-call]
+    try:
+        reply = await stub.Native(fast.NativeRequest(), timeout=10)
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return ""
+        raise ProduceRejected(e.code().name, e.details() or "could not ask for the native transport",
+                              retriable(e)) from e
+    return str(reply.address)
 
 
 class NativeConnection(asyncio.BufferedProtocol):
@@ -82,6 +102,16 @@ class NativeConnection(asyncio.BufferedProtocol):
         conn._receiver.max_frame = conn.welcome.max_frame
         conn._keepalive = loop.create_task(conn._ping(conn.welcome.keepalive_ms / 1000))
         return conn
+
+    @classmethod
+    async def open(cls, address: str, credentials: Credentials | None) -> NativeConnection:
+        """connect(), a broker out of reach being a retriable ProduceRejected (UNAVAILABLE), as the fast
+        clients retry it."""
+        try:
+            return await cls.connect(address, credentials=credentials)
+        except (OSError, TimeoutError) as e:
+            raise ProduceRejected("UNAVAILABLE", f"cannot reach the native transport at {address}: {e}",
+                                  True) from e
 
     # -- asyncio --------------------------------------------------------------------------------------------
 
@@ -333,6 +363,11 @@ class NativeConsumer:
         first, last, data = frames.decode_offsets(frame.body, "RECORDS", "first_offset", "last_offset",
                                                   more=True)
         return data, first, last
+
+    def send_ack(self, up_to: int | None, offsets: list[int], nacks: list[int], nack_delay_ms: int) -> None:
+        """One ACKNOWLEDGE: a cumulative ack, individual acks and nacks together."""
+        ack = frames.Acknowledge(up_to, offsets, nacks, nack_delay_ms)
+        self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)
 
     def ack(self, up_to: int | None = None, offsets: Sequence[int] = ()) -> None:
         ack = frames.Acknowledge(up_to, list(offsets), [], 0)

@@ -49,7 +49,7 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.native import NativeConnection, native_refusal
+from danube_fast.client.native import TRANSPORTS, NativeConnection, native_address, native_refusal
 from danube_fast.client.status import Offsets as Offsets  # re-exported: the producer's API
 from danube_fast.client.status import ProduceRejected as ProduceRejected
 from danube_fast.client.status import retriable, write_or_broken
@@ -63,11 +63,9 @@ from danube_fast.codec.fast_wire import (
 )
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
-from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.transport import frames as wire
 from danube_fast.transport.frames import Frame, FrameType
 
-TRANSPORTS = ("auto", "grpc", "native")
 # Batches unacknowledged at most, whatever their bytes: a retry must stay within the sequences a topic
 # remembers (broker/sequences.py WINDOW, twice this).
 MAX_UNACKED_BATCHES = 128
@@ -350,23 +348,12 @@ class FastProducer:
     async def _native_address(self) -> str:
         """Where the broker at the current target serves the native transport ("" where it does not)."""
         if self._target not in self._natives:
-            stub: Any = fast_grpc.FastTransportsStub(self._channel)  # type: ignore[no-untyped-call]
-            try:
-                reply = await stub.Native(fast.NativeRequest(), timeout=10)
-                self._natives[self._target] = reply.address
-            except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise rejection(e, "ask the broker for its native transport") from e
-                self._natives[self._target] = ""  # a broker from before the native transport
+            self._natives[self._target] = await native_address(self._channel)
         return self._natives[self._target]
 
     async def _start_native(self, address: str) -> None:
         """Open the producer over a new native connection to `address`."""
-        try:
-            conn = await NativeConnection.connect(address, credentials=self._credentials)
-        except (TimeoutError, OSError) as e:
-            raise ProduceRejected("UNAVAILABLE", f"cannot reach the native transport at {address}: {e}",
-                                  True) from e
+        conn = await NativeConnection.open(address, self._credentials)
         try:
             body = wire.ProduceOpen(self.topic, self.name, self.reliable).encode()
             answer = await conn.send(FrameType.PRODUCE_OPEN, [body], len(body))

@@ -360,3 +360,44 @@ def test_the_native_fast_producer_survives_a_broker_kill_with_each_record_stored
     got = asyncio.run(stored(broker, "/default/killed"))
     assert [o for o, _ in got] == list(range(len(got)))
     assert sorted(v for _, v in got) == sorted(b"k-%d-%d" % (i, j) for i in range(60) for j in range(100))
+
+
+def test_the_fast_consumer_takes_the_native_transport_resumes_after_its_acks_and_follows_a_restart(
+        broker: Broker) -> None:
+    from danube_fast.client import FastConsumer
+
+    async def run() -> None:
+        producer = await FastProducer.connect(broker.target, "/default/followed", "p")
+        consumer = await FastConsumer.connect(broker.target, "/default/followed", "s", "c",
+                                              initial_position="earliest")
+        assert consumer.over_native
+        for low in range(0, 3000, 1000):
+            await producer.send_batch([b"f-%d" % i for i in range(low, low + 1000)])
+        await producer.flush()
+        seen: list[int] = []
+        async for d in consumer.batches():
+            seen += [r.offset for r in codec.iter_records(memoryview(d.data), verify=True)]
+            await consumer.ack_cumulative(d.last_offset)
+            if len(seen) >= 2000:
+                break
+        await consumer.close()  # the broker saved the cursor before the connection ended
+        assert seen == list(range(len(seen)))
+        again = await FastConsumer.connect(broker.target, "/default/followed", "s", "c2")
+        assert again.over_native and again.start_offset == len(seen)
+        broker.kill()
+        broker.start()
+        await producer.send_batch([b"after"])
+        await producer.flush()
+        after: list[int] = []
+        async for d in again.batches():
+            after += [r.offset for r in codec.iter_records(memoryview(d.data), verify=True)
+                      if r.offset >= again.start_offset]
+            await again.ack_cumulative(d.last_offset)
+            if 3000 in after:
+                break
+        assert again.reconnects >= 1 and again.over_native
+        assert set(range(len(seen), 3001)) <= set(after)  # at least once across the restart
+        await again.close()
+        await producer.close()
+
+    asyncio.run(run())

@@ -195,7 +195,7 @@ class Connection(asyncio.BufferedProtocol):
                 nonce = frames.decode_ping(body)
                 self._send(frames.frame(FrameType.PONG, frames.ping_body(nonce), request_id))
             elif kind == FrameType.GOODBYE:
-                self._close()
+                self._start(self._goodbye())
             else:
                 self._error(request_id, "UNIMPLEMENTED", f"{kind.name} is not served by this broker yet")
         except FrameError as e:
@@ -340,6 +340,16 @@ class Connection(asyncio.BufferedProtocol):
                 batches.consumer_lost()
                 with contextlib.suppress(DanubeError):
                     await batches.save_cursor()
+
+    async def _goodbye(self) -> None:
+        """The client's orderly close: its subscriptions end first (acks applied, cursors saved, the
+        subscriptions free for the next consumer), then the connection, which the client waits for."""
+        me = asyncio.current_task()
+        serving = [task for task in self._tasks if task is not me]
+        for task in serving:
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
+        self._close()
 
     def _authorize(self, method: str, request: Any) -> None:
         """PERMISSION_DENIED unless this connection's principal may make `request` (the gRPC fast API's
