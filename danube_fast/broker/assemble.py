@@ -142,16 +142,16 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         metrics = MetricsServer(ctx, retention, tables) if config.prom_exporter else None
         client, admin, listening = await _bind(config, gate, metrics, undo)
         native = None
-        if config.fast_addr:
+        if config.native_addr:
             native = NativeServer(ctx, gate, server_ssl_context(security) if security.tls else None,
                                   keepalive_ms=config.fast_keepalive_ms,
                                   max_connections=config.fast_max_connections)
             undo.append(native.close)
-            host, _, port = config.fast_addr.rpartition(":")
+            host, _, port = config.native_addr.rpartition(":")
             try:
                 listening = dataclasses.replace(listening, fast_port=await native.bind(host, int(port)))
             except OSError as e:
-                raise StartError(f"cannot listen on {config.fast_addr} (--fast-addr): {e}") from e
+                raise StartError(f"cannot listen on {config.native_addr} (--fast-addr): {e}") from e
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one
         if url.endswith(":0"):
             url = url[:-1] + str(listening.client_port)

@@ -12,7 +12,9 @@ data_dir = "./danube-data"
 broker_addr = "127.0.0.1:6650"      # the client API (Danube's ProducerService, ConsumerService, ...)
 admin_addr = "127.0.0.1:50051"
 prom_exporter = "127.0.0.1:9040"   # "" disables the Prometheus endpoint
-fast_addr = ""                    # the native transport's listener (docs/TRANSPORT.md); "" = none
+fast_addr = "auto"                # the native transport's listener (docs/TRANSPORT.md): "auto" = on in
+                                  # standalone mode (broker_addr's host, port 6653), off in a cluster;
+                                  # "" = off
 fast_keepalive_ms = 30000         # its keepalive period: 3 silent periods close a connection
 fast_max_connections = 10000      # native connections this broker serves at once
 advertised_addr = ""              # what lookups return; defaults to broker_addr
@@ -229,6 +231,9 @@ class ClusterConfig:
                           self.etcd_password, self.etcd_password_file)
 
 
+FAST_PORT = 6653  # the native transport's port when fast_addr is "auto" (standalone)
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     mode: str = "standalone"
@@ -236,7 +241,7 @@ class BrokerConfig:
     broker_addr: str = "127.0.0.1:6650"
     admin_addr: str = "127.0.0.1:50051"
     prom_exporter: str = "127.0.0.1:9040"
-    fast_addr: str = ""  # the native transport (docs/TRANSPORT.md): produce over frames on TCP; "" = off
+    fast_addr: str = "auto"  # the native transport (docs/TRANSPORT.md); where it listens: `native_addr`
     fast_keepalive_ms: int = 30_000
     fast_max_connections: int = 10_000
     advertised_addr: str = ""
@@ -254,6 +259,14 @@ class BrokerConfig:
     @property
     def clustered(self) -> bool:
         return self.mode == "cluster"
+
+    @property
+    def native_addr(self) -> str:
+        """Where the native transport listens: `fast_addr`, or for "auto" broker_addr's host at FAST_PORT in
+        standalone mode and nowhere ("") in a cluster, whose brokers each need an address set."""
+        if self.fast_addr != "auto":
+            return self.fast_addr
+        return "" if self.clustered else f"{self.broker_addr.rpartition(':')[0]}:{FAST_PORT}"
 
     @property
     def object_store(self) -> str:
@@ -395,8 +408,8 @@ def check(config: BrokerConfig) -> None:
         _host_port(getattr(config, name), name)
     if config.prom_exporter:
         _host_port(config.prom_exporter, "prom_exporter")
-    if config.fast_addr:
-        _host_port(config.fast_addr, "fast_addr")
+    if config.native_addr:
+        _host_port(config.native_addr, "fast_addr")
     if config.fast_keepalive_ms < 100:
         raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
     if config.fast_max_connections < 1:

@@ -52,7 +52,7 @@ async def serve(config: BrokerConfig) -> None:
     admin_host = config.admin_addr.rpartition(":")[0]
     metrics = (f"{config.prom_exporter.rpartition(':')[0]}:{listening.metrics_port}"
                if listening.metrics_port is not None else "off")
-    native = (f", native transport on {config.fast_addr.rpartition(':')[0]}:{listening.fast_port}"
+    native = (f", native transport on {config.native_addr.rpartition(':')[0]}:{listening.fast_port}"
               if listening.fast_port is not None else "")
     failed = broker.topics.broken()
     broken = f" ({len(failed)} could not be loaded: see above)" if failed else ""

@@ -37,7 +37,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--prom-exporter", metavar="HOST:PORT",
                    help=f"Prometheus endpoint, default {DEFAULTS.prom_exporter}; '' turns it off")
     p.add_argument("--fast-addr", metavar="HOST:PORT",
-                   help="the native transport's listener (docs/TRANSPORT.md); default none")
+                   help="the native transport's listener (docs/TRANSPORT.md); default: 127.0.0.1:6653 in "
+                        "standalone mode (broker_addr's host), none in a cluster; '' turns it off")
     p.add_argument("--advertised-addr", metavar="HOST:PORT",
                    help="the address lookups return to clients (default: --broker-addr)")
     p.add_argument("--security-mode", choices=("none", "tls", "tls_jwt"), default=None,

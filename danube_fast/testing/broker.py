@@ -43,8 +43,8 @@ class Broker(ServerProcess):
             "--admin-addr", f"{LOOPBACK}:{self.admin_port}",
             "--prom-exporter", f"{LOOPBACK}:{self.prom_port}" if self.metrics else "",
         ]
-        if self.fast_port is not None:
-            cmd += ["--fast-addr", f"{LOOPBACK}:{self.fast_port}"]
+        # Off unless asked for: the default port would be shared by every broker of a test run.
+        cmd += ["--fast-addr", f"{LOOPBACK}:{self.fast_port}" if self.fast_port is not None else ""]
         if self.config_file is not None:
             cmd += ["--config-file", str(self.config_file)]
         return [*cmd, *self.flags]

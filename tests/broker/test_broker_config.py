@@ -43,6 +43,16 @@ def test_defaults_without_a_file() -> None:
     assert config.advertised_url == "http://127.0.0.1:6650"
     assert config.metadata_path == "./danube-data/metadata.db"
     assert config.wal_root == "./danube-data/wal"
+    assert config.native_addr == "127.0.0.1:6653"  # on in standalone mode
+
+
+def test_the_native_transport_is_on_in_standalone_off_in_a_cluster_unless_set() -> None:
+    assert load(None, {"broker_addr": "10.0.0.5:7000"}, usable=plenty).native_addr == "10.0.0.5:6653"
+    assert load(None, {"fast_addr": ""}, usable=plenty).native_addr == ""
+    cluster = {"mode": "cluster", "cluster.metadata_store": "etcd://127.0.0.1:2379",
+               "cluster.object_store": "/tmp/objects"}
+    assert load(None, cluster, usable=plenty).native_addr == ""
+    assert load(None, {**cluster, "fast_addr": "0.0.0.0:6653"}, usable=plenty).native_addr == "0.0.0.0:6653"
 
 
 def test_each_section_overrides_only_what_it_names(tmp_path: Path) -> None:
