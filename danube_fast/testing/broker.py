@@ -7,6 +7,7 @@ benchmarks).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,9 @@ class Broker(ServerProcess):
                  die_with_parent: bool = False, native: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.broker_port, self.admin_port, self.prom_port = free_ports(3)
+        # DANUBE_FAST_TEST_NATIVE=1: every broker serves the native transport, so the fast clients of every
+        # test take it (a run of the whole suite over it).
+        native = native or os.environ.get("DANUBE_FAST_TEST_NATIVE") == "1"
         self.fast_port = free_ports(1)[0] if native else None
         super().__init__("broker", [], workdir / "broker.log", ready_text=READY_LINE, port=self.broker_port,
                          die_with_parent=die_with_parent)
