@@ -104,6 +104,8 @@ class FastConsumer:
         try:
             await consumer._open(resubscribing=False)
         except BaseException:
+            if consumer._native is not None:
+                await consumer._native.aclose()
             await consumer._channel.close()
             raise
         return consumer

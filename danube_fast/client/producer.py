@@ -148,6 +148,8 @@ class FastProducer:
                 await producer._reconnect(e)
                 producer._check()
         except BaseException:
+            if producer._native is not None:
+                await producer._native.aclose()
             await producer._channel.close()
             raise
         return producer
@@ -363,6 +365,8 @@ class FastProducer:
             await conn.aclose()
             raise
         self.producer_id = wire.BodyReader(answer.body, "PRODUCE_OPENED").u64("producer_id")
+        if self._native is not None:  # a connection a reconnect replaces
+            self._native.close()
         self._native, self.over_native, self._call = conn, True, None
 
     async def _read_answers(self, call: Any) -> None:
