@@ -33,7 +33,7 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.native import TRANSPORTS, NativeConnection, NativeConsumer, native_address
+from danube_fast.client.native import NativeConnection, NativeConsumer, TransportChoice
 from danube_fast.client.producer import ProduceRejected, first_answer, rejection
 from danube_fast.client.status import retriable, write_or_broken
 from danube_fast.codec import frames
@@ -72,8 +72,7 @@ class FastConsumer:
         from its cursor."""
         if initial_position not in POSITIONS:
             raise ValueError(f"initial_position must be one of {sorted(POSITIONS)}, not {initial_position!r}")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}, expected one of {', '.join(TRANSPORTS)}")
+        self._transport = TransportChoice(transport)
         self.topic = topic
         self.subscription = subscription
         self.name = name
@@ -89,8 +88,6 @@ class FastConsumer:
         self._call: Any = None
         self._write_lock = asyncio.Lock()
         self._closed = False
-        self._transport = transport
-        self._natives: dict[str, str] = {}  # gRPC target -> its broker's native address ("" for none)
         self._native: NativeConnection | None = None  # the native connection consuming now, if any
         self._native_stream: NativeConsumer | None = None
 
@@ -242,16 +239,10 @@ class FastConsumer:
                                                f"{error}", True)
 
     async def _subscribe(self) -> None:
-        if self._transport != "grpc":
-            if self._target not in self._natives:
-                self._natives[self._target] = await native_address(self._channel)
-            address = self._natives[self._target]
-            if address:
-                await self._subscribe_native(address)
-                return
-            if self._transport == "native":
-                raise ProduceRejected("FAILED_PRECONDITION", f"the broker at {self._target} serves no native "
-                                                             "transport (its fast_addr is not set)")
+        address = await self._transport.native_for(self._channel, self._target)
+        if address:
+            await self._subscribe_native(address)
+            return
         call = consume_method(self._channel)()
         try:
             await call.write(fast.ConsumeRequest(subscribe=fast.Subscribe(

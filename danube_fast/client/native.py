@@ -37,6 +37,29 @@ PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
 TRANSPORTS = ("auto", "grpc", "native")  # what the fast clients' `transport` option takes
 
 
+class TransportChoice:
+    """A fast client's `transport` option, and what it asked each broker: `native_for` gives the native
+    address to use for the broker behind a channel, or "" for gRPC."""
+
+    def __init__(self, transport: str) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}, expected one of {', '.join(TRANSPORTS)}")
+        self.transport = transport
+        self._asked: dict[str, str] = {}  # gRPC target -> its broker's native address ("" for none)
+
+    async def native_for(self, channel: grpc.aio.Channel, target: str) -> str:
+        """The native address to use for `target`; "" for gRPC. FAILED_PRECONDITION for "native" and a
+        broker without the listener."""
+        if self.transport == "grpc":
+            return ""
+        if target not in self._asked:
+            self._asked[target] = await native_address(channel)
+        if not self._asked[target] and self.transport == "native":
+            raise ProduceRejected("FAILED_PRECONDITION", f"the broker at {target} serves no native transport "
+                                                         "(its fast_addr is not set)")
+        return self._asked[target]
+
+
 async def native_address(channel: grpc.aio.Channel) -> str:
     """Where the broker behind `channel` (its gRPC client port) serves the native transport; "" where it
     does not (also a broker from before FastTransports: UNIMPLEMENTED). Raises ProduceRejected for any
@@ -370,9 +393,7 @@ class NativeConsumer:
         self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)
 
     def ack(self, up_to: int | None = None, offsets: Sequence[int] = ()) -> None:
-        ack = frames.Acknowledge(up_to, list(offsets), [], 0)
-        self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)
+        self.send_ack(up_to, list(offsets), [], 0)
 
     def nack(self, offsets: Sequence[int], delay_ms: int = 0) -> None:
-        ack = frames.Acknowledge(None, [], list(offsets), delay_ms)
-        self._conn.send_frame(FrameType.ACKNOWLEDGE, ack.encode(), self._request_id, ack.flags)
+        self.send_ack(None, [], list(offsets), delay_ms)

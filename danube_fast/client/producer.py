@@ -49,7 +49,7 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
-from danube_fast.client.native import TRANSPORTS, NativeConnection, native_address, native_refusal
+from danube_fast.client.native import NativeConnection, TransportChoice, native_refusal
 from danube_fast.client.status import Offsets as Offsets  # re-exported: the producer's API
 from danube_fast.client.status import ProduceRejected as ProduceRejected
 from danube_fast.client.status import retriable, write_or_broken
@@ -90,8 +90,7 @@ class FastProducer:
                  max_inflight_bytes: int = 64 << 20, reconnect_tries: int = 50, compression: str = "none",
                  compression_level: int | None = None, credentials: Credentials | None = None,
                  idempotent: bool = True, transport: str = "auto") -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}, expected one of {', '.join(TRANSPORTS)}")
+        self._transport = TransportChoice(transport)
         if compression not in frames.COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}, expected one of "
                              f"{', '.join(frames.COMPRESSIONS)}")
@@ -116,8 +115,6 @@ class FastProducer:
         self._produce = produce_method(self._channel)
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
-        self._transport = transport
-        self._natives: dict[str, str] = {}  # gRPC target -> its broker's native address ("" for none)
         self._native: NativeConnection | None = None  # the native connection producing now
         self.over_native = False  # the current stream (or the last one) is native
         self._write_lock = asyncio.Lock()
@@ -326,14 +323,10 @@ class FastProducer:
     # -- the stream ---------------------------------------------------------------------------------
 
     async def _start_stream(self) -> None:
-        if self._transport != "grpc":
-            address = await self._native_address()
-            if address:
-                await self._start_native(address)
-                return
-            if self._transport == "native":
-                raise ProduceRejected("FAILED_PRECONDITION", f"the broker at {self._target} serves no native "
-                                                             "transport (its fast_addr is not set)")
+        address = await self._transport.native_for(self._channel, self._target)
+        if address:
+            await self._start_native(address)
+            return
         self.over_native = False
         call = self._produce()
         try:
@@ -346,12 +339,6 @@ class FastProducer:
         self.producer_id = response.opened.producer_id
         self._call = call
         self._reader = self._loop.create_task(self._read_answers(call))
-
-    async def _native_address(self) -> str:
-        """Where the broker at the current target serves the native transport ("" where it does not)."""
-        if self._target not in self._natives:
-            self._natives[self._target] = await native_address(self._channel)
-        return self._natives[self._target]
 
     async def _start_native(self, address: str) -> None:
         """Open the producer over a new native connection to `address`."""
