@@ -92,6 +92,7 @@ class TableStatus:
 
 @dataclass
 class _Table:
+    topic: ReliableTopic | None = None  # whose table it is: a topic deleted and created again is another
     committed: Committed | None = None  # the table as the worker last loaded or committed it; None: load it
     status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
     last_commit: float = 0.0  # when this broker last committed to it (the writer's clock)
@@ -194,8 +195,10 @@ class TableWriter:
         for topic in wanted:
             mode = self._modes[topic.full]
             entry = self._tables.get(topic.full)
-            if entry is None or entry.status.mode != mode:  # a new mode starts over (and clears a stop)
-                entry = self._tables[topic.full] = _Table(status=TableStatus(mode, ""))
+            # A new mode, or the topic deleted and created again between passes, starts over (and clears a
+            # stop): the cached table state is of the earlier one.
+            if entry is None or entry.status.mode != mode or entry.topic is not topic:
+                entry = self._tables[topic.full] = _Table(topic=topic, status=TableStatus(mode, ""))
             if entry.status.stopped:
                 continue
             try:
@@ -242,7 +245,10 @@ class TableWriter:
             if await self._topic_exists(namespace, base):
                 continue
             files = await self._ask("drop", identifier=(namespace, table))
-            self.dropped.append(f"{namespace}.{table}")
+            name = f"{namespace}.{table}"
+            for stored in [s for s, t in self._tables.items() if t.status.table == name]:
+                del self._tables[stored]  # its cached state is of the dropped table
+            self.dropped.append(name)
             log.info("%s.%s: topic /%s/%s was deleted: table dropped, %d files deleted", namespace, table,
                      namespace, base, files)
 
