@@ -203,6 +203,28 @@ def test_pyarrow_is_imported_only_to_decode_to_arrow(pure: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_broker_unpickles_the_table_workers_replies_without_importing_arrow_or_iceberg() -> None:
+    """The broker decodes the worker's replies on its event loop: a type in them whose module imports
+    pyarrow or pyiceberg would stall every producer for that import (70 ms, seen as an ack spike)."""
+    probe = (
+        "import sys\n"
+        "import danube_fast.tables.worker_messages as m\n"
+        "from danube_fast.tables.maintenance import Done\n"
+        "c = m.Committed({'/default/t': 3}, 'loc', 1, 2)\n"
+        "sent = m.encode((m.REPLY, 1, True, (c, Done(0, 0, 0, 0))))\n"
+        "heavy = ('danube_fast.tables', 'pyarrow', 'pyiceberg')\n"
+        "for name in [n for n in sys.modules if n.startswith(heavy)]:\n"
+        "    del sys.modules[name]\n"
+        "import danube_fast.tables.worker_messages as m\n"
+        "got = m.decode(sent[m.HEADER.size:])\n"
+        "assert got[3][0].offsets == {'/default/t': 3}, got\n"
+        "heavy = sorted(n for n in sys.modules if n.split('.')[0] in ('pyarrow', 'pyiceberg'))\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 # The types that stand for a delivery mode, a way of dispatching or the object tier: code asks for their
 # behaviour (Topic, Dispatcher, TopicLog methods), not for which one it holds (docs/ARCHITECTURE.md).
 MODE_TYPES = {"Topic", "ReliableTopic", "NonReliableTopic", "LiveDispatcher", "ReliableDispatcher",

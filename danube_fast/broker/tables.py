@@ -50,7 +50,7 @@ from danube_fast.tables.errors import ModeMismatch, SchemaModeError
 
 if TYPE_CHECKING:
     from danube_fast.schema.arrow_values import Resolved
-    from danube_fast.tables.commit import Committed
+    from danube_fast.tables.worker_messages import Committed
 
 log = logging.getLogger("danube_fast.tables")
 

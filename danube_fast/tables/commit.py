@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,6 +30,7 @@ from danube_fast.tables.catalog import (
     committed_offsets,
     dump_offsets,
 )
+from danube_fast.tables.worker_messages import Committed
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -44,16 +44,6 @@ US_PER_HOUR = 3_600_000_000
 class OffsetsMoved(Exception):
     """The table does not hold what the writer planned from: another writer (an old owner) committed this
     stored topic's offsets. Plan again from the table."""
-
-
-@dataclass(frozen=True)
-class Committed:
-    """What a table holds after a commit."""
-
-    offsets: dict[str, int]
-    metadata_location: str
-    files: int
-    bytes: int
 
 
 def state(table: Table) -> Committed:

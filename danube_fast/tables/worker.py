@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from danube_fast.schema.arrow_values import Resolved
-    from danube_fast.tables.commit import Committed
     from danube_fast.tables.maintenance import Done
+    from danube_fast.tables.worker_messages import Committed
 
 log = logging.getLogger("danube_fast.tables")
 PR_SET_PDEATHSIG = 1
