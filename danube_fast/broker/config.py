@@ -67,6 +67,9 @@ broker_bytes = "auto"             # every consumer together: bytes read for deli
                                   # WAL for later and non-reliable dispatch drops; a subscription holding
                                   # nothing still gets one read (see broker/dispatch/budget.py); auto =
                                   # 256 MiB, or 1/16 of usable memory when smaller (at least 16 MiB)
+max_delivery_delay_ms = 864000000 # a record's danube-deliver-at may lie this far ahead (ten days), no further
+delayed_index_records = 1000000   # per subscription: delayed records indexed in memory (16 B each); beyond
+                                  # it the latest are read again from the log when their time comes
 
 [cluster]                         # cluster mode (--mode cluster); standalone uses only object_store
 name = "danube"
@@ -158,6 +161,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from danube_fast import deliver_at
 from danube_fast.broker import memory
 from danube_fast.meta.etcd_access import EtcdAccess, EtcdAccessError
 from danube_fast.meta.resources import Policy
@@ -198,6 +202,8 @@ class DispatchConfig:
     # to 1.5 GiB with two of them.
     window_bytes: int = 16 * 1024 * 1024
     broker_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
+    max_delivery_delay_ms: int = deliver_at.DEFAULT_MAX_DELAY_MS
+    delayed_index_records: int = 1_000_000  # dispatch/delays.py: what bounds a subscription's delay index
 
 
 @dataclass(frozen=True)
@@ -414,7 +420,7 @@ def check(config: BrokerConfig) -> None:
         raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
     if config.fast_max_connections < 1:
         raise ConfigError(f"fast_max_connections must be at least 1, not {config.fast_max_connections}")
-    for name in ("window", "window_bytes", "broker_bytes"):
+    for name in ("window", "window_bytes", "broker_bytes", "max_delivery_delay_ms", "delayed_index_records"):
         if getattr(config.dispatch, name) < 1:
             raise ConfigError(f"[dispatch] {name} must be at least 1")
     if not 0 < config.max_message_size <= 1 << 30:

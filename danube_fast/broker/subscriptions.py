@@ -24,12 +24,19 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Delayed, Keep, Saver
 from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic
 from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found, unavailable
 from danube_fast.meta import keys
-from danube_fast.meta.resources import DeliveryMode, SubscriptionCursor, SubscriptionRecord, SubscriptionType
+from danube_fast.meta.resources import (
+    DeliveryMode,
+    SubscriptionCursor,
+    SubscriptionDelayed,
+    SubscriptionRecord,
+    SubscriptionType,
+)
 from danube_fast.meta.store import Delete, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -214,20 +221,28 @@ class Subscriptions:
         await self._store.transaction([], ops, [])
         return self.attach(topic, name, kind, start)
 
-    def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int
-                             ) -> Subscription:
+    def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int,
+               delayed: Delayed | None = None) -> Subscription:
+        """`delayed`: its delayed records' stored state (a loaded topic's)."""
         sub = Subscription(topic.full, name, kind)
-        sub.dispatcher = topic.dispatcher_for(sub, start, self._parts)
+        sub.dispatcher = topic.dispatcher_for(sub, start, self._parts, delayed)
         topic.add_subscription(sub)
         return sub
 
-    def _cursor_saver(self, topic: Topic, name: str) -> Callable[[int], Awaitable[None]]:
+    def _cursor_saver(self, topic: Topic, name: str) -> Saver:
         cursor_key = keys.subscription_cursor(topic.name.namespace, topic.name.topic, name)
+        delayed_key = keys.subscription_delayed(topic.name.namespace, topic.name.topic, name)
 
-        async def save_cursor(offset: int) -> None:
+        async def save_cursor(offset: int, delayed: Delayed | Keep | None) -> None:
             # Fenced: a deposed owner cannot move it. No cursor means "from offset 0" (a seek back there).
-            op = Delete(cursor_key) if offset < 0 else Put(cursor_key, SubscriptionCursor(offset).to_json())
-            await topic.fence.write([op])
+            ops = [Delete(cursor_key) if offset < 0
+                   else Put(cursor_key, SubscriptionCursor(offset).to_json())]
+            if delayed is None:
+                ops.append(Delete(delayed_key))
+            elif isinstance(delayed, Delayed):  # with the floor, in one write: docs/SUBSCRIPTIONS.md
+                ops.append(Put(delayed_key, SubscriptionDelayed(delayed.from_offset,
+                                                                delayed.from_time).to_json()))
+            await topic.fence.write(ops)
 
         return save_cursor
 
@@ -296,6 +311,7 @@ class Subscriptions:
     async def delete(self, topic: Topic, sub: Subscription) -> None:
         ns, short = topic.name.namespace, topic.name.topic
         await self._store.transaction([], [Delete(keys.subscription_cursor(ns, short, sub.name)),
+                                           Delete(keys.subscription_delayed(ns, short, sub.name)),
                                            Delete(keys.topic_subscription(ns, short, sub.name))], [])
         for c in list(sub.consumers):
             self._clients.remove_consumer(c)

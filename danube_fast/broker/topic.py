@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.dispatch.budget import ByteBudget
-from danube_fast.broker.dispatch.cursor import Cursor, Saver
+from danube_fast.broker.dispatch.cursor import Cursor, Delayed, Saver
 from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
@@ -111,8 +111,9 @@ class Topic:
         """Where a new subscription starts: the next offset published."""
         raise NotImplementedError
 
-    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts) -> Dispatcher:
-        """The dispatcher that serves `sub` from offset `start`."""
+    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts,
+                       delayed: Delayed | None = None) -> Dispatcher:
+        """The dispatcher that serves `sub` from offset `start` (and its delayed records, `delayed`)."""
         raise NotImplementedError
 
     def require_stored(self, why: str) -> ReliableTopic:
@@ -163,8 +164,9 @@ class ReliableTopic(Topic):
     def start_offset(self) -> int:
         return self.wal.committed_offset
 
-    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts) -> Dispatcher:
-        sub.cursor = Cursor(start, parts.cursor_saver(self, sub.name), parts.config)
+    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts,
+                       delayed: Delayed | None = None) -> Dispatcher:
+        sub.cursor = Cursor(start, parts.cursor_saver(self, sub.name), parts.config, delayed)
         return self.per_message(sub, parts)
 
     def per_message(self, sub: Subscription, parts: DispatchParts) -> ReliableDispatcher:
@@ -246,7 +248,8 @@ class NonReliableTopic(Topic):
     def start_offset(self) -> int:
         return 0  # nothing is stored: a subscription sees what is published from now on
 
-    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts) -> Dispatcher:
+    def dispatcher_for(self, sub: Subscription, start: int, parts: DispatchParts,
+                       delayed: Delayed | None = None) -> Dispatcher:
         live = LiveDispatcher(sub, parts.config.buffer, parts.config.window_bytes, parts.budget)
         self._live[sub.name] = live
         return live

@@ -24,6 +24,7 @@ from danube_fast import names
 from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.cursor import Delayed
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
@@ -39,6 +40,7 @@ from danube_fast.meta.resources import (
     Producer,
     ProducerAccessMode,
     SubscriptionCursor,
+    SubscriptionDelayed,
     SubscriptionRecord,
     TopicDelivery,
     TopicRoot,
@@ -192,16 +194,20 @@ class TopicRegistry:
             topic.add_producer(entry)
             self._clients.add_producer(entry)
         cursors: dict[str, int] = {}
+        delays: dict[str, Delayed] = {}
         records: list[SubscriptionRecord] = []
-        for kv in subscriptions:
-            try:
-                _, _, sub_name = keys.parse_subscription_cursor(kv.key)
+        for kv in subscriptions:  # keys by their shape: a subscription may be named "cursor"
+            if (sub_name := _named(keys.parse_subscription_cursor, kv.key)) is not None:
                 cursors[sub_name] = SubscriptionCursor.from_json(kv.value, key=kv.key).offset
-            except ValueError:
+            elif (sub_name := _named(keys.parse_subscription_delayed, kv.key)) is not None:
+                state = SubscriptionDelayed.from_json(kv.value, key=kv.key)
+                delays[sub_name] = Delayed(state.from_offset, state.from_time)
+            else:
                 records.append(SubscriptionRecord.from_json(kv.value, key=kv.key))
         for rec in records:
             start = cursors[rec.subscription_name] + 1 if rec.subscription_name in cursors else 0
-            self.subscriptions.attach(topic, rec.subscription_name, rec.subscription_type, start)
+            self.subscriptions.attach(topic, rec.subscription_name, rec.subscription_type, start,
+                                      delays.get(rec.subscription_name))
         self._clients.came_back(topic.full)
         self._broken.pop(topic.full, None)
         log.info("loaded %s (%s): %d producers, %d subscriptions%s", name, delivery.value,
@@ -420,3 +426,10 @@ class TopicRegistry:
         self._clients.add_producer(entry)
         return pid
 
+
+def _named(parse: Callable[[str], tuple[str, str, str]], key: str) -> str | None:
+    """The subscription a key of the shape `parse` reads names; None for a key of another shape."""
+    try:
+        return parse(key)[2]
+    except ValueError:
+        return None

@@ -283,6 +283,7 @@ _TOPIC_ROOT: _Shape = ("topics", _ANY, _ANY)
 _TOPIC_PRODUCER: _Shape = ("topics", _ANY, _ANY, "producers", _ANY)
 _TOPIC_SUBSCRIPTION: _Shape = ("topics", _ANY, _ANY, "subscriptions", _ANY)
 _SUBSCRIPTION_CURSOR: _Shape = ("topics", _ANY, _ANY, "subscriptions", _ANY, "cursor")
+_SUBSCRIPTION_DELAYED: _Shape = ("topics", _ANY, _ANY, "subscriptions", _ANY, "delayed")
 
 
 def _topic(namespace: str, topic: str) -> tuple[str, str, str]:
@@ -360,6 +361,16 @@ def subscription_cursor(namespace: str, topic: str, subscription: str) -> str:
 
 def parse_subscription_cursor(key: str) -> tuple[str, str, str]:
     namespace, topic, subscription = _match(key, _SUBSCRIPTION_CURSOR, "subscription cursor")
+    return namespace, topic, subscription
+
+
+def subscription_delayed(namespace: str, topic: str, subscription: str) -> str:
+    """`.../subscriptions/{subscription_name}/delayed`: where its delayed records may be (this broker's)."""
+    return topic_subscription(namespace, topic, subscription) + "/delayed"
+
+
+def parse_subscription_delayed(key: str) -> tuple[str, str, str]:
+    namespace, topic, subscription = _match(key, _SUBSCRIPTION_DELAYED, "subscription delayed records")
     return namespace, topic, subscription
 
 

@@ -20,6 +20,7 @@ Which key holds what:
 | topic_producer                               | Producer                              |
 | topic_subscription                           | SubscriptionRecord                    |
 | subscription_cursor                          | SubscriptionCursor                    |
+| subscription_delayed                         | SubscriptionDelayed                   |
 | schema_next_id                               | NextSchemaId                          |
 | schema_metadata                              | SchemaMetadata (of SchemaVersion)     |
 | schema_version                               | SchemaVersion                         |
@@ -78,6 +79,7 @@ from danube_fast.meta.resources_topics import (
     Producer,
     ProducerAccessMode,
     SubscriptionCursor,
+    SubscriptionDelayed,
     SubscriptionRecord,
     SubscriptionType,
     TopicDelivery,
@@ -121,6 +123,7 @@ __all__ = [
     "SchemaVersion",
     "SealedState",
     "SubscriptionCursor",
+    "SubscriptionDelayed",
     "SubscriptionRecord",
     "SubscriptionType",
     "SystemLoad",

@@ -222,6 +222,28 @@ class SubscriptionCursor(Resource):
         return self.offset
 
 
+@dataclass(frozen=True)
+class SubscriptionDelayed(Resource):
+    """`.../subscriptions/{subscription_name}/delayed` (this broker's, not upstream's): where a Shared or
+    Key-Shared subscription's delayed records not yet acknowledged may be, `{"from_offset": N, "from_time":
+    ms}`: at offsets >= from_offset with a deliver-at time >= from_time. Written with the cursor, in the
+    same fenced write; absent when there are none (docs/SUBSCRIPTIONS.md, "Delayed delivery")."""
+
+    RESOURCE = "subscription delayed records"
+
+    from_offset: int
+    from_time: int
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        return cls(from_offset=f.uint("from_offset"), from_time=f.uint("from_time"), extra=f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"from_offset": self.from_offset, "from_time": self.from_time}, self.extra)
+
+
 class ValidationPolicy(StrEnum):
     """As the SchemaRegistry API spells it (`none`, `warn`, `enforce`)."""
 

@@ -126,7 +126,7 @@ async def reliable(tmp_path: Path, kind: SubscriptionType, config: DispatchConfi
         saved: list[int] = []
         dead: list[pb.StreamMessage] = []
 
-        async def save_cursor(offset: int) -> None:
+        async def save_cursor(offset: int, _delayed: object = None) -> None:
             saved.append(offset)
 
         async def dead_letter(msg: pb.StreamMessage) -> None:

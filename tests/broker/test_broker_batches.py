@@ -28,7 +28,7 @@ async def setup(tmp_path: Path, batches: int, start: int = 0, **config: int
         await wal.append(frames.encode_payloads([b"p-%d-%d" % (b, i) for i in range(10)]))
     saved: list[int] = []
 
-    async def save(offset: int) -> None:
+    async def save(offset: int, _delayed: object = None) -> None:
         saved.append(offset)
 
     sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
@@ -104,7 +104,7 @@ def test_a_failed_cursor_save_keeps_delivering_and_is_tried_again_later(tmp_path
             await wal.append(frames.encode_payloads([b"p-%d-%d" % (b, i) for i in range(10)]))
         tries: list[int] = []
 
-        async def save(offset: int) -> None:
+        async def save(offset: int, _delayed: object = None) -> None:
             tries.append(offset)
             raise OwnershipLost("assignment /x of revision 1 is gone: the topic has moved")
 
@@ -174,7 +174,7 @@ def test_a_consumer_behind_the_tail_gets_its_next_read_started_ahead(tmp_path: P
     run(main())
 
 
-async def _no_save(offset: int) -> None:
+async def _no_save(offset: int, _delayed: object = None) -> None:
     pass
 
 

@@ -132,7 +132,7 @@ async def wal_with(tmp_path: Path, batches: int, records: int = 10, size: int = 
 
 
 def batches(wal: Wal, budget: ByteBudget, **config: int) -> BatchDispatcher:
-    async def save(offset: int) -> None:
+    async def save(offset: int, _delayed: object = None) -> None:
         pass
 
     sub = Subscription("/default/t", "s", EXCLUSIVE)

@@ -67,7 +67,7 @@ async def subscriptions(tmp_path: Path, kind: SubscriptionType, cfg: DispatchCon
             sub = Subscription(TOPIC, f"sub{n}", kind)
             rig = Rig(wal, sub, None)  # type: ignore[arg-type]  # the dispatcher needs the rig's lists
 
-            async def save(offset: int, rig: Rig = rig) -> None:
+            async def save(offset: int, _delayed: object = None, rig: Rig = rig) -> None:
                 rig.saved.append(offset)
 
             async def dead_letter(msg: pb.StreamMessage, rig: Rig = rig) -> None:

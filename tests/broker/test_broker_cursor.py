@@ -28,7 +28,7 @@ def test_flush_policy_and_forward_only_saves(run: Run) -> None:
     async def main() -> None:
         saved: list[int] = []
 
-        async def save(floor: int) -> None:
+        async def save(floor: int, _delayed: object = None) -> None:
             saved.append(floor)
 
         cursor = Cursor(10, save, DispatchConfig(cursor_flush_acks=3, cursor_flush_ms=60_000))
@@ -62,7 +62,7 @@ def test_the_position_survives_a_switch_between_the_two_dispatchers(tmp_path: Pa
             await wal.append(frames.encode_payloads([b"m%d" % i]))
         saved: list[int] = []
 
-        async def save(floor: int) -> None:
+        async def save(floor: int, _delayed: object = None) -> None:
             saved.append(floor)
 
         async def dead_letter(msg: pb.StreamMessage) -> None:
@@ -108,7 +108,7 @@ def test_the_floor_settles_over_a_reservation_gap_at_once(run: Run) -> None:
     (it held the event loop for seconds per ack, and the broker lost its lease), and stops at the first
     offset still held on either side of the gap, wherever it is."""
     async def main() -> None:
-        async def save(floor: int) -> None:
+        async def save(floor: int, _delayed: object = None) -> None:
             pass
 
         cursor = Cursor(5, save, DispatchConfig())

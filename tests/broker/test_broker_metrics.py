@@ -92,7 +92,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
         t = ReliableTopic(TopicName("default", "rel"), Policy(), Unfenced(None), wal)
         sub = Subscription(t.full, "s", SubscriptionType.SHARED)
 
-        async def save_cursor(offset: int) -> None:
+        async def save_cursor(offset: int, _delayed: object = None) -> None:
             pass
 
         async def dead_letter(msg: pb.StreamMessage) -> None:

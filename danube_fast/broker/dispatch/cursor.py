@@ -11,6 +11,12 @@ Flush policy: the floor is written after `cursor_flush_acks` acknowledgements or
 comes first (`due`), and when the dispatcher closes. Writes are serialised and only ever move the stored
 cursor forward, except an operator's move (`move_to`: seek and skip, broker/positions.py).
 
+Delayed records (Shared and Key-Shared, dispatch/delays.py) do not hold the floor back: a subscription with a
+record due tomorrow acknowledges everything else meanwhile. What they need instead is saved with the floor, in
+the same write: `Delayed`, from which offset the log must be read again after a restart for records whose
+time is at or after `from_time`. The per-message dispatcher provides it (`delayed_source`); a dispatcher
+that does not know about delays leaves the stored one as it is.
+
 Ownership: the dispatcher that serves the subscription calls everything here, on the event loop.
 """
 
@@ -18,17 +24,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 
 from danube_fast.broker.config import DispatchConfig
 
-Saver = Callable[[int], Awaitable[None]]
+
+@dataclass(frozen=True)
+class Delayed:
+    """Delayed records not yet acknowledged are at offsets >= from_offset with times >= from_time."""
+
+    from_offset: int
+    from_time: int
+
+
+class Keep:
+    """Leave the stored delayed state as it is."""
+
+
+KEEP = Keep()
+Saver = Callable[[int, "Delayed | Keep | None"], Awaitable[None]]
 WALK = 64  # offsets settle_below walks one by one before it jumps to the first held offset
 
 
 class Cursor:
-    def __init__(self, start: int, save: Saver, config: DispatchConfig) -> None:
-        """`start`: the first offset not acknowledged; `save(floor)` persists the floor (fenced)."""
+    def __init__(self, start: int, save: Saver, config: DispatchConfig, delayed: Delayed | None = None
+                 ) -> None:
+        """`start`: the first offset not acknowledged; `save(floor, delayed)` persists the floor and the
+        delayed state (fenced, one write); `delayed`: the state stored."""
         self._save = save
+        self.delayed = delayed  # as last stored
+        self.delayed_source: Callable[[], Delayed | None] | None = None
         self._config = config
         self._loop = asyncio.get_running_loop()
         self.low = start  # the lowest offset not acknowledged
@@ -95,8 +120,9 @@ class Cursor:
         Persisted before it takes effect; the dispatcher that moves the cursor is stopped meanwhile (an ack
         landing during the write is overwritten). A failed write raises and changes nothing."""
         async with self._lock:
-            await self._save(offset - 1)
+            await self._save(offset - 1, None)
             self._saved = offset - 1
+            self.delayed = None
             self.low = offset
             self.acked.clear()
             self._acks_since_save = 0
@@ -119,14 +145,17 @@ class Cursor:
         return self._next_save
 
     async def save(self) -> None:
-        """Write the floor if it moved. A failed write raises, and is tried again when the next save is due,
-        not at once (the floor stays in memory meanwhile)."""
+        """Write the floor if it moved, and the delayed state if it changed. A failed write raises, and is
+        tried again when the next save is due, not at once (the floor stays in memory meanwhile)."""
         async with self._lock:
             floor = self.low - 1
+            delayed = self.delayed_source() if self.delayed_source is not None else KEEP
             try:
-                if floor > self._saved:
-                    await self._save(floor)
-                    self._saved = floor
+                if floor > self._saved or (delayed is not KEEP and delayed != self.delayed):
+                    await self._save(max(floor, self._saved), delayed)
+                    self._saved = max(floor, self._saved)
+                    if not isinstance(delayed, Keep):
+                        self.delayed = delayed
             finally:
                 self._acks_since_save = 0
                 self._next_save = self._loop.time() + self._config.cursor_flush_ms / 1000

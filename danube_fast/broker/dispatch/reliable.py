@@ -16,6 +16,12 @@ Bookkeeping, by offset:
   consumer's key filter accepts it), and it is saved by its flush policy, so a restart resumes at the
   lowest unacknowledged offset and never skips one.
 
+Delayed records (Shared and Key-Shared; docs/SUBSCRIPTIONS.md, "Delayed delivery"): a record whose
+`danube-deliver-at` time has not come is not held when it is read: its (time, offset) goes to the DelayIndex
+(delays.py) and the floor moves on. When its time comes it is read again by offset, parked in `_waiting` and
+delivered as a retry. What a restart needs is saved with the floor (cursor.Delayed): `_scan` reads that
+range of the log again for them, as it does for what the index left out when it was full.
+
 Unlike v0.7.3 (one message in flight per subscription, docs/WIRE.md C.9), each consumer may have
 `window` messages unacknowledged, and as many bytes of them as `window_bytes` allows (one message bigger
 than that goes alone). Every message read holds its bytes (`_held`, and the broker's ByteBudget, see
@@ -34,11 +40,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
+from danube_fast import deliver_at
 from danube_fast.broker import messages
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
-from danube_fast.broker.dispatch.cursor import Cursor
+from danube_fast.broker.dispatch.cursor import Cursor, Delayed
+from danube_fast.broker.dispatch.delays import DelayIndex
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.select import Selector
 from danube_fast.broker.ratelimit import RateLimiter
@@ -51,6 +59,7 @@ from danube_fast.storage.tiered import ReadableLog, records_between
 log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 256 * 1024
+RELEASE_BATCH = 1000  # delayed records taken from the index per pass, at most
 PARK_WINDOWS = 10  # Key-Shared: messages parked for busy or absent consumers, in windows, before reads stop
 _length = attrgetter("length")
 
@@ -69,6 +78,15 @@ def record_sizes(data: messages.Buffer, start: int, count: int) -> list[int]:
         if h.last_offset >= start:
             sizes += [h.length // h.record_count] * (h.last_offset - max(h.base_offset, start) + 1)
     return sizes
+
+
+@dataclass(slots=True)
+class _Scan:
+    """Offsets [pos, end) read again for delayed records with times >= `since` (ms)."""
+
+    pos: int
+    end: int
+    since: int
 
 
 @dataclass(slots=True)
@@ -115,6 +133,18 @@ class ReliableDispatcher:
         self._retry: deque[int] = deque()  # released from _due (or parked), waiting for a consumer
         self._blocked_keys: set[str] = set()  # Key-Shared: keys that could not be delivered in this pass
         self._dead: deque[_Pending] = deque()
+        # Delayed delivery is Shared's and Key-Shared's; Exclusive and Failover deliver in offset order, at
+        # once (as Pulsar does).
+        self._delays: DelayIndex | None = None
+        self._delayed_out: dict[int, int] = {}  # offset -> time: released delayed records not yet acked
+        self._scan: _Scan | None = None
+        self.delayed_released = 0
+        if subscription.kind in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            self._delays = DelayIndex(config.delayed_index_records)
+            stored = cursor.delayed
+            if stored is not None and stored.from_offset < start:
+                self._scan = _Scan(stored.from_offset, start, stored.from_time)
+            cursor.delayed_source = self._delayed_state
         self._wake = asyncio.Event()
         self._rate = RateLimiter(max_rate)
         self._throttle = 0.0
@@ -210,6 +240,10 @@ class ReliableDispatcher:
         self._closed = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        if self._delays is not None:  # what is saved below is the state before the clearing
+            state = self._delayed_state()
+            self._cursor.delayed_source = lambda: state
+            self._delays = None
         self._budget.forget(self._wake.set)
         self._ready.clear()
         self._pending.clear()
@@ -219,8 +253,11 @@ class ReliableDispatcher:
         self._dead.clear()
         self._parked = 0
         self._release(self._held)
-        if save:
-            await self.save_cursor()
+        try:
+            if save:
+                await self.save_cursor()
+        finally:
+            self._cursor.delayed_source = None
 
     async def save_cursor(self) -> None:
         await self._cursor.save()
@@ -236,7 +273,8 @@ class ReliableDispatcher:
             try:
                 self._expire(now)
                 self._release_due(now)
-                moved = self._send_retries(now)
+                delayed = await self._delayed(now) if self._delays is not None else False
+                moved = self._send_retries(now) or delayed
                 moved = await self._send_new(now) or moved
                 await self._bury_dead()
                 if self._cursor.due(now):
@@ -280,6 +318,8 @@ class ReliableDispatcher:
 
     def _idle_timeout(self, now: float) -> float:
         until = self._cursor.next_save
+        if self._delays is not None and (release := self._delays.next_release()) is not None:
+            until = min(until, now + (release - deliver_at.now_ms()) / 1000)
         if self._due:
             until = min(until, self._due[0][0])
         if self._pending:
@@ -369,6 +409,9 @@ class ReliableDispatcher:
                     return moved
                 if not await self._read():
                     return moved
+                if not self._ready:  # all of that read was delayed
+                    await asyncio.sleep(0)
+                    continue
             msg, size = self._ready[0]
             if self._keyed and messages.routing_key(msg) in self._blocked_keys:
                 c, wait = None, True
@@ -410,12 +453,144 @@ class ReliableDispatcher:
         data, next_offset = got
         msgs = messages.decode(data, self._sub.topic_name, self._read_pos)
         sizes = record_sizes(data, self._read_pos, len(msgs))
+        if self._delays is not None:
+            msgs, sizes = self._not_delayed(msgs, sizes)
         self._ready.extend(zip(msgs, sizes, strict=True))
         size = sum(sizes)
         self._held += size
         self._budget.take(size)
         self._read_pos = next_offset
-        return bool(self._ready)
+        if not self._ready:
+            self._advance_low()  # all of it delayed: the floor moves over it
+        return bool(self._ready) or self._read_pos < self._wal.committed_offset
+
+    # -- delayed records (Shared, Key-Shared) ---------------------------------------------------------
+
+    def _delay_of(self, msg: pb.StreamMessage) -> int | None:
+        """The record's deliver-at time when it was published to wait (a time after its publish time)."""
+        value = msg.attributes.get(deliver_at.ATTRIBUTE)
+        if value is None:
+            return None
+        try:
+            at = deliver_at.parse(value)
+        except ValueError:  # the Danube API refuses these; a fast-API batch is not parsed per record
+            return None
+        return at if at > msg.publish_time else None
+
+    def _not_delayed(self, msgs: list[pb.StreamMessage], sizes: list[int]
+                     ) -> tuple[list[pb.StreamMessage], list[int]]:
+        """`msgs` (and their sizes) but those that wait: those go to the index."""
+        assert self._delays is not None
+        now = deliver_at.now_ms()
+        kept: list[pb.StreamMessage] = []
+        kept_sizes: list[int] = []
+        for msg, size in zip(msgs, sizes, strict=True):
+            at = self._delay_of(msg)
+            if at is not None and at > now:
+                self._delays.add(at, msg.msg_id.topic_offset)
+            else:
+                kept.append(msg)
+                kept_sizes.append(size)
+        return kept, kept_sizes
+
+    async def _delayed(self, now: float) -> bool:
+        """One step of the delayed records' work: a chunk of a scan, the spilled ones read again when the
+        index has room, and the due ones parked for delivery. Whether there is more to do at once."""
+        delays = self._delays
+        assert delays is not None
+        if self._scan is not None:
+            await self._scan_step(self._scan)
+        elif delays.cut is not None and len(delays) <= self._config.delayed_index_records // 2:
+            spilled = delays.take_spill()
+            if spilled is not None:
+                self._scan = _Scan(spilled[0], self._read_pos, spilled[1])
+        if len(self._retry) >= self._config.window or (self._held and self._budget.spent):
+            return self._scan is not None  # what was released waits for a consumer first
+        due = delays.due(deliver_at.now_ms(), RELEASE_BATCH)
+        for msg, size in await self._fetch(due):
+            offset = msg.msg_id.topic_offset
+            self._waiting[offset] = _Pending(msg, size, None, 0.0, 0, delivered=False)
+            self._parked += size
+            self._held += size
+            self._budget.take(size)
+            self._retry.append(offset)
+            self._delayed_out[offset] = self._delay_of(msg) or 0
+            self.delayed_released += 1
+        return self._scan is not None or len(due) == RELEASE_BATCH
+
+    async def _scan_step(self, scan: _Scan) -> None:
+        """Read one chunk of `scan`'s range and index the delayed records in it."""
+        assert self._delays is not None
+        scan.pos = max(scan.pos, self._wal.start_offset)  # retention may have deleted some meanwhile
+        got = None
+        if scan.pos < scan.end:
+            try:
+                got = await self._wal.read(scan.pos, READ_BYTES)
+            except OffsetOutOfRange:
+                return  # retention moved meanwhile: the next step starts at the new start
+        if got is None:  # done (or the rest is a hole: nothing is stored there)
+            self._scan = None
+            return
+        data, next_offset = got
+        for msg in messages.decode(data, self._sub.topic_name, scan.pos):
+            offset = msg.msg_id.topic_offset
+            if offset >= scan.end:
+                break
+            at = self._delay_of(msg)
+            if at is not None and at >= scan.since:
+                self._delays.add(at, offset)
+        scan.pos = min(next_offset, scan.end)
+
+    async def _fetch(self, offsets: list[int]) -> list[tuple[pb.StreamMessage, int]]:
+        """The records at `offsets` (ascending) with their sizes; those deleted by retention meanwhile are
+        left out."""
+        out: list[tuple[pb.StreamMessage, int]] = []
+        i = 0
+        while i < len(offsets):
+            first = offsets[i]
+            try:
+                got = await self._wal.read(first, READ_BYTES)
+            except OffsetOutOfRange:
+                got = None
+            if got is None:
+                i += 1
+                continue
+            data, next_offset = got
+            msgs = messages.decode(data, self._sub.topic_name, first)
+            found = dict(zip((m.msg_id.topic_offset for m in msgs),
+                             zip(msgs, record_sizes(data, first, len(msgs)), strict=True), strict=True))
+            while i < len(offsets) and offsets[i] < next_offset:
+                if (hit := found.get(offsets[i])) is not None:
+                    out.append(hit)
+                i += 1
+        return out
+
+    def _delayed_state(self) -> Delayed | None:
+        """Where the delayed records not yet acknowledged may be: saved with the floor."""
+        delays = self._delays
+        if delays is None:
+            return None
+        offsets: list[int] = []
+        times: list[int] = []
+        if (low := delays.lowest_offset()) is not None:
+            offsets.append(low)
+        if (earliest := delays.earliest()) is not None:
+            times.append(earliest)
+        if delays.spill_from is not None and delays.cut is not None:
+            offsets.append(delays.spill_from)
+            times.append(delays.cut)
+        for offset, at in list(self._delayed_out.items()):
+            if offset in self._pending or offset in self._waiting:
+                offsets.append(offset)
+                times.append(at)
+            else:  # acknowledged, dead-lettered or dropped
+                del self._delayed_out[offset]
+        if self._scan is not None:
+            offsets.append(self._scan.pos)
+            times.append(self._scan.since)
+        if not offsets:
+            return None
+        return Delayed(min(offsets), min(times) if times else 0)
 
     # -- redelivery ----------------------------------------------------------------------------------
 

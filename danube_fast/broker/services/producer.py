@@ -1,14 +1,15 @@
 """danube.ProducerService: CreateProducer and SendMessage (docs/WIRE.md B.4, B.5, C.5, C.6).
 
 A producer's `schema_ref` gives its topic a schema subject (C.4 step 2, danube_fast.schema.topic_schema);
-SendMessage runs the topic's schema gate, which exists only when the topic's validation can refuse something.
+SendMessage runs the topic's schema gate, which exists only when the topic's validation can refuse something,
+and checks a delayed record's time (danube_fast/deliver_at.py).
 """
 
 from __future__ import annotations
 
 import time
 
-from danube_fast import latency
+from danube_fast import deliver_at, latency
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.errors import denied, invalid, precondition
@@ -59,6 +60,12 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
         if limit and len(request.payload) > limit:
             raise invalid(f"payload of {len(request.payload)} bytes exceeds the max_message_size policy of "
                           f"{topic.full} ({limit} bytes)")
+        at = request.attributes.get(deliver_at.ATTRIBUTE)
+        if at is not None:
+            try:
+                deliver_at.check(at, deliver_at.now_ms(), self._ctx.config.dispatch.max_delivery_delay_ms)
+            except ValueError as e:
+                raise invalid(f"Unable to publish the message to {topic.full}: {e}") from None
         gate = topic.schema_gate
         if gate is not None:
             await gate.check(request)
