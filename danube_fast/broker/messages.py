@@ -9,6 +9,8 @@ client sends and ignores "" (B.9), and a delivery from the WAL carries "".
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from danube_fast.codec import frames
 from danube_fast.proto import DanubeApi_pb2 as pb
 
@@ -31,6 +33,21 @@ def encode(msg: pb.StreamMessage) -> bytes:
                                broker_addr=mid.broker_addr)
 
 
+def decode_some(data: Buffer, topic: str, wanted: Collection[int]) -> list[tuple[pb.StreamMessage, int]]:
+    """The messages at the offsets `wanted` in `data` (whole batches), each with its share of its batch's
+    bytes (as dispatch/reliable.py record_sizes counts them): a message is built only for those."""
+    out: list[tuple[pb.StreamMessage, int]] = []
+    view = memoryview(data)
+    for header in frames.scan_batches(view, verify=False):
+        if not any(header.base_offset <= o <= header.last_offset for o in wanted):
+            continue
+        share = header.length // header.record_count
+        for r in frames.iter_records(view[header.position:header.end], verify=False):
+            if r.offset in wanted:
+                out.append((_message(r, header, topic), share))
+    return out
+
+
 def decode(data: Buffer, topic: str, start: int) -> list[pb.StreamMessage]:
     """The messages at offsets >= `start` in `data` (whole batches from the WAL; already CRC-checked
     when they were appended and when the log was recovered, so not verified again here)."""
@@ -40,22 +57,25 @@ def decode(data: Buffer, topic: str, start: int) -> list[pb.StreamMessage]:
         if header.last_offset < start:
             continue
         for r in frames.iter_records(view[header.position:header.end], verify=False):
-            if r.offset < start:
-                continue
-            msg = pb.StreamMessage(
-                request_id=r.request_id,
-                msg_id=pb.MsgID(producer_id=header.producer_id, topic_name=topic,
-                                broker_addr=header.broker_addr, topic_offset=r.offset),
-                payload=r.payload, publish_time=r.publish_time, producer_name=header.producer_name,
-                attributes=r.attributes)
-            if r.routing_key is not None:
-                msg.routing_key = r.routing_key
-            if r.schema_id is not None:
-                msg.schema_id = r.schema_id
-            if r.schema_version is not None:
-                msg.schema_version = r.schema_version
-            out.append(msg)
+            if r.offset >= start:
+                out.append(_message(r, header, topic))
     return out
+
+
+def _message(r: frames.Record, header: frames.BatchHeader, topic: str) -> pb.StreamMessage:
+    msg = pb.StreamMessage(
+        request_id=r.request_id,
+        msg_id=pb.MsgID(producer_id=header.producer_id, topic_name=topic, broker_addr=header.broker_addr,
+                        topic_offset=r.offset),
+        payload=r.payload, publish_time=r.publish_time, producer_name=header.producer_name,
+        attributes=r.attributes)
+    if r.routing_key is not None:
+        msg.routing_key = r.routing_key
+    if r.schema_id is not None:
+        msg.schema_id = r.schema_id
+    if r.schema_version is not None:
+        msg.schema_version = r.schema_version
+    return msg
 
 
 def routing_key(msg: pb.StreamMessage) -> str:

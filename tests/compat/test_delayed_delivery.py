@@ -17,6 +17,8 @@ from danube import SubType
 from danube_fast import deliver_at
 from danube_fast.client import FastProducer
 from danube_fast.codec import frames
+from danube_fast.proto import SubscriptionAdmin_pb2 as sub_pb
+from danube_fast.proto import SubscriptionAdmin_pb2_grpc as sub_grpc
 from danube_fast.testing.broker import Broker, BrokerFactory
 
 FAST_SAVE = "[dispatch]\ncursor_flush_ms = 200\ncursor_flush_acks = 1\n"
@@ -172,3 +174,80 @@ def test_the_fast_api_carries_the_time_as_the_same_attribute(broker: Broker, top
             never_early(later)
 
     run_async(scenario())
+
+
+MILLION = 1_000_000
+SOON_EVERY = 1000  # every 1000th record is due soon; the others across the next 24 h
+SOON_MS = 50_000
+BOUNDED = "[broker]\nmalloc_keep_bytes = 16777216\n[wal]\ncache_total_bytes = 16777216\n" + FAST_SAVE
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def backlog(broker: Broker, topic: str, sub: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}") as channel:
+        stub: Any = sub_grpc.SubscriptionAdminStub(channel)  # type: ignore[no-untyped-call]
+        got = await stub.Describe(sub_pb.DescribeRequest(topic=topic, subscription=sub), timeout=10)
+        return int(got.partitions[0].backlog)
+
+
+async def until_indexed(broker: Broker, topic: str, timeout: float) -> None:
+    """The subscription's floor has passed every record: each one is in the delay index (or delivered)."""
+    deadline = time.monotonic() + timeout
+    while await backlog(broker, topic, "shared") > 0:
+        assert time.monotonic() < deadline, "the delayed records were not all read within the time"
+        await asyncio.sleep(0.2)
+
+
+def test_a_million_waiting_over_a_day_in_bounded_memory_then_a_kill(broker_factory: BrokerFactory,
+                                                                     topic: str) -> None:
+    """1,000,000 records due over the next 24 h: the broker holds them in a few tens of MB (16 B each in the
+    index; one Python message per record would be ~0.5 GB), and after a kill -9 the ones due soon come on
+    time and no other comes early."""
+    broker = broker_factory.start(BOUNDED)
+
+    async def before() -> tuple[int, float]:
+        async with Session(broker.url) as s:
+            producer = await FastProducer.connect(broker.target, topic, "fast")
+            try:
+                shared = await s.consumer(topic, "sh", "shared", SubType.SHARED)
+                await asyncio.sleep(1.0)
+                base = rss_mb(broker.pid)
+                first_soon = now_ms() + SOON_MS
+                for first in range(0, MILLION, 10_000):
+                    soon = now_ms() + SOON_MS  # after the restart, even on a slow machine
+                    later = first_soon + 2 * SOON_MS
+                    records = [frames.Record(b"d", attributes=deliver_at.attributes(
+                        soon if i % SOON_EVERY == 0 else later + (i * 86_400_000) // MILLION))
+                        for i in range(first, first + 10_000)]
+                    await asyncio.wait_for(await producer.send_records(records), 30)
+            finally:
+                await producer.close()
+            await until_indexed(broker, topic, 120)
+            grown = rss_mb(broker.pid) - base
+            await shared.expect_silence(0.5)
+            assert now_ms() < first_soon, "producing and indexing took longer than SOON_MS"
+            return first_soon, grown
+
+    soon, grown = run_async(before(), timeout=240)
+    assert grown < 150, f"the broker grew {grown:.0f} MB holding a million delayed records"
+    broker.kill()
+    broker.start()
+
+    async def after() -> None:
+        async with Session(broker.url) as s:
+            shared = await s.consumer(topic, "sh", "shared", SubType.SHARED)
+            got = await receive_all(shared, MILLION // SOON_EVERY, 90)
+            assert sorted(offsets(m for m, _ in got)) == list(range(0, MILLION, SOON_EVERY))
+            never_early(got)
+            assert max(came for _, came in got) <= soon + 2 * SOON_MS
+            await shared.expect_silence(2.0)
+
+    run_async(after(), timeout=150)
+    assert rss_mb(broker.pid) < 400

@@ -32,6 +32,7 @@ subscription holds something, nothing more is read: the data waits in the WAL.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import heapq
 import logging
@@ -60,6 +61,8 @@ log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 256 * 1024
 RELEASE_BATCH = 1000  # delayed records taken from the index per pass, at most
+FETCH_BYTES = 64 * 1024  # a read of a due delayed record: at least its batch
+SCAN_SLICE_S = 0.01  # a pass reads the log again for delayed records this long, then lets others run
 PARK_WINDOWS = 10  # Key-Shared: messages parked for busy or absent consumers, in windows, before reads stop
 _length = attrgetter("length")
 
@@ -78,6 +81,17 @@ def record_sizes(data: messages.Buffer, start: int, count: int) -> list[int]:
         if h.last_offset >= start:
             sizes += [h.length // h.record_count] * (h.last_offset - max(h.base_offset, start) + 1)
     return sizes
+
+
+def _deliver_at(value: str | None, published: int) -> int | None:
+    """A record's deliver-at time when it was published to wait (a time after its publish time)."""
+    if value is None:
+        return None
+    try:
+        at = deliver_at.parse(value)
+    except ValueError:  # the Danube API refuses these; a fast-API batch is not parsed per record
+        return None
+    return at if at > published else None
 
 
 @dataclass(slots=True)
@@ -466,16 +480,10 @@ class ReliableDispatcher:
 
     # -- delayed records (Shared, Key-Shared) ---------------------------------------------------------
 
-    def _delay_of(self, msg: pb.StreamMessage) -> int | None:
+    @staticmethod
+    def _delay_of(msg: pb.StreamMessage) -> int | None:
         """The record's deliver-at time when it was published to wait (a time after its publish time)."""
-        value = msg.attributes.get(deliver_at.ATTRIBUTE)
-        if value is None:
-            return None
-        try:
-            at = deliver_at.parse(value)
-        except ValueError:  # the Danube API refuses these; a fast-API batch is not parsed per record
-            return None
-        return at if at > msg.publish_time else None
+        return _deliver_at(msg.attributes.get(deliver_at.ATTRIBUTE), msg.publish_time)
 
     def _not_delayed(self, msgs: list[pb.StreamMessage], sizes: list[int]
                      ) -> tuple[list[pb.StreamMessage], list[int]]:
@@ -499,7 +507,9 @@ class ReliableDispatcher:
         delays = self._delays
         assert delays is not None
         if self._scan is not None:
-            await self._scan_step(self._scan)
+            until = self._loop.time() + SCAN_SLICE_S
+            while self._scan is not None and self._loop.time() < until:
+                await self._scan_step(self._scan)
         elif delays.cut is not None and len(delays) <= self._config.delayed_index_records // 2:
             spilled = delays.take_spill()
             if spilled is not None:
@@ -532,13 +542,16 @@ class ReliableDispatcher:
             self._scan = None
             return
         data, next_offset = got
-        for msg in messages.decode(data, self._sub.topic_name, scan.pos):
-            offset = msg.msg_id.topic_offset
-            if offset >= scan.end:
-                break
-            at = self._delay_of(msg)
-            if at is not None and at >= scan.since:
-                self._delays.add(at, offset)
+        view = memoryview(data)
+        for header in frames.scan_batches(view, verify=False):  # records, not messages: only times matter
+            if header.last_offset < scan.pos:
+                continue
+            for r in frames.iter_records(view[header.position:header.end], verify=False):
+                if r.offset < scan.pos or r.offset >= scan.end or not r.attributes:
+                    continue
+                at = _deliver_at(r.attributes.get(deliver_at.ATTRIBUTE), r.publish_time)
+                if at is not None and at >= scan.since:
+                    self._delays.add(at, r.offset)
         scan.pos = min(next_offset, scan.end)
 
     async def _fetch(self, offsets: list[int]) -> list[tuple[pb.StreamMessage, int]]:
@@ -548,21 +561,17 @@ class ReliableDispatcher:
         i = 0
         while i < len(offsets):
             first = offsets[i]
-            try:
-                got = await self._wal.read(first, READ_BYTES)
+            try:  # about one batch: due records are usually far apart
+                got = await self._wal.read(first, FETCH_BYTES)
             except OffsetOutOfRange:
                 got = None
             if got is None:
                 i += 1
                 continue
             data, next_offset = got
-            msgs = messages.decode(data, self._sub.topic_name, first)
-            found = dict(zip((m.msg_id.topic_offset for m in msgs),
-                             zip(msgs, record_sizes(data, first, len(msgs)), strict=True), strict=True))
-            while i < len(offsets) and offsets[i] < next_offset:
-                if (hit := found.get(offsets[i])) is not None:
-                    out.append(hit)
-                i += 1
+            j = bisect.bisect_left(offsets, next_offset, i)
+            out += messages.decode_some(data, self._sub.topic_name, set(offsets[i:j]))
+            i = j
         return out
 
     def _delayed_state(self) -> Delayed | None:
