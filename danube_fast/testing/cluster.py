@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from danube_fast.meta import keys
-from danube_fast.meta.store import MetadataStore
+from danube_fast.meta.resources import Unassigned
+from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
 from danube_fast.testing.broker import ClusterBroker
 
 # Short leases and frequent reports and uploads, so that failure tests run in seconds; no automatic
@@ -95,3 +96,17 @@ async def wait_for(check: Callable[[], object], what: str, timeout: float = 15.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def unload(store: MetadataStore, topic: str) -> int:
+    """What `danube-fast admin topics unload` does: mark for unload and delete the assignment; the owner it
+    took the topic from."""
+    ns, t = keys.split_topic_name(topic)
+    current = await wait_for(lambda: owner(store, topic), f"an owner of {topic}")
+    assert isinstance(current, int)
+    key = keys.broker_topic(current, ns, t)
+    done = await store.transaction([Compare(key, "version", ">", 0)],
+                                   [Put(keys.unassigned(ns, t), Unassigned.unload(current).to_json()),
+                                    Delete(key)], [])
+    assert done.succeeded
+    return current

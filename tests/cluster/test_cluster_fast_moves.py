@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 import uvloop
-from test_cluster_moves import meta, unload
+from test_cluster_moves import meta
 
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames
-from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 from danube_fast.testing.raw_producer import RawProducer
 

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 import uvloop
-from test_cluster_moves import meta, produce_n, read_all, subscribe_early, unload
+from test_cluster_moves import meta, produce_n, read_all, subscribe_early
 
 from danube_fast.broker import crashpoints
 from danube_fast.broker.cluster.handoff import uploaded_through
@@ -21,7 +21,7 @@ from danube_fast.meta import keys
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]

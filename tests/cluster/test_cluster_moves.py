@@ -17,13 +17,11 @@ import pytest
 import uvloop
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
-from danube_fast.meta import keys
 from danube_fast.meta.etcd import EtcdStore
-from danube_fast.meta.resources import Unassigned
-from danube_fast.meta.store import Compare, Delete, MetadataStore, Put
+from danube_fast.meta.store import MetadataStore
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
-from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
@@ -36,19 +34,6 @@ async def meta(etcd: EtcdServer) -> AsyncIterator[MetadataStore]:
         yield s
     finally:
         await s.close()
-
-
-async def unload(store: MetadataStore, topic: str) -> int:
-    """What `danube-fast admin topics unload` does: mark for unload and delete the assignment."""
-    ns, t = keys.split_topic_name(topic)
-    current = await wait_for(lambda: owner(store, topic), f"an owner of {topic}")
-    assert isinstance(current, int)
-    key = keys.broker_topic(current, ns, t)
-    done = await store.transaction([Compare(key, "version", ">", 0)],
-                                   [Put(keys.unassigned(ns, t), Unassigned.unload(current).to_json()),
-                                    Delete(key)], [])
-    assert done.succeeded
-    return current
 
 
 class Traffic:

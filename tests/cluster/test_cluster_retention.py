@@ -12,7 +12,7 @@ import json
 import grpc
 import pytest
 import uvloop
-from test_cluster_moves import meta, unload
+from test_cluster_moves import meta
 
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import ReadFailed, TopicReader
@@ -22,7 +22,7 @@ from danube_fast.meta.resources import RetentionState
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.storage.objects.catalog import load_descriptors
-from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]

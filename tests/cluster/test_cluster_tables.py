@@ -13,7 +13,7 @@ import grpc
 import pytest
 import uvloop
 from pyiceberg.table import StaticTable
-from test_cluster_moves import meta, unload
+from test_cluster_moves import meta
 
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
@@ -24,7 +24,7 @@ from danube_fast.meta.store import MetadataStore
 from danube_fast.proto.TableAdmin_pb2 import TableStatusRequest
 from danube_fast.proto.TableAdmin_pb2_grpc import TableAdminStub
 from danube_fast.tables.catalog import committed_offsets
-from danube_fast.testing.cluster import Cluster, owner, wait_for
+from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
