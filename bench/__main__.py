@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|subscriptions|spark|tables|e2e|cluster|topics|chaos
-[--json]
+"""`python -m bench storage|meta|broker|fast|security|subscriptions|delayed|spark|tables|e2e|cluster|topics
+|chaos [--json]
 [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(su, SUBSCRIPTIONS_SECTION, f"{subscriptions_records(True):,} records instead of "
                                                f"{subscriptions_records(False):,}, and 1 run unless --runs "
                                                "says otherwise", default_runs=None)
+    de = suites.add_parser("delayed", help="delayed delivery: memory per waiting record, the rate of records "
+                           "due at once against a backlog's, the dispatcher's check")
+    _common_options(de, DELAYED_SECTION, "20,000 waiting and 2,000 due instead of 1,000,000 and 50,000, "
+                    "and 1 run unless --runs says otherwise", default_runs=None)
     sp = suites.add_parser("spark", help="our Spark data source against Spark's Parquet scan of the same "
                                          "records and the codec alone: full scan, offset and time pruning")
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
@@ -172,6 +176,7 @@ FAST_SECTION = "Fast API"
 SPARK_SECTION = "Spark"
 SECURITY_SECTION = "Security"
 SUBSCRIPTIONS_SECTION = "Subscription operations"
+DELAYED_SECTION = "Delayed delivery"
 TABLES_SECTION = "Topic tables"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
@@ -257,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         title = SUBSCRIPTIONS_SECTION
         extra.append(subscriptions.load_line(subscriptions_records(args.quick)))
         found = subscriptions.run_subscriptions(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "delayed":
+        from bench import delayed
+
+        title = DELAYED_SECTION
+        extra.append(delayed.load_line(delayed.QUICK_PENDING if args.quick else delayed.PENDING,
+                                       delayed.QUICK_DUE if args.quick else delayed.DUE))
+        found = delayed.run_delayed(Options(args.runs, args.quick, args.dir))
     elif args.suite == "spark":
         from bench import spark  # here: only this suite needs pyspark and a JVM
 

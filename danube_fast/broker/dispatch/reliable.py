@@ -481,9 +481,14 @@ class ReliableDispatcher:
     # -- delayed records (Shared, Key-Shared) ---------------------------------------------------------
 
     @staticmethod
-    def _delay_of(msg: pb.StreamMessage) -> int | None:
-        """The record's deliver-at time when it was published to wait (a time after its publish time)."""
-        return _deliver_at(msg.attributes.get(deliver_at.ATTRIBUTE), msg.publish_time)
+    def delay_of(msg: pb.StreamMessage) -> int | None:
+        """The record's deliver-at time when it was published to wait (a time after its publish time). Every
+        record a Shared subscription reads goes through here: `in` first, the cheapest question to ask of
+        a protobuf map (bench delayed: delay_check_ns_per_record)."""
+        attributes = msg.attributes
+        if deliver_at.ATTRIBUTE not in attributes:
+            return None
+        return _deliver_at(attributes[deliver_at.ATTRIBUTE], msg.publish_time)
 
     def _not_delayed(self, msgs: list[pb.StreamMessage], sizes: list[int]
                      ) -> tuple[list[pb.StreamMessage], list[int]]:
@@ -493,7 +498,7 @@ class ReliableDispatcher:
         kept: list[pb.StreamMessage] = []
         kept_sizes: list[int] = []
         for msg, size in zip(msgs, sizes, strict=True):
-            at = self._delay_of(msg)
+            at = self.delay_of(msg)
             if at is not None and at > now:
                 self._delays.add(at, msg.msg_id.topic_offset)
             else:
@@ -524,7 +529,7 @@ class ReliableDispatcher:
             self._held += size
             self._budget.take(size)
             self._retry.append(offset)
-            self._delayed_out[offset] = self._delay_of(msg) or 0
+            self._delayed_out[offset] = self.delay_of(msg) or 0
             self.delayed_released += 1
         return self._scan is not None or len(due) == RELEASE_BATCH
 
