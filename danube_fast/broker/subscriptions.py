@@ -98,7 +98,9 @@ class Subscriptions:
                     log.warning("closing subscription %s of %s: %s", sub.name, topic.full, e)
         topic.clear_subscriptions()
 
-    async def subscribe(self, topic: Topic, req: pb.ConsumerRequest) -> int:
+    async def subscribe(self, topic: Topic, req: pb.ConsumerRequest, initial: str | None = None) -> int:
+        """`initial`: where a subscription this creates starts (earliest, latest or an offset; latest when
+        None); an existing one goes on from its cursor."""
         names.check_name(req.subscription, "ConsumerRequest.subscription", slash=False)
         names.check_name(req.consumer_name, "ConsumerRequest.consumer_name")
         if len(req.key_filters) > MAX_KEY_FILTERS:
@@ -129,7 +131,8 @@ class Subscriptions:
                             f"({policy.max_consumers_per_topic})")
         if sub is None:
             sub = await self._create_subscription(topic, req.subscription,
-                                                  SubscriptionType(req.subscription_type), req.consumer_name)
+                                                  SubscriptionType(req.subscription_type), req.consumer_name,
+                                                  _initial(topic, initial))
         for old in sub.check_admits(req.consumer_name, policy.max_consumers_per_subscription):
             self._clients.remove_consumer(old)
         cid = self._clients.new_consumer_id()
@@ -337,3 +340,21 @@ class Subscriptions:
                             log.info("reaped idle subscription %s on %s", sub.name, topic.full)
                         except Exception as e:
                             log.warning("reaping subscription %s on %s: %s", sub.name, topic.full, e)
+
+
+def _initial(topic: Topic, initial: str | None) -> int | None:
+    """The first offset of a new subscription asked `initial`; None for the default (latest)."""
+    if initial is None or initial == "latest":
+        return None
+    reliable = topic.require_stored("only a Reliable topic keeps records to start a subscription at "
+                                    f"(initial position {names.clip(initial)!r})")
+    log = reliable.log
+    if initial == "earliest":
+        return log.start_offset
+    if not initial.isascii() or not initial.isdigit():
+        raise invalid(f"initial position {names.clip(initial)!r}: expected earliest, latest or an offset")
+    offset = int(initial)
+    if not log.start_offset <= offset <= log.committed_offset:
+        raise invalid(f"initial position {offset} is outside what {topic.full} holds "
+                      f"({log.start_offset}..{log.committed_offset})")
+    return offset

@@ -43,6 +43,7 @@ from danube_fast.cli import feedback
 from danube_fast.cli.admin import Leaf, Subparsers, credentials
 from danube_fast.cli.args import count, positive_float, positive_int
 from danube_fast.client.credentials import open_channel
+from danube_fast.client.headers import INITIAL_POSITION
 from danube_fast.client.lookup import CHANNEL_OPTIONS, follow
 from danube_fast.client.producer import FastProducer
 from danube_fast.client.reader import TopicReader
@@ -210,7 +211,7 @@ async def _subscribed(args: argparse.Namespace, show: Callable[..., None]) -> in
         try:
             subscribed = await stub.Subscribe(pb.ConsumerRequest(
                 request_id=1, topic_name=args.topic, consumer_name=name, subscription=args.subscription,
-                subscription_type=TYPES[args.type]))
+                subscription_type=TYPES[args.type]), metadata=[(INITIAL_POSITION, args.start)])
         except grpc.aio.AioRpcError as e:
             raise MessagesFailed(f"subscribing answered {e.code().name}: {e.details()}") from e
         printed = 0
@@ -265,8 +266,8 @@ async def _read(args: argparse.Namespace, show: Callable[..., None]) -> int:
 async def _consume(args: argparse.Namespace) -> Summary:
     if args.start not in ("earliest", "latest") and not args.start.isdigit():
         raise MessagesFailed(f"--from {args.start!r}: expected earliest, latest or an offset")
-    if args.subscription and (args.start != "latest" or args.to_end):
-        raise MessagesFailed("--from and --to-end read by offset: a subscription reads from its cursor")
+    if args.subscription and args.to_end:
+        raise MessagesFailed("--to-end reads by offset: a subscription reads from its cursor")
     show = _printer(args.format)
     printed = 0
     try:
@@ -323,7 +324,8 @@ def add_parsers(commands: Subparsers, leaf: Leaf) -> None:
     c.add_argument("--ack", action=argparse.BooleanOptionalAction, default=True,
                    help="acknowledge each message after printing it (default: yes)")
     c.add_argument("--from", dest="start", default="latest", metavar="earliest|latest|OFFSET",
-                   help="without --subscription: where to start reading (default: latest)")
+                   help="where to start reading; with --subscription, where a new subscription starts (an "
+                        "existing one goes on from its cursor) (default: latest)")
     c.add_argument("--to-end", action="store_true",
                    help="without --subscription: stop at the last record committed at the start")
     c.add_argument("--count", type=count, default=0, metavar="N", help="stop after N messages")

@@ -107,7 +107,7 @@ def test_binary_payloads_are_base64_in_json(broker: Broker, topic: str) -> None:
 def test_usage_errors_say_what_was_wrong(broker: Broker, topic: str) -> None:
     _, err = cli(broker, "produce", topic, "x", "--attr", "novalue", code=1)
     assert "produce failed: --attr 'novalue': expected NAME=VALUE" in err
-    _, err = cli(broker, "consume", topic, "--subscription", "s", "--from", "earliest", code=1)
+    _, err = cli(broker, "consume", topic, "--subscription", "s", "--to-end", code=1)
     assert "a subscription reads from its cursor" in err
     _, err = cli(broker, "consume", topic, "--from", "soon", code=1)
     assert "--from 'soon'" in err
@@ -135,3 +135,18 @@ def test_a_closed_stdout_ends_consume_quietly_as_cat_does(broker: Broker, topic:
     assert pipeline.stdout == b"line\nline\n"
     assert pipeline.stderr == b"", pipeline.stderr.decode()
     assert pipeline.returncode == 141
+
+
+def test_a_new_subscription_starts_where_from_says_an_existing_one_at_its_cursor(broker: Broker,
+                                                                                  topic: str) -> None:
+    produced(broker, topic, "a", "b", "c", "d", "e")
+
+    def offsets(*args: str) -> list[int]:
+        out, _ = cli(broker, "consume", topic, *args, "--format", "json")
+        return [json.loads(line)["offset"] for line in out.splitlines()]
+
+    assert offsets("--subscription", "fresh", "--from", "earliest", "--count", "3") == [0, 1, 2]
+    assert offsets("--subscription", "fresh", "--from", "earliest", "--count", "2") == [3, 4]  # its cursor
+    assert offsets("--subscription", "third", "--from", "3", "--count", "2") == [3, 4]
+    _, err = cli(broker, "consume", topic, "--subscription", "far", "--from", "99", code=1)
+    assert "initial position 99 is outside what" in err and "(0..5)" in err

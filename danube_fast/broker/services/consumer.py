@@ -1,4 +1,8 @@
-"""danube.ConsumerService: Subscribe, ReceiveMessages, Ack, Nack (docs/WIRE.md B.7-B.9, C.7-C.10)."""
+"""danube.ConsumerService: Subscribe, ReceiveMessages, Ack, Nack (docs/WIRE.md B.7-B.9, C.7-C.10).
+
+Subscribe reads one request header of ours, INITIAL_POSITION (earliest, latest or an offset): where
+a subscription it creates starts (docs/SUBSCRIPTIONS.md). The official client never sends it, so its wire is
+unchanged; our CLI's `consume --subscription S --from earliest` does."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from danube_fast import latency
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.subscription import Subscription
+from danube_fast.client.headers import INITIAL_POSITION
 from danube_fast.errors import ApiError, invalid, not_found
 from danube_fast.names import clip, parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -19,6 +24,10 @@ from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 
 HEALTH_WAIT = 6.0  # the client health-checks every 5 s
 UNKNOWN_DELAY = 0.25
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _internal(message: str) -> ApiError:
@@ -33,7 +42,8 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
     @unary
     async def Subscribe(self, request: pb.ConsumerRequest, context: Context) -> pb.ConsumerResponse:
         topic = self._topics.topic_for_consumer(parse_topic(request.topic_name))
-        cid = await self._ctx.subscriptions.subscribe(topic, request)
+        position = next((v for k, v in context.invocation_metadata() or () if k == INITIAL_POSITION), None)
+        cid = await self._ctx.subscriptions.subscribe(topic, request, _text(position))
         return pb.ConsumerResponse(request_id=request.request_id, consumer_id=cid,
                                    consumer_name=request.consumer_name)
 
