@@ -20,7 +20,11 @@ What it guarantees:
   moved or the broker stops, a broken transport) is looked up again and retried, at most `retries` times
   in a row with a backoff; a read resumes after the last offset it yielded. Any other status
   (INVALID_ARGUMENT: bad name or no such topic; FAILED_PRECONDITION: a NonReliable topic; OUT_OF_RANGE;
-  NOT_FOUND; ...) fails at once. Failures are `ReadFailed`, chained from the call's AioRpcError.
+  NOT_FOUND; ...) fails at once. Failures are `ReadFailed`, chained from the call's error.
+* Transport (`transport`): as the fast clients' (client/native.py TransportChoice): "auto" (the default)
+  reads over the native transport (OFFSETS, READ: docs/TRANSPORT.md) from a broker that serves it and over
+  gRPC from one that does not; "grpc" never asks; "native" refuses a broker without it. The guarantees above
+  are the same on both.
 
 Owner: the event loop that opened it; `read()`s of several topics may run at once.
 """
@@ -28,7 +32,8 @@ Owner: the event loop that opened it; `read()`s of several topics may run at onc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -36,12 +41,15 @@ import grpc
 
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.client.lookup import CHANNEL_OPTIONS, lookup
-from danube_fast.client.status import retriable
+from danube_fast.client.native import NativeConnection, TransportChoice, native_refusal
+from danube_fast.client.status import ProduceRejected, retriable
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import RecordsResponse, decode_read_response
 from danube_fast.errors import DanubeError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.transport import frames as wire
+from danube_fast.transport.frames import FrameType
 
 T = TypeVar("T")
 
@@ -82,7 +90,7 @@ class TopicReader:
     `http://` in front, as in a broker's advertised URL, is dropped)."""
 
     def __init__(self, target: str, *, retries: int = 10, backoff: float = 0.1, max_backoff: float = 2.0,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, transport: str = "auto") -> None:
         self._bootstrap = target.removeprefix("http://").removeprefix("https://")
         self._credentials = credentials  # TLS and token (client/credentials.py); None: plaintext
         self._retries = retries
@@ -90,7 +98,10 @@ class TopicReader:
         self._max_backoff = max_backoff
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._where: dict[str, str] = {}  # topic -> host:port of the broker last found serving it
+        self._transport = TransportChoice(transport)
+        self._natives: dict[str, NativeConnection] = {}  # native address -> its open connection
         self.retried = 0  # calls made again after a retriable failure
+        self.native_reads = 0  # reads and offsets answered over the native transport
 
     async def __aenter__(self) -> TopicReader:
         return self
@@ -102,12 +113,25 @@ class TopicReader:
     async def close(self) -> None:
         """Close every channel; reads still running fail."""
         channels, self._channels = list(self._channels.values()), {}
+        natives, self._natives = list(self._natives.values()), {}
+        for conn in natives:
+            await conn.aclose()
         for channel in channels:
             await channel.close()
 
     async def offsets(self, topic: str) -> tuple[int, int]:
         """(start_offset, next_offset): the first offset still stored, one past the last committed one."""
         async def ask(stub: Any) -> tuple[int, int]:
+            if isinstance(stub, NativeConnection):
+                body = wire.string_body(topic)
+                answer = await asyncio.wait_for(stub.send(FrameType.OFFSETS, [body], len(body)),
+                                                OFFSETS_TIMEOUT)
+                if answer.type != FrameType.RANGE:
+                    raise native_refusal(answer, "OFFSETS")
+                start, next_offset, _ = wire.decode_offsets(answer.body, "RANGE", "start_offset",
+                                                             "next_offset")
+                self.native_reads += 1
+                return start, next_offset
             r = await stub.Offsets(fast.OffsetsRequest(topic=topic), timeout=OFFSETS_TIMEOUT)
             return r.start_offset, r.next_offset
 
@@ -121,40 +145,56 @@ class TopicReader:
         low = start  # the next offset not yielded yet
         failures = 0
         while low < end:
-            stub = await self._stub(topic, located=failures == 0 and topic in self._where)
-            request = fast.ReadRequest(topic=topic, from_offset=low, to_offset=end, max_bytes=max_bytes)
-            call = stub.Read(request)
             try:
-                async for response in call:
-                    r = response if isinstance(response, RecordsResponse) else response.records
-                    if r.last_offset < low:
+                stub = await self._stub(topic, located=failures == 0 and topic in self._where)
+            except ProduceRejected as e:
+                failures = await self._failed(e, topic, "read", failures)
+                continue
+            if isinstance(stub, NativeConnection):
+                responses = _native_read(stub, wire.Read(topic, low, end, max_bytes))
+                self.native_reads += 1
+            else:
+                responses = _grpc_read(stub, fast.ReadRequest(topic=topic, from_offset=low, to_offset=end,
+                                                              max_bytes=max_bytes))
+            try:
+                async for data, first, last in responses:
+                    if last < low:
                         continue  # nothing new (cannot happen with a correct broker; never yield twice)
                     failures = 0
-                    yield r.data, r.first_offset, r.last_offset
-                    low = r.last_offset + 1
-                return  # the broker ended the stream with OK: nothing more in the range
-            except grpc.aio.AioRpcError as e:
+                    yield data, first, last
+                    low = last + 1
+                return  # the broker ended the read: nothing more in the range
+            except (grpc.aio.AioRpcError, ProduceRejected) as e:
                 failures = await self._failed(e, topic, "read", failures)
             finally:
-                call.cancel()
+                await responses.aclose()
 
     # -- following the topic --------------------------------------------------------------------------
 
     async def _retrying(self, topic: str, what: str, attempt: Callable[[Any], Awaitable[T]]) -> T:
         failures = 0
         while True:
-            stub = await self._stub(topic, located=failures == 0 and topic in self._where)
             try:
-                return await attempt(stub)
-            except grpc.aio.AioRpcError as e:
+                return await attempt(await self._stub(topic, located=failures == 0 and topic in self._where))
+            except (grpc.aio.AioRpcError, ProduceRejected) as e:
                 failures = await self._failed(e, topic, what, failures)
+            except TimeoutError:
+                late = ProduceRejected("DEADLINE_EXCEEDED", f"no answer to {what}", True)
+                failures = await self._failed(late, topic, what, failures)
 
-    async def _failed(self, error: grpc.aio.AioRpcError, topic: str, what: str, failures: int) -> int:
+    async def _failed(self, error: grpc.aio.AioRpcError | ProduceRejected, topic: str, what: str,
+                      failures: int) -> int:
         """After a failed call: raise ReadFailed unless the failure is retriable and tries are left; else
-        wait the backoff and return the failures in a row so far."""
-        code = error.code().name
-        details = error.details() or f"could not {what} {topic}"
-        if not retriable(error):
+        wait the backoff and return the failures in a row so far. A native connection that failed is
+        dropped (the next call opens another)."""
+        if isinstance(error, ProduceRejected):
+            code, details, again = error.grpc_code, str(error), error.retriable
+            if again:
+                self._drop_natives()
+        else:
+            code, details, again = error.code().name, error.details(), retriable(error)
+        details = details or f"could not {what} {topic}"
+        if not again:
             raise ReadFailed(code, details) from error
         if failures >= self._retries:
             raise ReadFailed(code, f"gave up after {failures + 1} tries to {what} {topic}: {details}",
@@ -163,10 +203,16 @@ class TopicReader:
         self.retried += 1
         return failures + 1
 
+    def _drop_natives(self) -> None:
+        for conn in self._natives.values():
+            conn.close()
+        self._natives.clear()
+
     async def _stub(self, topic: str, *, located: bool) -> Any:
-        """A FastReader stub on the broker serving `topic`: looked up unless `located` (known and no call to
-        it failed since); when the lookup says nothing (the broker asked is down, the topic is being
-        placed), the broker last known, else the one this reader was opened on."""
+        """What reads `topic`: a native connection to the broker serving it, where it offers one and the
+        transport allows, else a FastReader stub on its gRPC port. That broker is looked up unless `located`
+        (known and no call to it failed since); when the lookup says nothing (the broker asked is down, the
+        topic is being placed), the broker last known, else the one this reader was opened on."""
         if not located:
             found = None
             for target in dict.fromkeys((self._where.get(topic, self._bootstrap), self._bootstrap)):
@@ -174,7 +220,14 @@ class TopicReader:
                 if found is not None:
                     break
             self._where[topic] = found or self._where.get(topic, self._bootstrap)
-        return _Stub(self._channel(self._where[topic]))
+        target = self._where[topic]
+        address = await self._transport.native_for(self._channel(target), target)
+        if not address:
+            return _Stub(self._channel(target))
+        conn = self._natives.get(address)
+        if conn is None:
+            conn = self._natives[address] = await NativeConnection.open(address, self._credentials)
+        return conn
 
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
@@ -187,3 +240,41 @@ class TopicReader:
 def records_in(data: bytes, start: int, end: int) -> list[frames.Record]:
     """The records of `data` (one `read` item) whose offsets lie in [start, end)."""
     return [r for r in frames.decode_records(data) if start <= r.offset < end]
+
+
+async def _grpc_read(stub: _Stub, request: fast.ReadRequest) -> AsyncGenerator[Records, None]:
+    call = stub.Read(request)
+    try:
+        async for response in call:
+            r = response if isinstance(response, RecordsResponse) else response.records
+            yield r.data, r.first_offset, r.last_offset
+    finally:
+        call.cancel()
+
+
+async def _native_read(conn: NativeConnection, request: wire.Read) -> AsyncGenerator[Records, None]:
+    """READ's RECORDS frames until READ_DONE; an ERROR (or the connection's loss) raised as ProduceRejected;
+    a read left early is CANCELled."""
+    body = request.encode()
+    request_id, queue = conn.open_stream(FrameType.READ, [body], len(body))
+    done = False
+    try:
+        while True:
+            frame = await queue.get()
+            if isinstance(frame, ProduceRejected):
+                done = True
+                raise frame
+            if frame.type == FrameType.READ_DONE:
+                done = True
+                return
+            if frame.type != FrameType.RECORDS:
+                done = True
+                raise native_refusal(frame, "READ")
+            first, last, data = wire.decode_offsets(frame.body, "RECORDS", "first_offset", "last_offset",
+                                                    more=True)
+            yield data, first, last
+    finally:
+        conn.close_stream(request_id)
+        if not done:
+            with contextlib.suppress(ProduceRejected):
+                conn.send_frame(FrameType.CANCEL, b"", request_id)

@@ -74,8 +74,8 @@ class ClusterBroker(Broker):
     `object_store`; `broker_id` is the id it registered, read once it is ready."""
 
     def __init__(self, workdir: Path, etcd_url: str, object_store: str, config: str, *, metrics: bool = True,
-                 die_with_parent: bool = False) -> None:
-        super().__init__(workdir, config, metrics=metrics, die_with_parent=die_with_parent)
+                 die_with_parent: bool = False, native: bool = False) -> None:
+        super().__init__(workdir, config, metrics=metrics, die_with_parent=die_with_parent, native=native)
         self.etcd_url = etcd_url
         self.object_store = object_store
         self.broker_id: int | None = None

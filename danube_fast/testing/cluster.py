@@ -43,13 +43,14 @@ class Cluster:
         self.die_with_parent = die_with_parent
         self.brokers: list[ClusterBroker] = []
         self.extra_config = ""  # TOML added after the [cluster] section (e.g. a [security] section)
+        self.native = False  # brokers added from now on serve the native transport too (Broker.fast_port)
 
     def add(self, **settings: int | str) -> ClusterBroker:
         """A broker of this cluster, not started yet (set its `env` first, for instance)."""
         workdir = self.root / f"broker{len(self.brokers)}"
         b = ClusterBroker(workdir, self.etcd_url, self.object_store,
                           cluster_config({**self.settings, **settings}) + self.extra_config,
-                          metrics=self.metrics, die_with_parent=self.die_with_parent)
+                          metrics=self.metrics, die_with_parent=self.die_with_parent, native=self.native)
         self.brokers.append(b)
         return b
 

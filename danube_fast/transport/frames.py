@@ -44,6 +44,11 @@ class FrameType(enum.IntEnum):
     ACKNOWLEDGE = 0x23
     LOOKUP = 0x30
     LOCATED = 0x31
+    OFFSETS = 0x40
+    RANGE = 0x41
+    READ = 0x42
+    READ_DONE = 0x43
+    CANCEL = 0x44
 
 
 _TYPES = frozenset(FrameType)
@@ -413,6 +418,28 @@ class Subscribe:
         return cls(got[0], got[1], got[2], got[3], bool(got[4]))
 
 
+@dataclass(frozen=True)
+class Read:
+    """READ: offsets [from_offset, to_offset) of a Reliable topic (to_offset 0: what is committed when the
+    read starts), in RECORDS frames of about max_bytes each (0: the broker's default), then READ_DONE."""
+
+    topic: str
+    from_offset: int
+    to_offset: int
+    max_bytes: int
+
+    def encode(self) -> bytes:
+        return (BodyWriter().string(self.topic).u64(self.from_offset).u64(self.to_offset).u32(self.max_bytes)
+                .done())
+
+    @classmethod
+    def decode(cls, body: memoryview | bytes) -> Read:
+        r = BodyReader(body, "READ")
+        got = cls(r.string("topic"), r.u64("from_offset"), r.u64("to_offset"), r.u32("max_bytes"))
+        r.end()
+        return got
+
+
 UP_TO = 0x01  # ACKNOWLEDGE's flag: its up_to field holds a cumulative ack
 
 
@@ -444,7 +471,7 @@ class Acknowledge:
 
 
 def string_body(value: str) -> bytes:
-    """The body of a LOOKUP (a topic) and of a LOCATED (an address)."""
+    """The body of a LOOKUP or an OFFSETS (a topic) and of a LOCATED (an address)."""
     return BodyWriter().string(value).done()
 
 

@@ -21,14 +21,21 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 MOVES = 5
 
 
-def test_fast_consumer_and_producer_follow_moves_and_lose_nothing(cluster: Cluster, etcd: EtcdServer) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "native"])
+def test_fast_consumer_and_producer_follow_moves_and_lose_nothing(cluster: Cluster, etcd: EtcdServer,
+                                                                   transport: str) -> None:
+    """Over the gRPC fast API and over the native transport (each broker advertises its own listener; a
+    client follows the topic to the next owner's)."""
+    cluster.native = transport == "native"
     brokers = cluster.start(3)
     topic = "/default/fast_moving"
 
     async def body() -> None:
         async with meta(etcd) as store:
-            producer = await FastProducer.connect(brokers[0].target, topic, "p", linger_ms=5)
-            consumer = await FastConsumer.connect(brokers[1].target, topic, "s", "c")  # not the owner, maybe
+            producer = await FastProducer.connect(brokers[0].target, topic, "p", linger_ms=5,
+                                                  transport=transport)
+            # not the owner, maybe
+            consumer = await FastConsumer.connect(brokers[1].target, topic, "s", "c", transport=transport)
             acked: dict[int, bytes] = {}  # offset -> payload, as acknowledged to the producer
             read: dict[int, bytes] = {}  # offset -> payload, as delivered (some twice after a move)
             stop = asyncio.Event()
@@ -64,6 +71,7 @@ def test_fast_consumer_and_producer_follow_moves_and_lose_nothing(cluster: Clust
             await asyncio.wait_for(tasks[0], 30)
             await producer.flush()
             await wait_for(lambda: set(acked) <= set(read), "every acknowledged record read", 30.0)
+            assert producer.over_native == consumer.over_native == (transport == "native")
             assert not tasks[1].done(), "the consumer's stream ended instead of following the topic"
             tasks[1].cancel()
             await asyncio.gather(tasks[1], return_exceptions=True)

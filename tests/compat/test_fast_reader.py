@@ -13,7 +13,7 @@ import grpc
 import pytest
 from compat_support import Session, bounded, run_async, send_all
 
-from danube_fast.broker.services.fast_reader import _range
+from danube_fast.broker.services.fast_reader import read_range
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.reader import ReadFailed, Records, TopicReader, records_in
 from danube_fast.codec import frames
@@ -305,11 +305,11 @@ class _Trimmed:
 ])
 def test_the_range_a_read_covers(from_offset: int, to_offset: int, expected: tuple[int, int]) -> None:
     request = fast.ReadRequest(topic="/default/t", from_offset=from_offset, to_offset=to_offset)
-    assert _range(request, _Trimmed()) == expected
+    assert read_range(request, _Trimmed()) == expected
 
 
 def test_a_read_below_the_first_stored_offset_is_out_of_range() -> None:
     with pytest.raises(ApiError) as below:
-        _range(fast.ReadRequest(topic="/default/t", from_offset=40, to_offset=0), _Trimmed())
+        read_range(fast.ReadRequest(topic="/default/t", from_offset=40, to_offset=0), _Trimmed())
     assert below.value.grpc_code == "OUT_OF_RANGE"
     assert "offset 40" in str(below.value) and "first readable offset is 100" in str(below.value)

@@ -145,7 +145,10 @@ BODIES: dict[transport.FrameType, Callable[[memoryview], object]] = {
                                                                     "last_offset", more=True),
     transport.FrameType.SUBSCRIBE: transport.Subscribe.decode,
     transport.FrameType.ACKNOWLEDGE: lambda b: transport.Acknowledge.decode(b, transport.UP_TO),
-    transport.FrameType.LOOKUP: lambda b: transport.decode_string(b, "LOOKUP", "topic")}
+    transport.FrameType.LOOKUP: lambda b: transport.decode_string(b, "LOOKUP", "topic"),
+    transport.FrameType.OFFSETS: lambda b: transport.decode_string(b, "OFFSETS", "topic"),
+    transport.FrameType.RANGE: lambda b: transport.decode_offsets(b, "RANGE", "start_offset", "next_offset"),
+    transport.FrameType.READ: transport.Read.decode}
 
 
 def received(stream: bytes, read: int) -> list[transport.Frame]:

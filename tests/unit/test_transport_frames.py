@@ -95,6 +95,10 @@ def test_the_fast_api_bodies_round_trip() -> None:
     for ack in (f.Acknowledge(41, [43, 45], [], 0), f.Acknowledge(None, [], [7], 250)):
         assert f.Acknowledge.decode(ack.encode(), ack.flags) == ack
     assert f.decode_string(f.string_body("10.0.0.7:6651"), "LOCATED", "address") == "10.0.0.7:6651"
+    read = f.Read("/default/orders", 120, 0, 1 << 20)
+    assert f.Read.decode(read.encode()) == read
+    with pytest.raises(f.FrameError, match="READ"):
+        f.Read.decode(read.encode()[:-1])
 
 
 @pytest.mark.parametrize(("decode", "words"), [

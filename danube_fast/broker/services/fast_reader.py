@@ -13,7 +13,8 @@ larger than that) and the read it is built from. Disk reads run in the WAL's exe
 the object store's, as for consumers; joining what else is committed only takes what the WAL's cache
 holds. Between two responses the handler checks that the topic is still this broker's and the broker is
 not stopping; if not, the stream ends with UNAVAILABLE, as a fast consumer's does, and the client resumes
-after the last offset it got.
+after the last offset it got. The native transport's READ (services/native.py) serves the same reads with
+the helpers below.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import grpc
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
+from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import encode_read_response, records_data, serialize_request
 from danube_fast.errors import ApiError, DanubeError, OffsetOutOfRange, invalid
@@ -57,11 +59,11 @@ class FastReaderService(fast_grpc.FastReaderServicer):
     async def Read(self, request: fast.ReadRequest, context: Context) -> AsyncIterator[bytes]:
         try:
             topic, log = self._readable(request.topic)
-            low, end = _range(request, log)
+            low, end = read_range(request, log)
         except DanubeError as e:
             await context.abort(grpc.StatusCode[e.grpc_code], str(e))
             return
-        room = min(request.max_bytes or DEFAULT_READ_BYTES, MAX_READ_BYTES)
+        room = read_room(request.max_bytes)
         while low < end:
             if self._subscriptions.stopping or self._topics.find(topic.full) is not topic:
                 # As for a fast consumer: not the end of the read, the client looks the topic up again.
@@ -69,22 +71,30 @@ class FastReaderService(fast_grpc.FastReaderServicer):
                     "the topic left this broker"
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
                                     f"{why}: look {topic.full} up again and read on from offset {low}")
-            got = await _next_records(log, low, end, room)
+            got = await next_chunks(log, low, end, room)
             if got is None:
                 return
-            data, first, next_offset = got
-            yield encode_read_response(data, first, next_offset - 1)
+            chunks, first, next_offset = got
+            yield encode_read_response(records_data(chunks), first, next_offset - 1)
             low = next_offset
 
     def _readable(self, name: str) -> tuple[ReliableTopic, ReadableLog]:
-        """The topic and what it is read through; INVALID_ARGUMENT for a bad name or an unknown topic,
-        UNAVAILABLE when another broker serves it, FAILED_PRECONDITION when it is NonReliable."""
-        topic = self._topics.topic_for_consumer(parse_topic(name)).require_stored(
-            "FastReader reads Reliable topics")
-        return topic, topic.log
+        return readable(self._topics, name)
 
 
-def _range(request: fast.ReadRequest, log: ReadableLog) -> tuple[int, int]:
+def readable(topics: TopicRegistry, name: str) -> tuple[ReliableTopic, ReadableLog]:
+    """The topic and what it is read through; INVALID_ARGUMENT for a bad name or an unknown topic,
+    UNAVAILABLE when another broker serves it, FAILED_PRECONDITION when it is NonReliable."""
+    topic = topics.topic_for_consumer(parse_topic(name)).require_stored("FastReader reads Reliable topics")
+    return topic, topic.log
+
+
+def read_room(max_bytes: int) -> int:
+    """Bytes per response for a client asking `max_bytes` (0: the default)."""
+    return min(max_bytes or DEFAULT_READ_BYTES, MAX_READ_BYTES)
+
+
+def read_range(request: fast.ReadRequest, log: ReadableLog) -> tuple[int, int]:
     """[low, end) to send: `end` is to_offset (0: the committed offset), never past the committed offset."""
     committed = log.committed_offset
     low = request.from_offset
@@ -103,10 +113,11 @@ def _out_of_range(offset: int, start: int) -> ApiError:
                                     f"{start} (retention deleted what came before)")
 
 
-async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tuple[Buffer, int, int] | None:
+async def next_chunks(log: ReadableLog, low: int, end: int, room: int
+                      ) -> tuple[list[Buffer], int, int] | None:
     """The whole batches holding offsets from `low` (or the next offset a tier holds) below `end`, within
-    `room` bytes but at least one batch: (data, first offset of its first batch, offset after its last
-    record). None when nothing of [low, end) is left to send."""
+    `room` bytes but at least one batch: (chunks of them, first offset of the first batch, offset after the
+    last record). None when nothing of [low, end) is left to send."""
     try:
         got = await log.read(low, room)
     except OffsetOutOfRange as e:  # retention deleted it since the call started (no object tier below)
@@ -116,7 +127,7 @@ async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tupl
     chunk, next_offset = clip_batches(got[0], low, end, room, whole=True)
     if not chunk:
         return None  # what the read found starts at or past `end` (the range's rest was a hole)
-    chunks = [chunk]
+    chunks: list[Buffer] = [chunk]
     size = len(chunk)
     # A read at the tail answers one group commit: join what more the cache holds (no disk read here), as
     # the batch dispatcher does, so that one response carries up to `room`.
@@ -131,4 +142,4 @@ async def _next_records(log: ReadableLog, low: int, end: int, room: int) -> tupl
         size += len(chunk)
         next_offset = after
     first = frames.parse_header(chunks[0]).base_offset
-    return records_data(chunks), first, next_offset
+    return chunks, first, next_offset

@@ -1,5 +1,5 @@
-"""The native transport's listener (docs/TRANSPORT.md): the fast API's produce path as frames over TCP,
-served on the event loop with `asyncio.BufferedProtocol`.
+"""The native transport's listener (docs/TRANSPORT.md): the fast API (produce, consume, and the offset
+reader's OFFSETS and READ) as frames over TCP, served on the event loop with `asyncio.BufferedProtocol`.
 
 Why not gRPC: grpcio copies every message into its own slices under the GIL, once to send and twice to
 receive; here a PRODUCE frame's body is read by the kernel straight into a buffer of its own size (only the
@@ -15,8 +15,8 @@ stops reading until acks drain, which TCP's flow control passes on to the client
 Security as on the gRPC ports: TLS with the broker's certificate in the tls modes (the client's
 certificate checked on mTLS); when the broker checks identities, HELLO's token or the client certificate is
 the connection's principal (security/gate.py `connection_principal`, refused with UNAUTHENTICATED and the
-close), and each PRODUCE_OPEN and SUBSCRIBE passes the same RBAC rule as the gRPC fast API's Produce and
-Consume (PERMISSION_DENIED for that request; the connection stays).
+close), and each PRODUCE_OPEN, SUBSCRIBE, OFFSETS and READ passes the same RBAC rule as the gRPC fast API's
+Produce, Consume, Offsets and Read (PERMISSION_DENIED for that request; the connection stays).
 
 Not yet: lookup, keepalive PINGs from the broker's side.
 
@@ -39,6 +39,7 @@ from danube_fast.broker.clients import new_id
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.services.fast import DEFAULT_WINDOW, check_batch, open_producer, publish
+from danube_fast.broker.services.fast_reader import next_chunks, read_range, read_room, readable
 from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
 from danube_fast.errors import DanubeError, FrameCorrupt, invalid
@@ -68,6 +69,8 @@ class _Producer:
 
 PRODUCE_METHOD = "danube_fast.v1.FastProducer/Produce"  # security/rules.py: what opening a producer needs
 CONSUME_METHOD = "danube_fast.v1.FastConsumer/Consume"
+OFFSETS_METHOD = "danube_fast.v1.FastReader/Offsets"
+READ_METHOD = "danube_fast.v1.FastReader/Read"
 
 
 class NativeServer:
@@ -121,6 +124,7 @@ class Connection(asyncio.BufferedProtocol):
         self._producers: dict[int, _Producer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # opening producers, serving subscriptions
         self._consumers: dict[int, BatchDispatcher] = {}  # by their SUBSCRIBE's request id
+        self._reads: dict[int, asyncio.Task[None]] = {}  # by their READ's request id (CANCEL stops one)
         self._inflight = 0
         self._paused = False
         self._closed = False
@@ -196,6 +200,17 @@ class Connection(asyncio.BufferedProtocol):
                 self._send(frames.frame(FrameType.PONG, frames.ping_body(nonce), request_id))
             elif kind == FrameType.GOODBYE:
                 self._start(self._goodbye())
+            elif kind == FrameType.OFFSETS:
+                self._offsets(request_id, frames.decode_string(body, "OFFSETS", "topic"))
+            elif kind == FrameType.READ:
+                read = frames.Read.decode(body)
+                if request_id in self._reads:
+                    self._error(request_id, "ALREADY_EXISTS", f"request id {request_id} already names a read")
+                else:
+                    self._reads[request_id] = self._start(self._read(request_id, read))
+            elif kind == FrameType.CANCEL:
+                if (reading := self._reads.get(request_id)) is not None:
+                    reading.cancel()
             else:
                 self._error(request_id, "UNIMPLEMENTED", f"{kind.name} is not served by this broker yet")
         except FrameError as e:
@@ -236,10 +251,11 @@ class Connection(asyncio.BufferedProtocol):
         self._send(frames.frame(FrameType.PRODUCE_OPENED, frames.BodyWriter().u64(producer_id).done(),
                                 request_id))
 
-    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+    def _start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _produce(self, request_id: int, body: memoryview) -> None:
         records, data = frames.decode_produce(body)
@@ -340,6 +356,56 @@ class Connection(asyncio.BufferedProtocol):
                 batches.consumer_lost()
                 with contextlib.suppress(DanubeError):
                     await batches.save_cursor()
+
+    def _offsets(self, request_id: int, topic: str) -> None:
+        """RANGE: the first offset still stored and the one after the last committed (FastReader.Offsets)."""
+        try:
+            self._authorize(OFFSETS_METHOD, fast.OffsetsRequest(topic=topic))
+            log = readable(self._server._ctx.topics, topic)[1]
+        except DanubeError as e:
+            self._error(request_id, e.grpc_code, str(e), e.retriable)
+            return
+        self._send(frames.frame(FrameType.RANGE, frames.offsets_body(log.start_offset, log.committed_offset),
+                                request_id))
+
+    async def _read(self, request_id: int, request: frames.Read) -> None:
+        """RECORDS frames of [from_offset, to_offset), then READ_DONE (FastReader.Read, frame for message):
+        nothing written anywhere; the end fixed when the read starts; one frame in the transport's buffer
+        at a time; a topic that leaves this broker ends the read with UNAVAILABLE (the client reads on from
+        the next broker)."""
+        ctx = self._server._ctx
+        try:
+            asked = fast.ReadRequest(topic=request.topic, from_offset=request.from_offset,
+                                     to_offset=request.to_offset, max_bytes=request.max_bytes)
+            self._authorize(READ_METHOD, asked)
+            topic, log = readable(ctx.topics, request.topic)
+            low, end = read_range(asked, log)
+            room = read_room(request.max_bytes)
+            while low < end:
+                if ctx.subscriptions.stopping or ctx.topics.find(topic.full) is not topic:
+                    why = "the broker is stopping" if ctx.subscriptions.stopping else \
+                        "the topic left this broker"
+                    self._error(request_id, "UNAVAILABLE", f"{why}: look {topic.full} up again and read on "
+                                                           f"from offset {low}", True)
+                    return
+                got = await next_chunks(log, low, end, room)
+                if got is None:
+                    break
+                chunks, first, low = got
+                size = sum(memoryview(c).nbytes for c in chunks)
+                self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
+                                  frames.offsets_body(first, low - 1), *chunks])
+                try:
+                    await asyncio.wait_for(self._writable.wait(), self._silent_s)
+                except TimeoutError:
+                    self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s")
+                    return
+        except DanubeError as e:
+            self._error(request_id, e.grpc_code, str(e), e.retriable)
+            return
+        finally:
+            self._reads.pop(request_id, None)
+        self._send(frames.frame(FrameType.READ_DONE, b"", request_id))
 
     async def _goodbye(self) -> None:
         """The client's orderly close: its subscriptions end first (acks applied, cursors saved, the

@@ -1,0 +1,125 @@
+"""TopicReader over the native transport (OFFSETS, READ: docs/TRANSPORT.md) against the broker subprocess:
+the same records, ranges, refusals and restarts as over gRPC (test_fast_reader.py), a read left early
+CANCELled without disturbing the connection, and nothing written while reading."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from compat_support import run_async
+from test_fast_reader import (
+    check_items,
+    in_range,
+    produce_batches,
+    produce_mixed,
+    read_all,
+    refusal,
+    subscriptions,
+)
+
+from danube_fast.client import FastProducer
+from danube_fast.client.native import NativeConnection
+from danube_fast.client.reader import Records, TopicReader
+from danube_fast.codec import frames
+from danube_fast.testing.broker import BrokerFactory
+from danube_fast.transport import frames as wire
+from danube_fast.transport.frames import FrameType
+
+
+def test_reads_every_committed_record_over_native(broker_factory: BrokerFactory, topic: str) -> None:
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        expected = await produce_mixed(broker, topic)
+        n = len(expected)
+        async with TopicReader(broker.target, transport="native") as reader:
+            assert await reader.offsets(topic) == (0, n)
+            items = await read_all(reader, topic, 0, n, max_bytes=1000)
+            check_items(items, 1000)
+            assert len(items) > 3, "max_bytes did not split the read"
+            table = frames.decode_arrow(b"".join(bytes(data) for data, _, _ in items))
+            assert table.column("offset").to_pylist() == list(range(n))
+            assert table.column("value").to_pylist() == expected
+            sub = await read_all(reader, topic, 57, 203)
+            assert [r.payload for r in in_range(sub, 57, 203)] == expected[57:203]
+            tail = await read_all(reader, topic, 250, 0)
+            assert [r.payload for r in in_range(tail, 250, n)] == expected[250:]
+            assert await read_all(reader, topic, n + 5, n + 10) == []
+            for _ in range(3):  # a read left early is cancelled; the connection goes on serving
+                partial = reader.read(topic, 0, n, max_bytes=100)
+                await anext(partial)
+                await partial.aclose()
+            again = await read_all(reader, topic, 0, n)
+            assert [r.payload for r in in_range(again, 0, n)] == expected
+            assert reader.native_reads >= 8 and reader.retried == 0
+        assert await subscriptions(broker, topic) == [], "reading created a subscription"
+
+    run_async(scenario())
+
+
+def test_refusals_over_native(broker_factory: BrokerFactory, topic: str) -> None:
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        producer = await FastProducer.connect(broker.target, topic, "nr", reliable=False)
+        await producer.close()
+        async with TopicReader(broker.target, transport="native") as reader:
+            live = await refusal(reader.offsets(topic), "OFFSETS of a NonReliable topic")
+            assert live.grpc_code == "FAILED_PRECONDITION" and "NonReliable" in str(live), live
+            live = await refusal(read_all(reader, topic, 0, 10), "READ of a NonReliable topic")
+            assert live.grpc_code == "FAILED_PRECONDITION", live
+            for bad in ("/default/no space", "no-namespace"):
+                invalid = await refusal(read_all(reader, bad, 0, 10), f"READ of {bad!r}")
+                assert invalid.grpc_code == "INVALID_ARGUMENT", invalid
+        await produce_batches(broker, topic + "-r", 1)
+        conn = await NativeConnection.connect(broker.fast_target)
+        try:  # a range backwards, which TopicReader never asks, straight on the wire
+            body = wire.Read(topic + "-r", 5, 2, 0).encode()
+            _, queue = conn.open_stream(FrameType.READ, [body], len(body))
+            answer = await asyncio.wait_for(queue.get(), 10)
+            assert not isinstance(answer, Exception) and answer.type == FrameType.ERROR, answer
+            error = wire.Error.decode(answer.body)
+            assert error.code == "INVALID_ARGUMENT" and "below from_offset" in error.message, error
+        finally:
+            await conn.aclose()
+        plain = broker_factory.start()
+        async with TopicReader(plain.target, transport="native") as reader:
+            none = await refusal(reader.offsets(topic), "a broker without the native transport")
+            assert none.grpc_code == "FAILED_PRECONDITION" and "native" in str(none), none
+
+    run_async(scenario())
+
+
+def test_a_read_over_native_spans_a_broker_restart(broker_factory: BrokerFactory, topic: str) -> None:
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        expected = await produce_batches(broker, topic, 100, pad=100)
+        n = len(expected)
+        async with TopicReader(broker.target, transport="native") as reader:
+            items: list[Records] = []
+            stream = reader.read(topic, 0, n, max_bytes=2000)
+            items.append(await anext(stream))
+            await asyncio.to_thread(broker.restart)
+            items += [item async for item in stream]
+            assert reader.retried > 0, "the read did not span the restart"
+            check_items(items, 2000)
+            assert [r.payload for r in in_range(items, 0, n)] == expected
+
+    run_async(scenario())
+
+
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_auto_reads_natively_where_served_and_grpc_never_does(broker_factory: BrokerFactory, topic: str,
+                                                               transport: str) -> None:
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        expected = await produce_batches(broker, topic, 3)
+        async with TopicReader(broker.target, transport=transport) as reader:
+            items = await read_all(reader, topic, 0, 0)
+            assert [r.payload for r in in_range(items, 0, len(expected))] == expected
+            assert (reader.native_reads > 0) == (transport == "auto")
+
+    run_async(scenario())
