@@ -18,6 +18,8 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   uploaded while it runs, as they would be in service.
 - `native_consume_catchup_settled`: `fast_consume_catchup_settled` through the native transport
   (FastConsumer(transport="native")), its ratio to the gRPC figure (transport="grpc") of the same run.
+- `native_read`: TopicReader (the Spark source's offset reader) reading that settled topic whole in
+  READ_BYTES responses over the native transport; its ratio to `grpc_read`, the same over gRPC's FastReader.
 - `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
   danube_fast.client.FastConsumer reading back (from the WAL, cumulative acks) what was produced after
   its subscription was made, starting as soon as the producer's last ack came: the broker is then still
@@ -45,12 +47,14 @@ from bench.common import Options, Result, Target, median, paired_ratio, process_
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
 from danube_fast.client.producer import batch_request
+from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.testing.process import ServerProcess
 
 RECORD_BYTES = 256
+READ_BYTES = 4 * 1024 * 1024  # per TopicReader response in native_read and grpc_read
 BATCH_RECORDS = 1000
 IN_FLIGHT = 64
 TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
@@ -188,6 +192,17 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
         await producer.close()
 
 
+async def read_through_broker(server: ServerProcess, topic: str, transport: str) -> tuple[float, None, None]:
+    """TopicReader (the Spark source's reader) reading all of `topic`, settled, in 4 MiB responses."""
+    async with TopicReader(server.target, transport=transport) as reader:
+        _, end = await reader.offsets(topic)
+        got = 0
+        with metered(server.pid) as usage:
+            async for _, first, last in reader.read(topic, 0, end, max_bytes=READ_BYTES):
+                got += last - first + 1
+        return got / usage.wall, None, None
+
+
 def run_fast(options: Options) -> list[Result]:
     count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
@@ -222,6 +237,9 @@ def run_fast(options: Options) -> list[Result]:
                     figures["native_consume_catchup_settled"] = runner.run(consume_through_broker(
                         broker, f"/default/native_consume_settled-{run}", count, settle=True,
                         transport="native"))
+                    for transport in ("grpc", "native"):
+                        figures[f"{transport}_read"] = runner.run(read_through_broker(
+                            broker, f"/default/native_consume_settled-{run}", transport))
             finally:
                 broker.stop()
             runs.append(figures)
@@ -274,6 +292,12 @@ def summarise(runs: list[Figures]) -> list[Result]:
                           median(settled), paired_ratio(native_settled, settled), CONSUME_TARGET))
     results.append(Result("native_consume_catchup_settled_mb", "MB/s",
                           median(native_settled) * RECORD_BYTES / 1e6, n))
+    grpc_read = [r["grpc_read"][0] for r in runs]
+    native_read = [r["native_read"][0] for r in runs]
+    results.append(Result("grpc_read", "records/s", median(grpc_read), n))
+    results.append(Result("native_read", "records/s", median(native_read), n, median(grpc_read),
+                          paired_ratio(native_read, grpc_read)))
+    results.append(Result("native_read_mb", "MB/s", median(native_read) * RECORD_BYTES / 1e6, n))
     return results
 
 
