@@ -155,8 +155,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one
         if url.endswith(":0"):
             url = url[:-1] + str(listening.client_port)
-        # The native listener is advertised at the advertised address's host.
-        native_url = "" if listening.fast_port is None else \
+        # The native listener is advertised as set, or at the advertised address's host and its bound port.
+        native_url = "" if listening.fast_port is None else config.fast_advertised_addr or \
             f"{url.split('://', 1)[-1].rpartition(':')[0]}:{listening.fast_port}"
         if node is None:
             cluster = ClusterNode(config, store, cache, topics, logs, _registration(config, listening, url),

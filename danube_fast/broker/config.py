@@ -18,6 +18,8 @@ fast_addr = "auto"                # the native transport's listener (docs/TRANSP
 fast_keepalive_ms = 30000         # its keepalive period: 3 silent periods close a connection
 fast_max_connections = 10000      # native connections this broker serves at once
 advertised_addr = ""              # what lookups return; defaults to broker_addr
+fast_advertised_addr = ""         # the native transport's address told to clients; defaults to
+                                  # advertised_addr's host and the port fast_addr bound
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 malloc_keep_bytes = "auto"        # freed memory glibc keeps for reuse before giving it back to the kernel
                                   # (danube_fast/allocator.py); 0 = glibc's defaults; auto = 256 MiB, or
@@ -251,6 +253,7 @@ class BrokerConfig:
     fast_keepalive_ms: int = 30_000
     fast_max_connections: int = 10_000
     advertised_addr: str = ""
+    fast_advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
     retention_check_ms: int = 60_000
@@ -416,6 +419,8 @@ def check(config: BrokerConfig) -> None:
         _host_port(config.prom_exporter, "prom_exporter")
     if config.native_addr:
         _host_port(config.native_addr, "fast_addr")
+    if config.fast_advertised_addr:
+        _host_port(config.fast_advertised_addr, "fast_advertised_addr")
     if config.fast_keepalive_ms < 100:
         raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
     if config.fast_max_connections < 1:

@@ -41,6 +41,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "standalone mode (broker_addr's host), none in a cluster; '' turns it off")
     p.add_argument("--advertised-addr", metavar="HOST:PORT",
                    help="the address lookups return to clients (default: --broker-addr)")
+    p.add_argument("--fast-advertised-addr", metavar="HOST:PORT",
+                   help="the native transport's address told to clients (default: --advertised-addr's host "
+                        "and --fast-addr's port)")
     p.add_argument("--security-mode", choices=("none", "tls", "tls_jwt"), default=None,
                    help="[security] mode (default none; docs/SECURITY.md)")
     p.add_argument("--tls-cert", metavar="PEM", help="[security] cert_file: this broker's certificate chain")
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         config = broker_config.load(args.config_file, {
             "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
             "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter, "fast_addr": args.fast_addr,
-            "advertised_addr": args.advertised_addr, "cluster.metadata_store": args.metadata_store,
+            "advertised_addr": args.advertised_addr, "fast_advertised_addr": args.fast_advertised_addr,
+            "cluster.metadata_store": args.metadata_store,
             "cluster.object_store": args.object_store, "cluster.name": args.cluster_name,
             "security.mode": args.security_mode, "security.cert_file": args.tls_cert,
             "security.key_file": args.tls_key, "security.ca_file": args.tls_ca})
