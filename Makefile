@@ -37,11 +37,23 @@ broker: install
 # this 2-core machine from 17 to 11 minutes.
 PURE_TESTS := tests/storage tests/faults tests/test_selected_core.py
 PARALLEL := -n 2 --dist loadfile
+# The fast API's contract suites again with every test broker serving the native transport
+# (DANUBE_FAST_TEST_NATIVE=1), so the fast clients, which choose it by themselves, run them over it: produce,
+# consume, the offset reader, kill -9, restarts, the idempotent producer, the fault-injecting proxy,
+# power loss, subscription operations and security (docs/TRANSPORT.md).
+NATIVE_TESTS := tests/compat/test_fast_consume.py tests/compat/test_fast_crash.py \
+	tests/compat/test_fast_produce.py tests/compat/test_fast_reader.py tests/compat/test_fast_through_proxy.py \
+	tests/compat/test_idempotent_produce.py tests/compat/test_subscription_ops.py \
+	tests/security/test_secure_broker.py tests/faults/test_power_loss.py
 
 test: install
 	$(BIN)/python -m pytest $(PARALLEL) --durations=25
 	DANUBE_FAST_PURE=1 $(BIN)/python -m pytest $(PURE_TESTS)
+	$(MAKE) test-native
 	$(MAKE) test-debug
+
+test-native: install
+	DANUBE_FAST_TEST_NATIVE=1 $(BIN)/python -m pytest $(PARALLEL) -q -p no:cacheprovider $(NATIVE_TESTS)
 
 # The edit loop, about 90-110 s on this 2-core machine (1,523 of 1,990 tests): the suite without the tests marked
 # (pyproject.toml) slow (crash and kill tests, the benchmark runs), spark (PySpark and a JVM), cluster

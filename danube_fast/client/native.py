@@ -88,6 +88,7 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._streams: dict[int, asyncio.Queue[Frame | ProduceRejected]] = {}  # subscriptions' frames
         self._welcome: asyncio.Future[frames.Welcome] = asyncio.get_running_loop().create_future()
         self.welcome: frames.Welcome | None = None
+        self.token = ""  # what HELLO sent: the connection's principal for as long as it lasts
         self._lost: ProduceRejected | None = None
         self._drained = asyncio.Event()
         self._drained.set()
@@ -115,6 +116,7 @@ class NativeConnection(asyncio.BufferedProtocol):
             if credentials is not None:
                 token = (credentials.token_supplier() if credentials.token_supplier
                          else credentials.token or "")
+            conn.token = token
             conn._write([frames.frame(FrameType.HELLO, frames.Hello(
                 frames.VERSION, frames.VERSION, frames.DEFAULT_MAX_FRAME, token, client).encode())])
             conn.welcome = await asyncio.wait_for(asyncio.shield(conn._welcome), timeout)

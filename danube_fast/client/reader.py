@@ -225,6 +225,12 @@ class TopicReader:
         if not address:
             return _Stub(self._channel(target))
         conn = self._natives.get(address)
+        supplier = self._credentials.token_supplier if self._credentials is not None else None
+        if conn is not None and supplier is not None and supplier() != conn.token:
+            # A connection's principal is its HELLO's token; a call after the token was refreshed goes as
+            # the new one, as it would over gRPC, where every call carries the token.
+            conn.close()
+            conn = None
         if conn is None:
             conn = self._natives[address] = await NativeConnection.open(address, self._credentials)
         return conn

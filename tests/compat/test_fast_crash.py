@@ -156,7 +156,7 @@ def test_the_consumer_gets_every_record_across_sigkills(broker_factory: BrokerFa
     restart would undo all the progress since the last one."""
     broker = broker_factory.start()
     rng = random.Random(126)
-    per_batch, batches = 20, 2_000
+    per_batch, batches = 20, 4_000  # over the native transport 2,000 ran out before the last kill
     total = per_batch * batches
 
     async def scenario() -> None:

@@ -1,7 +1,8 @@
 """The fast producer behind a fault-injecting TCP proxy (danube_fast/testing/proxy.py) that resets every
 connection while batches are in flight: the producer reconnects, resends what was not acknowledged, and every
 batch is acknowledged, in the order sent, and stored exactly once (the broker answers a retry of a batch it
-stored from the first copy: sequenced batches; with idempotent=False this test sees duplicates)."""
+stored from the first copy: sequenced batches; with idempotent=False this test sees duplicates). Over gRPC:
+the proxy fronts the gRPC port (test_native_through_proxy.py fronts the native one)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_the_producer_resends_across_connection_resets(broker_factory: BrokerFac
 
         async def scenario() -> None:
             producer = await FastProducer.connect(proxy.target, topic, "resets", reliable=True,
-                                                  batch_records=RECORDS)
+                                                  batch_records=RECORDS, transport="grpc")
             sent: list[bytes] = []
             acks: list[tuple[int, int]] = []
             try:
@@ -45,7 +46,7 @@ def test_the_producer_resends_across_connection_resets(broker_factory: BrokerFac
             assert [first for first, _ in acks] == sorted({first for first, _ in acks}), acks
             assert proxy.resets >= ROUNDS and proxy.accepted > ROUNDS, (proxy.resets, proxy.accepted)
 
-            async with TopicReader(proxy.target) as reader:
+            async with TopicReader(proxy.target, transport="grpc") as reader:
                 stored = [r.payload for data, _, _ in [x async for x in reader.read(topic, 0, 0)]
                           for r in frames.decode_records(data)]
             # Exactly once, in order: a retry of a batch stored before the reset is answered from the first
@@ -67,7 +68,8 @@ def test_the_producer_holds_at_most_128_unacknowledged_batches(broker_factory: B
         async def scenario() -> None:
             from danube_fast.client.producer import MAX_UNACKED_BATCHES
 
-            producer = await FastProducer.connect(proxy.target, topic, "bound", reliable=True)
+            producer = await FastProducer.connect(proxy.target, topic, "bound", reliable=True,
+                                                  transport="grpc")
             try:
                 proxy.one_way("to_client")  # batches reach the broker, its acks are held
                 futures = [await asyncio.wait_for(producer.send_batch([b"x"]), 5)
