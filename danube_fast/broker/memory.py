@@ -52,8 +52,8 @@ class Share:
         return min(default, max(FLOOR, usable.nbytes // self.divisor))
 
 
-# Each share reaches its default (1 GiB, 256 MiB, 256 MiB, 256 MiB) at 4 GiB of usable memory: with more,
-# the defaults are the ones bench/RESULTS.md's runs used; with less, they plan on 7/16 of it, leaving the
+# Each share reaches its default (1 GiB, then 256 MiB each) at 4 GiB of usable memory: with more, the
+# defaults are the ones bench/RESULTS.md's runs used; with less, they plan on 8/16 of it, leaving the
 # rest to what has no setting (the interpreter and its modules, gRPC's buffers per stream, groups being
 # written, messages being produced, up to [broker] max_message_size each) and to the page cache, which a
 # cgroup charges too. A table commit holds its batches (an anonymous memory file for the table worker), their
@@ -66,6 +66,7 @@ SHARES: tuple[Share, ...] = (
     Share("dispatch", "broker_bytes", 16),
     Share("broker", "malloc_keep_bytes", 16),
     Share("tables", "commit_bytes", 16),
+    Share("broker", "fast_inflight_bytes", 16),
 )
 
 

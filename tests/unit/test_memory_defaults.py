@@ -224,13 +224,15 @@ def test_one_line_says_what_was_chosen_and_from_which_limit(tmp_path: Path,
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory:")]
     assert lines == ["memory: 1 GiB usable (cgroup v2 limit in /sys/fs/cgroup/memory.max); sized from it: "
                      "[wal] cache_total_bytes = 256 MiB, [broker] malloc_keep_bytes = 64 MiB, "
-                     "[tables] commit_bytes = 64 MiB; as configured: [dispatch] broker_bytes = 96 MiB"]
+                     "[tables] commit_bytes = 64 MiB, [broker] fast_inflight_bytes = 64 MiB; "
+                     "as configured: [dispatch] broker_bytes = 96 MiB"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="danube_fast.broker"):
         load(None, {}, usable=lambda: None)
     assert [r.getMessage() for r in caplog.records] == [
         "memory: usable memory unknown; defaults: [wal] cache_total_bytes = 1 GiB, [dispatch] broker_bytes = "
-        "256 MiB, [broker] malloc_keep_bytes = 256 MiB, [tables] commit_bytes = 256 MiB"]
+        "256 MiB, [broker] malloc_keep_bytes = 256 MiB, [tables] commit_bytes = 256 MiB, "
+        "[broker] fast_inflight_bytes = 256 MiB"]
 
 
 def test_sizes_for_the_log() -> None:

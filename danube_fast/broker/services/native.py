@@ -9,8 +9,9 @@ the WAL appends from. Small frames (HELLO, PING, PRODUCE_OPEN) are parsed from t
 Semantics are the gRPC fast API's (services/fast.py, whose checks and publish it calls): a PRODUCE is one
 Batch request, acknowledged with its offsets once durable per the topic's settings; a producer's ACKs (or
 ERRORs) go out in the order of its PRODUCEs; several producers may share a connection. Unacknowledged
-produce bytes per connection are bounded (`max_inflight_bytes`, told in WELCOME): past it the connection
-stops reading until acks drain, which TCP's flow control passes on to the client.
+produce bytes are bounded per connection (`max_inflight_bytes`, told in WELCOME) and on all connections
+together (`[broker] fast_inflight_bytes`): past either a connection stops reading until acks bring it
+under half of them, which TCP's flow control passes on to the client.
 
 Security as on the gRPC ports: TLS with the broker's certificate in the tls modes (the client's
 certificate checked on mTLS); when the broker checks identities, HELLO's token or the client certificate is
@@ -76,7 +77,7 @@ READ_METHOD = "danube_fast.v1.FastReader/Read"
 class NativeServer:
     def __init__(self, ctx: BrokerContext, gate: Gate | None = None, tls: ssl.SSLContext | None = None,
                  max_inflight_bytes: int = MAX_INFLIGHT_BYTES, keepalive_ms: int = 30_000,
-                 max_connections: int = 10_000) -> None:
+                 max_connections: int = 10_000, inflight_bytes: int = 256 * 1024 * 1024) -> None:
         self._ctx = ctx
         self.gate = gate  # None: the broker checks no identities
         self._tls = tls
@@ -85,6 +86,20 @@ class NativeServer:
         self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
+        self.inflight_limit = inflight_bytes  # unacknowledged produce bytes, all connections together
+        self.inflight = 0
+        self.inflight_peak = 0  # the most there ever was (the tests' check of the bound)
+        self.held: set[Connection] = set()  # connections not reading until the total drains
+
+    def took(self, size: int) -> None:
+        self.inflight += size
+        self.inflight_peak = max(self.inflight_peak, self.inflight)
+
+    def gave(self, size: int) -> None:
+        self.inflight -= size
+        if self.held and self.inflight <= self.inflight_limit // 2:
+            for conn in list(self.held):
+                conn.resume_if_room()
 
     @property
     def broker_id(self) -> int:
@@ -152,6 +167,9 @@ class Connection(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
         self._receiver.stop()
+        self._server.held.discard(self)
+        self._server.gave(self._inflight)  # what its producers had unacknowledged is no longer counted
+        self._inflight = 0
         for task in self._tasks:
             task.cancel()
         for producer in self._producers.values():
@@ -283,10 +301,14 @@ class Connection(asyncio.BufferedProtocol):
                                               functools.partial(publish, producer.topic, data, counted))
             fut.add_done_callback(_retrieved)
         self._inflight += len(body)
+        self._server.took(len(body))
         producer.acks.put_nowait((request_id, fut, len(body)))
-        if self._inflight > self._server.max_inflight_bytes and not self._paused and self._transport:
+        server = self._server
+        if (self._inflight > server.max_inflight_bytes or server.inflight > server.inflight_limit) \
+                and not self._paused and self._transport:
             self._paused = True
             self._transport.pause_reading()
+            server.held.add(self)
 
     async def _answer(self, producer: _Producer) -> None:
         """A producer's ACKs and ERRORs, in the order of its PRODUCEs."""
@@ -300,9 +322,19 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self._send(frames.header(FrameType.ACK, 16, request_id) + frames.offsets_body(first, last))
             self._inflight -= size
-            if self._paused and self._inflight <= self._server.max_inflight_bytes // 2 and self._transport:
-                self._paused = False
-                self._transport.resume_reading()
+            self._server.gave(size)
+            self.resume_if_room()
+
+    def resume_if_room(self) -> None:
+        """Read again once this connection's and every connection's unacknowledged bytes are under half
+        their bounds."""
+        server = self._server
+        room = (self._inflight <= server.max_inflight_bytes // 2
+                and server.inflight <= server.inflight_limit // 2)
+        if self._paused and not self._closed and self._transport is not None and room:
+            self._paused = False
+            self._transport.resume_reading()
+            server.held.discard(self)
 
     async def _subscribe(self, request_id: int, request: frames.Subscribe) -> None:
         """A consumer: SUBSCRIBED, then RECORDS within its byte window for as long as it holds the
