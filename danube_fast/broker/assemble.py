@@ -146,6 +146,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             native = NativeServer(ctx, gate, server_ssl_context(security) if security.tls else None,
                                   keepalive_ms=config.fast_keepalive_ms,
                                   max_connections=config.fast_max_connections,
+                                  max_per_principal=config.fast_max_connections_per_principal,
                                   inflight_bytes=config.fast_inflight_bytes)
             undo.append(native.close)
             host, _, port = config.native_addr.rpartition(":")

@@ -17,6 +17,7 @@ fast_addr = "auto"                # the native transport's listener (docs/TRANSP
                                   # "" = off
 fast_keepalive_ms = 30000         # its keepalive period: 3 silent periods close a connection
 fast_max_connections = 10000      # native connections this broker serves at once
+fast_max_connections_per_principal = 1000  # ... of one principal, when the broker checks identities
 fast_inflight_bytes = "auto"      # produce bytes unacknowledged on all native connections together;
                                   # beyond it they stop reading until acks drain; auto = 256 MiB, or 1/16
                                   # of usable memory when smaller (at least 16 MiB)
@@ -255,6 +256,7 @@ class BrokerConfig:
     fast_addr: str = "auto"  # the native transport (docs/TRANSPORT.md); where it listens: `native_addr`
     fast_keepalive_ms: int = 30_000
     fast_max_connections: int = 10_000
+    fast_max_connections_per_principal: int = 1000
     fast_inflight_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
     advertised_addr: str = ""
     fast_advertised_addr: str = ""
@@ -429,6 +431,9 @@ def check(config: BrokerConfig) -> None:
         raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
     if config.fast_inflight_bytes < 1 << 20:
         raise ConfigError(f"fast_inflight_bytes must be at least 1 MiB, not {config.fast_inflight_bytes}")
+    if config.fast_max_connections_per_principal < 1:
+        raise ConfigError("fast_max_connections_per_principal must be at least 1, not "
+                          f"{config.fast_max_connections_per_principal}")
     if config.fast_max_connections < 1:
         raise ConfigError(f"fast_max_connections must be at least 1, not {config.fast_max_connections}")
     for name in ("window", "window_bytes", "broker_bytes", "max_delivery_delay_ms", "delayed_index_records"):

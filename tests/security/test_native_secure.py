@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +109,34 @@ def test_mtls_takes_the_certificate_as_the_principal_and_refuses_none(mtls_nativ
     uvloop.run(denied())
     with pytest.raises((ProduceRejected, ConnectionError, OSError, asyncio.TimeoutError)):
         uvloop.run(anonymous())
+
+
+def test_a_principal_over_its_connection_cap_is_refused_and_others_are_not(pki: Pki, tmp_path: Path) -> None:
+    config = security_toml(pki, extra="[broker]\nfast_max_connections_per_principal = 2\n")
+
+    async def run(broker: Broker) -> None:
+        def as_(name: str) -> Credentials:
+            return Credentials(ca_file=str(pki.ca), token=pki.token(name))
+
+        first = [await NativeConnection.connect(broker.fast_target, credentials=as_("admin"))
+                 for _ in range(2)]
+        with pytest.raises(ProduceRejected, match="RESOURCE_EXHAUSTED: admin has 2 native connections"):
+            await NativeConnection.connect(broker.fast_target, credentials=as_("admin"))
+        other = await NativeConnection.connect(broker.fast_target, credentials=as_("eve"))  # not eve's cap
+        await first[0].aclose()
+        for _ in range(100):  # room again once the broker has seen the close
+            try:
+                again = await NativeConnection.connect(broker.fast_target, credentials=as_("admin"))
+                break
+            except ProduceRejected as e:
+                assert e.grpc_code == "RESOURCE_EXHAUSTED", e
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the closed connection still counted")
+        producer = await NativeProducer.open(again, "/default/native-capped", "p")
+        assert await (await producer.send_batch([b"x"])) == (0, 0)
+        for conn in (first[1], other, again):
+            await conn.aclose()
+
+    for broker in started(tmp_path / "capped", config, native=True):
+        uvloop.run(run(broker))

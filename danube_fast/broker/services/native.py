@@ -77,7 +77,8 @@ READ_METHOD = "danube_fast.v1.FastReader/Read"
 class NativeServer:
     def __init__(self, ctx: BrokerContext, gate: Gate | None = None, tls: ssl.SSLContext | None = None,
                  max_inflight_bytes: int = MAX_INFLIGHT_BYTES, keepalive_ms: int = 30_000,
-                 max_connections: int = 10_000, inflight_bytes: int = 256 * 1024 * 1024) -> None:
+                 max_connections: int = 10_000, inflight_bytes: int = 256 * 1024 * 1024,
+                 max_per_principal: int = 1000) -> None:
         self._ctx = ctx
         self.gate = gate  # None: the broker checks no identities
         self._tls = tls
@@ -86,6 +87,8 @@ class NativeServer:
         self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
+        self.max_per_principal = max_per_principal  # when the broker checks identities
+        self.principals: dict[str, int] = {}  # principal -> its connections past HELLO
         self.inflight_limit = inflight_bytes  # unacknowledged produce bytes, all connections together
         self.inflight = 0
         self.inflight_peak = 0  # the most there ever was (the tests' check of the bound)
@@ -135,6 +138,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writable.set()
         self._welcomed = False
         self._principal = ""  # who HELLO said (when the broker checks identities)
+        self._counted = False  # counted in the server's principals
         self._handshake: asyncio.TimerHandle | None = None
         self._producers: dict[int, _Producer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # opening producers, serving subscriptions
@@ -167,6 +171,13 @@ class Connection(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
         self._receiver.stop()
+        if self._counted:
+            self._counted = False
+            left = self._server.principals[self._principal] - 1
+            if left:
+                self._server.principals[self._principal] = left
+            else:
+                del self._server.principals[self._principal]
         self._server.held.discard(self)
         self._server.gave(self._inflight)  # what its producers had unacknowledged is no longer counted
         self._inflight = 0
@@ -241,10 +252,18 @@ class Connection(asyncio.BufferedProtocol):
         if gate is not None:
             assert self._transport is not None
             try:
-                self._principal = gate.connection_principal(
+                principal = gate.connection_principal(
                     hello.token or None, common_name(self._transport.get_extra_info("peercert")))
             except DanubeError as e:
                 raise FrameError(str(e), e.grpc_code) from None
+            counts = self._server.principals
+            if counts.get(principal, 0) >= self._server.max_per_principal:
+                raise FrameError(f"{principal} has {self._server.max_per_principal} native connections to "
+                                 "this broker already ([broker] fast_max_connections_per_principal)",
+                                 "RESOURCE_EXHAUSTED")
+            counts[principal] = counts.get(principal, 0) + 1
+            self._principal = principal
+            self._counted = True
         self._welcomed = True
         if self._handshake is not None:
             self._handshake.cancel()
