@@ -92,6 +92,9 @@ def test_wall_clock_jumps_change_nothing_but_stamps(tmp_path: Path) -> None:
         log = broker.log_path.read_text()
         # One registration, one election, nothing worse than INFO: no lease lost, no pause, no step-down.
         assert log.count(" registered (session ") == 1 and log.count(" is the leader of epoch ") == 1, log
-        assert not re.search(r" (WARNING|ERROR|CRITICAL) ", log), log[-3000:]
+        # From when it served on: a busy machine may hold the starting broker back long enough for the
+        # pause detector to say so, before any clock has moved.
+        served = log[log.index("broker ready"):]
+        assert not re.search(r" (WARNING|ERROR|CRITICAL) ", served), log[-3000:]
     finally:
         broker.close()
