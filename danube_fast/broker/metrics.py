@@ -68,6 +68,8 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                 _SUBSCRIPTION),
     "danube_subscription_unacked": ("gauge", "Reliable: messages delivered or due again, not acknowledged.",
                                     _SUBSCRIPTION),
+    "danube_subscription_delayed": ("gauge", "Shared, Key-Shared: records waiting for their deliver-at time.",
+                                    _SUBSCRIPTION),
     "danube_subscription_consumers": ("gauge", "Consumers of the subscription with an active stream.",
                                       _SUBSCRIPTION),
     "danube_broker_uptime_seconds": ("gauge", "Seconds since the broker started.", ()),
@@ -95,6 +97,7 @@ _SUBSCRIPTION_COUNTERS = {
     "dead_lettered": "danube_subscription_dead_lettered_total",
     "dropped": "danube_subscription_dropped_total",
     "unacked": "danube_subscription_unacked",
+    "delayed": "danube_subscription_delayed",
 }
 
 

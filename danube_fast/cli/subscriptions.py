@@ -2,7 +2,7 @@
 (docs/SUBSCRIPTIONS.md), answered for the whole cluster.
 
     admin subscriptions list /NS/TOPIC             (each one's type, position, backlog, unacked, consumers)
-    admin subscriptions describe /NS/TOPIC SUB     (type, position, backlog, unacked, consumers)
+    admin subscriptions describe /NS/TOPIC SUB     (type, position, backlog, unacked, delayed, consumers)
     admin subscriptions create /NS/TOPIC SUB [--position earliest|latest|OFFSET] [--type TYPE]
     admin subscriptions seek /NS/TOPIC SUB (--offset N | --time ISO8601 | --earliest | --latest |
                                             --shift N) [--dry-run]
@@ -31,8 +31,8 @@ TYPES = {"exclusive": 0, "shared": 1, "failover": 2, "key_shared": 3}
 POSITION_COLUMNS = (("stored_topic", "TOPIC"), ("from_offset", "FROM"), ("to_offset", "TO"),
                     ("records", "RECORDS"), ("moved", "MOVED"))
 STATE_COLUMNS = (("stored_topic", "TOPIC"), ("type", "TYPE"), ("position", "POSITION"), ("end_offset", "END"),
-                 ("backlog", "BACKLOG"), ("unacked", "UNACKED"), ("served_by", "SERVED BY"),
-                 ("consumers", "CONSUMERS"))
+                 ("backlog", "BACKLOG"), ("unacked", "UNACKED"), ("delayed", "DELAYED"),
+                 ("served_by", "SERVED BY"), ("consumers", "CONSUMERS"))
 LIST_COLUMNS = (("stored_topic", "TOPIC"), ("subscription", "SUBSCRIPTION"), ("type", "TYPE"),
                 ("position", "POSITION"), ("backlog", "BACKLOG"), ("unacked", "UNACKED"),
                 ("consumers", "CONSUMERS"))
@@ -133,7 +133,7 @@ async def _describe(args: argparse.Namespace) -> Listing:
 def _state_row(s: pb.SubscriptionState) -> dict[str, object]:
     return {"stored_topic": s.stored_topic, "subscription": s.subscription, "type": s.type,
             "position": s.position, "end_offset": s.end_offset, "backlog": s.backlog, "unacked": s.unacked,
-            "served_by": s.served_by,
+            "delayed": s.delayed, "served_by": s.served_by,
             "consumers": [{"name": c.name, "active": c.active} for c in s.consumers]}
 
 

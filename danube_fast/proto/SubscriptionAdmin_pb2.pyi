@@ -146,7 +146,7 @@ class Consumer(_message.Message):
     def __init__(self, name: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class SubscriptionState(_message.Message):
-    __slots__ = ("stored_topic", "subscription", "type", "position", "end_offset", "backlog", "unacked", "served_by", "consumers")
+    __slots__ = ("stored_topic", "subscription", "type", "position", "end_offset", "backlog", "unacked", "served_by", "consumers", "delayed")
     STORED_TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class SubscriptionState(_message.Message):
     UNACKED_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
     stored_topic: str
     subscription: str
     type: str
@@ -165,7 +166,8 @@ class SubscriptionState(_message.Message):
     unacked: int
     served_by: str
     consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
-    def __init__(self, stored_topic: _Optional[str] = ..., subscription: _Optional[str] = ..., type: _Optional[str] = ..., position: _Optional[int] = ..., end_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., unacked: _Optional[int] = ..., served_by: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ...) -> None: ...
+    delayed: int
+    def __init__(self, stored_topic: _Optional[str] = ..., subscription: _Optional[str] = ..., type: _Optional[str] = ..., position: _Optional[int] = ..., end_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., unacked: _Optional[int] = ..., served_by: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., delayed: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
     __slots__ = ("partitions",)

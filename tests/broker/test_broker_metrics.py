@@ -133,6 +133,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_subscription_redelivered_total{{{sl}}}": 1,
                 f"danube_subscription_dead_lettered_total{{{sl}}}": 0,
                 f"danube_subscription_unacked{{{sl}}}": 2,
+                f"danube_subscription_delayed{{{sl}}}": 0,  # a Shared subscription: none waits
                 "danube_dispatch_held_bytes": 0,  # the registry's budget: this dispatcher has its own
                 "danube_topics_idle_released": 0,
                 "danube_wal_cache_bytes": wal._cache.nbytes,  # the three batches published, held

@@ -190,11 +190,15 @@ def rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-async def backlog(broker: Broker, topic: str, sub: str) -> int:
+async def describe(broker: Broker, topic: str, sub: str) -> Any:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}") as channel:
         stub: Any = sub_grpc.SubscriptionAdminStub(channel)  # type: ignore[no-untyped-call]
         got = await stub.Describe(sub_pb.DescribeRequest(topic=topic, subscription=sub), timeout=10)
-        return int(got.partitions[0].backlog)
+        return got.partitions[0]
+
+
+async def backlog(broker: Broker, topic: str, sub: str) -> int:
+    return int((await describe(broker, topic, sub)).backlog)
 
 
 async def until_indexed(broker: Broker, topic: str, timeout: float) -> None:
@@ -231,6 +235,7 @@ def test_a_million_waiting_over_a_day_in_bounded_memory_then_a_kill(broker_facto
                 await producer.close()
             await until_indexed(broker, topic, 120)
             grown = rss_mb(broker.pid) - base
+            assert (await describe(broker, topic, "shared")).delayed == MILLION  # all waiting, none held back
             await shared.expect_silence(0.5)
             assert now_ms() < first_soon, "producing and indexing took longer than SOON_MS"
             return first_soon, grown
@@ -244,6 +249,8 @@ def test_a_million_waiting_over_a_day_in_bounded_memory_then_a_kill(broker_facto
         async with Session(broker.url) as s:
             shared = await s.consumer(topic, "sh", "shared", SubType.SHARED)
             got = await receive_all(shared, MILLION // SOON_EVERY, 90)
+            waiting = (await describe(broker, topic, "shared")).delayed  # read again after the kill
+            assert waiting == MILLION - MILLION // SOON_EVERY, waiting
             assert sorted(offsets(m for m, _ in got)) == list(range(0, MILLION, SOON_EVERY))
             never_early(got)
             assert max(came for _, came in got) <= soon + 2 * SOON_MS

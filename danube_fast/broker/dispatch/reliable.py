@@ -234,7 +234,11 @@ class ReliableDispatcher:
         return len(self._pending) + len(self._waiting)
 
     def counters(self) -> dict[str, int]:
-        return {"redelivered": self.redelivered, "dead_lettered": self.dead_lettered, "unacked": self.unacked}
+        counted = {"redelivered": self.redelivered, "dead_lettered": self.dead_lettered,
+                   "unacked": self.unacked}
+        if self._delays is not None:
+            counted["delayed"] = len(self._delays)
+        return counted
 
     def stream_replaced(self, consumer: Consumer) -> None:
         """Messages the old stream had taken may never have reached the client: delivered again."""

@@ -208,6 +208,7 @@ def _state(topic: Topic, sub: Subscription) -> pb.SubscriptionState:
         position=sub.cursor.low if sub.cursor is not None else 0,
         end_offset=reliable.log.committed_offset if reliable is not None else 0, backlog=dispatcher.backlog,
         unacked=dispatcher.counters().get("unacked", 0), served_by=dispatcher.kind,
+        delayed=dispatcher.counters().get("delayed", 0),
         consumers=[pb.Consumer(name=c.name, active=c.active) for c in sub.consumers])
 
 
