@@ -156,7 +156,9 @@ def test_the_consumer_gets_every_record_across_sigkills(broker_factory: BrokerFa
     restart would undo all the progress since the last one."""
     broker = broker_factory.start()
     rng = random.Random(126)
-    per_batch, batches = 20, 4_000  # over the native transport 2,000 ran out before the last kill
+    # Long enough for a native consumer on a busy machine (2,000 and 4,000 batches ran out before the last
+    # kill): between seeing progress and the kill it reads on at full speed.
+    per_batch, batches = 20, 10_000
     total = per_batch * batches
 
     async def scenario() -> None:
