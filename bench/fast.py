@@ -18,6 +18,10 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   uploaded while it runs, as they would be in service.
 - `native_consume_catchup_settled`: `fast_consume_catchup_settled` through the native transport
   (FastConsumer(transport="native")), its ratio to the gRPC figure (transport="grpc") of the same run.
+- `raw_native_produce`, `raw_native_consume`: the raw-socket ceilings, NativeProducer and NativeConsumer
+  against a bare uvloop server speaking the same frames with nothing behind them (bench/broker/
+  bare_native.py); `*_of_raw` rows put the broker's native figures against them (issue target: catch-up
+  consume >= 0.8x the raw-socket ceiling).
 - `native_read`: TopicReader (the Spark source's offset reader) reading that settled topic whole in
   READ_BYTES responses over the native transport; its ratio to `grpc_read`, the same over gRPC's FastReader.
 - `bare_batch_consume`: the bare server's Consume streaming prebuilt batches; `fast_consume_catchup`:
@@ -42,10 +46,11 @@ from typing import Any
 import grpc
 import uvloop
 
-from bench.broker import bare_server, metered, percentile, start_bare_server, start_broker
+from bench.broker import bare_server, metered, percentile, start_bare_native, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
+from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
 from danube_fast.client.producer import batch_request
 from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames
@@ -59,6 +64,7 @@ BATCH_RECORDS = 1000
 IN_FLIGHT = 64
 TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
 CONSUME_TARGET = Target(">= 3,000,000 records/s", ">=", 3_000_000)
+RAW_CONSUME_TARGET = Target(">= 0.8x the raw-socket ceiling", ">=", 0.8, of="ratio")
 ACK_P99_TARGET = Target("<= 2 ms", "<=", 2.0)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
@@ -192,6 +198,41 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
         await producer.close()
 
 
+async def raw_native(server: ServerProcess, count: int) -> tuple[float, None, None]:
+    """The raw-socket ceiling of produce: NativeProducer to the bare native server, which ACKs each PRODUCE
+    at once; the same batches and cap on unacknowledged bytes as the broker's figures."""
+    conn = await NativeConnection.connect(server.target)
+    try:
+        producer = await NativeProducer.open(conn, "/default/bare", "bench",
+                                             max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]))
+        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        with metered(server.pid) as usage:
+            for _ in range(count):
+                await producer.send_batch(payloads)
+            await producer.flush()
+        return count * BATCH_RECORDS / usage.wall, None, None
+    finally:
+        await conn.aclose()
+
+
+async def raw_native_consume(server: ServerProcess, count: int) -> tuple[float, None, None]:
+    """The raw-socket ceiling of consume: NativeConsumer reading the bare native server's prebuilt RECORDS
+    frames (a batch of BATCH_RECORDS records each), acknowledging cumulatively as the fast consumer does."""
+    conn = await NativeConnection.connect(server.target)
+    try:
+        consumer = await NativeConsumer.subscribe(conn, "/default/bare", "bench", "bench")
+        got = 0
+        with metered(server.pid) as usage:
+            async for _, first, last in consumer:
+                got += last - first + 1
+                consumer.ack(up_to=last)
+                if got >= count * BATCH_RECORDS:
+                    break
+        return got / usage.wall, None, None
+    finally:
+        await conn.aclose()
+
+
 async def read_through_broker(server: ServerProcess, topic: str, transport: str) -> tuple[float, None, None]:
     """TopicReader (the Spark source's reader) reading all of `topic`, settled, in 4 MiB responses."""
     async with TopicReader(server.target, transport=transport) as reader:
@@ -208,6 +249,7 @@ def run_fast(options: Options) -> list[Result]:
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
     runs: list[Figures] = []
     bare_server = start_bare_server(scratch / "bare.log")
+    native_server = start_bare_native(scratch / "bare-native.log")
     try:
         for run in range(options.runs):
             broker = start_broker(scratch / f"broker-{run}", native=True)
@@ -216,6 +258,9 @@ def run_fast(options: Options) -> list[Result]:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                     runner.run(bare(bare_server, count // 10))  # warm-up
                     figures["bare_batch_stream"] = runner.run(bare(bare_server, count))
+                    runner.run(raw_native(native_server, count // 10))
+                    figures["raw_native_produce"] = runner.run(raw_native(native_server, count))
+                    figures["raw_native_consume"] = runner.run(raw_native_consume(native_server, count))
                     for reliable in (True, False):
                         name = "fast_produce_" + ("reliable" if reliable else "nonreliable")
                         topic = f"/default/{name}-{run}"
@@ -247,6 +292,7 @@ def run_fast(options: Options) -> list[Result]:
                 f"{name} {rate:,.0f} rec/s" for name, (rate, _, _) in figures.items()))
     finally:
         bare_server.stop()
+        native_server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     return summarise(runs)
 
@@ -292,6 +338,15 @@ def summarise(runs: list[Figures]) -> list[Result]:
                           median(settled), paired_ratio(native_settled, settled), CONSUME_TARGET))
     results.append(Result("native_consume_catchup_settled_mb", "MB/s",
                           median(native_settled) * RECORD_BYTES / 1e6, n))
+    raw = [r["raw_native_produce"][0] for r in runs]
+    produced = [r["native_produce_reliable"][0] for r in runs]
+    results.append(Result("raw_native_produce", "records/s", median(raw), n))
+    results.append(Result("native_produce_reliable_of_raw", "records/s", median(produced), n, median(raw),
+                          paired_ratio(produced, raw)))
+    raw_consume = [r["raw_native_consume"][0] for r in runs]
+    results.append(Result("raw_native_consume", "records/s", median(raw_consume), n))
+    results.append(Result("native_consume_catchup_settled_of_raw", "records/s", median(native_settled), n,
+                          median(raw_consume), paired_ratio(native_settled, raw_consume), RAW_CONSUME_TARGET))
     grpc_read = [r["grpc_read"][0] for r in runs]
     native_read = [r["native_read"][0] for r in runs]
     results.append(Result("grpc_read", "records/s", median(grpc_read), n))

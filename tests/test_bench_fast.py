@@ -28,6 +28,9 @@ def test_a_tiny_run_prints_both_transports_figures(tmp_path: Path) -> None:
     assert figures["native_consume_catchup_settled"]["baseline"] == \
         figures["fast_consume_catchup_settled"]["value"] > 0
     assert figures["native_read"]["baseline"] == figures["grpc_read"]["value"] > 0
+    assert figures["native_produce_reliable_of_raw"]["baseline"] == figures["raw_native_produce"]["value"] > 0
+    assert figures["native_consume_catchup_settled_of_raw"]["baseline"] == \
+        figures["raw_native_consume"]["value"] > 0
     assert figures["native_read"]["value"] > 0
     p50, p99 = (figures[f"native_produce_reliable_ack_{q}"]["value"] for q in ("p50", "p99"))
     assert 0 < p50 <= p99

@@ -180,6 +180,18 @@ def start_bare_server(log_path: Path) -> ServerProcess:
     return server
 
 
+def start_bare_native(log_path: Path) -> ServerProcess:
+    """bench/broker/bare_native.py: the native transport's frames with nothing behind them."""
+    from bench.broker import bare_native
+
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.broker.bare_native", "--port", str(port)]
+    server = ServerProcess("bare native server", argv, log_path, ready_text=bare_native.READY, port=port,
+                           die_with_parent=True)
+    _started(server)
+    return server
+
+
 def _started(server: ServerProcess) -> None:
     try:
         server.start()
