@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 Part = bytes | bytearray | memoryview
 PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
+# A stream's frames waiting for its reader: past STREAM_HIGH the connection stops reading (TCP then holds
+# the broker, which sends a READ's next frame only once its write buffer drains), and reads again at
+# STREAM_LOW, so a reader slower than the network holds a few frames, not the whole read.
+STREAM_HIGH, STREAM_LOW = 8, 2
 TRANSPORTS = ("auto", "grpc", "native")  # what the fast clients' `transport` option takes
 
 
@@ -92,6 +96,7 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._lost: ProduceRejected | None = None
         self._drained = asyncio.Event()
         self._drained.set()
+        self._reading_paused = False  # a stream's reader is behind (STREAM_HIGH)
 
     @classmethod
     async def connect(cls, target: str, *, client: str = "danube-fast", timeout: float = 10.0,
@@ -185,6 +190,9 @@ class NativeConnection(asyncio.BufferedProtocol):
         stream = self._streams.get(frame.request_id)
         if stream is not None:
             stream.put_nowait(frame)
+            if stream.qsize() >= STREAM_HIGH and not self._reading_paused and self._transport is not None:
+                self._reading_paused = True
+                self._transport.pause_reading()
             return
         waiting = self._waiting.pop(frame.request_id, None)
         if waiting is not None and not waiting.done():
@@ -239,8 +247,25 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._write([frames.header(kind, body_bytes, request_id), *parts])
         return request_id, queue
 
+    async def next_frame(self, request_id: int) -> Frame | ProduceRejected:
+        """The next frame of stream `request_id` (an error: the connection is gone); reading resumes once
+        every stream's backlog is down to STREAM_LOW."""
+        queue = self._streams.get(request_id)
+        if queue is None:
+            return ProduceRejected("FAILED_PRECONDITION", f"request {request_id} names no open stream")
+        frame = await queue.get()
+        if self._reading_paused and self._transport is not None and \
+                all(q.qsize() <= STREAM_LOW for q in self._streams.values()):
+            self._reading_paused = False
+            self._transport.resume_reading()
+        return frame
+
     def close_stream(self, request_id: int) -> None:
         self._streams.pop(request_id, None)
+        if self._reading_paused and self._transport is not None and \
+                all(q.qsize() <= STREAM_LOW for q in self._streams.values()):
+            self._reading_paused = False
+            self._transport.resume_reading()
 
     def send_frame(self, kind: FrameType, body: bytes, request_id: int, flags: int = 0) -> None:
         """A frame nobody answers (ACKNOWLEDGE)."""
@@ -366,7 +391,7 @@ class NativeConsumer:
                         window_bytes: int = 0, earliest: bool = False) -> NativeConsumer:
         body = frames.Subscribe(topic, subscription, consumer, window_bytes, earliest).encode()
         request_id, queue = conn.open_stream(FrameType.SUBSCRIBE, [body], len(body))
-        first = await queue.get()
+        first = await conn.next_frame(request_id)
         if isinstance(first, ProduceRejected):
             raise first
         if first.type != FrameType.SUBSCRIBED:
@@ -379,7 +404,7 @@ class NativeConsumer:
         return self
 
     async def __anext__(self) -> Records:
-        frame = await self._queue.get()
+        frame = await self._conn.next_frame(self._request_id)
         if isinstance(frame, ProduceRejected):
             raise frame
         if frame.type != FrameType.RECORDS:

@@ -262,11 +262,11 @@ async def _native_read(conn: NativeConnection, request: wire.Read) -> AsyncGener
     """READ's RECORDS frames until READ_DONE; an ERROR (or the connection's loss) raised as ProduceRejected;
     a read left early is CANCELled."""
     body = request.encode()
-    request_id, queue = conn.open_stream(FrameType.READ, [body], len(body))
+    request_id, _ = conn.open_stream(FrameType.READ, [body], len(body))
     done = False
     try:
         while True:
-            frame = await queue.get()
+            frame = await conn.next_frame(request_id)
             if isinstance(frame, ProduceRejected):
                 done = True
                 raise frame

@@ -19,7 +19,7 @@ from test_fast_reader import (
 )
 
 from danube_fast.client import FastProducer
-from danube_fast.client.native import NativeConnection
+from danube_fast.client.native import STREAM_HIGH, NativeConnection
 from danube_fast.client.reader import Records, TopicReader
 from danube_fast.codec import frames
 from danube_fast.testing.broker import BrokerFactory
@@ -121,5 +121,26 @@ def test_auto_reads_natively_where_served_and_grpc_never_does(broker_factory: Br
             items = await read_all(reader, topic, 0, 0)
             assert [r.payload for r in in_range(items, 0, len(expected))] == expected
             assert (reader.native_reads > 0) == (transport == "auto")
+
+    run_async(scenario())
+
+
+def test_a_slow_reader_holds_a_few_frames_not_the_whole_read(broker_factory: BrokerFactory,
+                                                              topic: str) -> None:
+    """The connection stops reading while a stream has STREAM_HIGH frames waiting (TCP holds the broker)."""
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        expected = await produce_batches(broker, topic, 100, pad=100)  # ~250 frames of 2,000 bytes
+        n = len(expected)
+        async with TopicReader(broker.target, transport="native") as reader:
+            stream = reader.read(topic, 0, n, max_bytes=2000)
+            items = [await anext(stream)]
+            await asyncio.sleep(0.5)  # the broker could have sent it all by now
+            (conn,) = reader._natives.values()
+            waiting = max(q.qsize() for q in conn._streams.values())
+            assert waiting <= STREAM_HIGH + 1 <= 16, waiting  # a few frames, of some 250
+            items += [item async for item in stream]
+            assert [r.payload for r in in_range(items, 0, n)] == expected
 
     run_async(scenario())

@@ -37,10 +37,12 @@ def started(builder: SparkSession.Builder) -> SparkSession:
         except PySparkRuntimeError as e:
             if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == GATEWAY_TRIES:
                 raise
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                gc.collect()
-            time.sleep(1.0)
+        # Out of the except clause: the exception (whose traceback holds the failed launch's pipe) is gone,
+        # so the collection below is the one that closes the pipe, with its warning ignored.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        time.sleep(1.0)
     raise AssertionError("unreachable")
 
 
