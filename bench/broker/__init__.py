@@ -172,22 +172,20 @@ def start_broker(workdir: Path, native: bool = False) -> Broker:
 
 
 def start_bare_server(log_path: Path) -> ServerProcess:
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.broker.bare_server", "--port", str(port)]
-    server = ServerProcess("bare server", argv, log_path, ready_text=bare_server.READY, port=port,
-                           die_with_parent=True)
-    _started(server)
-    return server
+    return _start_bare("bare server", "bench.broker.bare_server", bare_server.READY, log_path)
 
 
 def start_bare_native(log_path: Path) -> ServerProcess:
     """bench/broker/bare_native.py: the native transport's frames with nothing behind them."""
     from bench.broker import bare_native
 
+    return _start_bare("bare native server", "bench.broker.bare_native", bare_native.READY, log_path)
+
+
+def _start_bare(name: str, module: str, ready: str, log_path: Path) -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.broker.bare_native", "--port", str(port)]
-    server = ServerProcess("bare native server", argv, log_path, ready_text=bare_native.READY, port=port,
-                           die_with_parent=True)
+    server = ServerProcess(name, [sys.executable, "-m", module, "--port", str(port)], log_path,
+                           ready_text=ready, port=port, die_with_parent=True)
     _started(server)
     return server
 

@@ -9,7 +9,8 @@ client sends and ignores "" (B.9), and a delivery from the WAL carries "".
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import bisect
+from collections.abc import Sequence
 
 from danube_fast.codec import frames
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -33,17 +34,20 @@ def encode(msg: pb.StreamMessage) -> bytes:
                                broker_addr=mid.broker_addr)
 
 
-def decode_some(data: Buffer, topic: str, wanted: Collection[int]) -> list[tuple[pb.StreamMessage, int]]:
-    """The messages at the offsets `wanted` in `data` (whole batches), each with its share of its batch's
-    bytes (as dispatch/reliable.py record_sizes counts them): a message is built only for those."""
+def decode_some(data: Buffer, topic: str, wanted: Sequence[int]) -> list[tuple[pb.StreamMessage, int]]:
+    """The messages at the offsets `wanted` (ascending) in `data` (whole batches), each with its share of its
+    batch's bytes (as dispatch/reliable.py record_sizes counts them): a message is built only for those, and
+    only the batches holding one are decoded."""
     out: list[tuple[pb.StreamMessage, int]] = []
     view = memoryview(data)
+    chosen = set(wanted)
     for header in frames.scan_batches(view, verify=False):
-        if not any(header.base_offset <= o <= header.last_offset for o in wanted):
+        at = bisect.bisect_left(wanted, header.base_offset)
+        if at == len(wanted) or wanted[at] > header.last_offset:
             continue
         share = header.length // header.record_count
         for r in frames.iter_records(view[header.position:header.end], verify=False):
-            if r.offset in wanted:
+            if r.offset in chosen:
                 out.append((_message(r, header, topic), share))
     return out
 

@@ -579,7 +579,7 @@ class ReliableDispatcher:
                 continue
             data, next_offset = got
             j = bisect.bisect_left(offsets, next_offset, i)
-            out += messages.decode_some(data, self._sub.topic_name, set(offsets[i:j]))
+            out += messages.decode_some(data, self._sub.topic_name, offsets[i:j])
             i = j
         return out
 
