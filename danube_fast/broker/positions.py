@@ -1,4 +1,4 @@
-"""Where an operator's seek, skip and peek land in a Reliable topic's log (docs/SUBSCRIPTIONS.md).
+"""Where an operator's seek, skip, peek and browse land in a Reliable topic's log (docs/SUBSCRIPTIONS.md).
 
 Everything here reads through the topic's log as a consumer does (objects, then the WAL, then the committed
 tail) and changes nothing; Subscriptions.move applies a position.
@@ -10,6 +10,10 @@ tail) and changes nothing; Subscriptions.move applies a position.
   producers' clocks agree; a record stamped earlier than one before it may land on either side.
 - `after_records`: the position `count` records on (offsets are not dense: a hole holds no records).
 - `peek`: the next records from a position, skipping those acknowledged one by one above it.
+- `before`: the last records below a position (browsing backwards). Offsets are not dense, so it reads a
+  window of offsets before the position and doubles it until the window holds enough records or reaches the
+  log's start. The window is sized in the records `records_between` counts (offsets less the holes the
+  object tier declares empty), so a declared hole, 10 million offsets after a takeover, costs no widening.
 - `publish_time_at`: when the record at a position was published (message expiry's check).
 """
 
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from danube_fast.codec import frames
-from danube_fast.storage.tiered import ReadableLog
+from danube_fast.storage.tiered import ReadableLog, records_between
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -104,12 +108,15 @@ async def after_records(log: ReadableLog, start: int, count: int) -> int:
     return min(offset, end) if left > 0 else offset
 
 
-async def peek(log: ReadableLog, start: int, count: int, acked: set[int] | frozenset[int] = frozenset()
-               ) -> list[Peeked]:
-    """Up to `count` records from `start` on, without those in `acked`. A batch is decoded into Arrow
-    columns and only the records shown become Python objects (a batch may hold thousands before them)."""
+async def peek(log: ReadableLog, start: int, count: int, acked: set[int] | frozenset[int] = frozenset(),
+               end: int | None = None) -> list[Peeked]:
+    """Up to `count` records from `start` on, below `end` (the committed end when None), without those in
+    `acked`. A batch is decoded into Arrow columns and only the records shown become Python objects (a batch
+    may hold thousands before them)."""
     out: list[Peeked] = []
-    offset, end = start, log.committed_offset
+    offset = start
+    if end is None:
+        end = log.committed_offset
     while len(out) < count and offset < end:
         found = await _batch_at(log, offset)
         if found is None:
@@ -119,6 +126,8 @@ async def peek(log: ReadableLog, start: int, count: int, acked: set[int] | froze
         first = max(0, offset - header.base_offset)
         for row in range(first, columns.num_rows):
             at = header.base_offset + row
+            if at >= end:
+                return out
             if at in acked:
                 continue
             out.append(Peeked(_record(columns, row, at), header.producer_name))
@@ -126,6 +135,34 @@ async def peek(log: ReadableLog, start: int, count: int, acked: set[int] | froze
                 return out
         offset = header.last_offset + 1
     return out
+
+
+async def before(log: ReadableLog, end: int, count: int) -> list[Peeked]:
+    """Up to `count` records below `end`, the last ones there, in ascending offset order (fewer when the log
+    keeps fewer before `end`)."""
+    start = log.start_offset
+    wanted = count
+    while True:
+        low = _low_for(log, start, end, wanted)
+        got = await peek(log, low, wanted, end=end)  # [low, end) holds at most `wanted` records
+        if len(got) >= count or low <= start:
+            return got[-count:]
+        wanted *= 2  # a hole the object tier does not declare: widen the window
+
+
+def _low_for(log: ReadableLog, start: int, end: int, records: int) -> int:
+    """The highest offset `low` from `start` on such that [low, end) holds `records` offsets with records in
+    them as `records_between` counts (in memory: no read); `start` when fewer are there."""
+    if records_between(log, start, end) <= records:
+        return start
+    lo, hi = start, max(start, end - records)  # [end - records, end) holds at most `records`
+    while lo < hi:  # [lo, end) holds at least `records`; nothing above `hi` does
+        mid = (lo + hi + 1) // 2
+        if records_between(log, mid, end) >= records:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _record(columns: pa.RecordBatch, row: int, offset: int) -> frames.Record:

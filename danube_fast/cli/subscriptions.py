@@ -8,6 +8,8 @@
                                             --shift N) [--dry-run]
     admin subscriptions skip /NS/TOPIC SUB (--count N | --all) [--dry-run]
     admin subscriptions peek /NS/TOPIC SUB [--count N]
+    admin subscriptions browse /NS/TOPIC (--offset N | --time ISO8601 | --earliest | --latest) [--backward]
+                                         [--count N]   (the topic's records, no subscription needed)
     admin subscriptions delete /NS/TOPIC SUB       (one without active consumers)
 
 A partitioned topic's base name stands for every partition: one row each. Output: a table, or with
@@ -141,27 +143,48 @@ async def _peek(args: argparse.Namespace) -> Listing:
     answer = await _ask(args, "Peek",
                         pb.PeekRequest(topic=args.topic, subscription=args.subscription, count=args.count),
                         pb.PeekResponse)
-    rows: list[dict[str, object]] = []
-    for r in answer.records:
-        row: dict[str, object] = {
-            "stored_topic": r.stored_topic, "offset": r.offset, "publish_time": r.publish_time_ms,
-            "producer_name": r.producer_name, "key": r.key if r.HasField("key") else None,
-            "attributes": dict(r.attributes),
-            "schema_id": r.schema_id if r.HasField("schema_id") else None,
-            "schema_version": r.schema_version if r.HasField("schema_version") else None}
-        try:
-            row["payload"] = r.payload.decode("utf-8")
-        except UnicodeDecodeError:
-            row["payload"] = None
-            row["payload_base64"] = base64.b64encode(r.payload).decode("ascii")
-        rows.append(row)
-    return Listing("records", PEEK_COLUMNS, rows, {"topic": args.topic, "subscription": args.subscription})
+    return Listing("records", PEEK_COLUMNS, [_record_row(r) for r in answer.records],
+                   {"topic": args.topic, "subscription": args.subscription})
+
+
+async def _browse(args: argparse.Namespace) -> Listing:
+    request = pb.BrowseRequest(topic=args.topic, backward=args.backward, count=args.count)
+    if args.offset is not None:
+        request.offset = args.offset
+    elif args.time is not None:
+        request.time_ms = args.time
+    elif args.earliest:
+        request.earliest = True
+    else:
+        request.latest = True
+    answer = await _ask(args, "Browse", request, pb.BrowseResponse)
+    ranges = [{"stored_topic": r.stored_topic, "start_offset": r.start_offset, "end_offset": r.end_offset}
+              for r in answer.ranges]
+    return Listing("records", PEEK_COLUMNS, [_record_row(r) for r in answer.records],
+                   {"topic": args.topic, "ranges": ranges})
+
+
+def _record_row(r: pb.PeekedRecord) -> dict[str, object]:
+    """A record as peek and browse print it: the payload as text when it is UTF-8, else in base64."""
+    row: dict[str, object] = {
+        "stored_topic": r.stored_topic, "offset": r.offset, "publish_time": r.publish_time_ms,
+        "producer_name": r.producer_name, "key": r.key if r.HasField("key") else None,
+        "attributes": dict(r.attributes),
+        "schema_id": r.schema_id if r.HasField("schema_id") else None,
+        "schema_version": r.schema_version if r.HasField("schema_version") else None}
+    try:
+        row["payload"] = r.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        row["payload"] = None
+        row["payload_base64"] = base64.b64encode(r.payload).decode("ascii")
+    return row
 
 
 def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     """The `subscriptions` area of `danube-fast admin`; `leaf` is main.py's."""
     command = functools.partial(admin_command, leaf)
-    subs = area(admin, "subscriptions", "list, describe, create, seek, skip, peek and delete subscriptions")
+    subs = area(admin, "subscriptions", "list, describe, create, seek, skip, peek and delete subscriptions, "
+                                        "and browse a topic's records")
     command(subs, "list", "subscriptions list", _list,
             "list a topic's subscriptions").add_argument("topic", metavar="/NS/TOPIC")
 
@@ -197,5 +220,20 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
                              "acknowledging anything")
     p.add_argument("--count", type=count, default=1, metavar="N", help="records to show (default 1, at most "
                                                                        "1000; per partition)")
+    b = command(subs, "browse", "subscriptions browse", _browse,
+                "show a topic's records from an offset or a time, forwards or backwards, without a "
+                "subscription; nothing is delivered or acknowledged")
+    b.add_argument("topic", metavar="/NS/TOPIC")
+    start = b.add_mutually_exclusive_group(required=True)
+    start.add_argument("--offset", type=int, metavar="N", help="from offset N")
+    start.add_argument("--time", type=_time_ms, metavar="ISO8601",
+                       help="from the first record published at or after this time (UTC unless it says)")
+    start.add_argument("--earliest", action="store_true", help="from the first record the topic keeps")
+    start.add_argument("--latest", action="store_true",
+                       help="from the end (with --backward: the last records)")
+    b.add_argument("--backward", action="store_true",
+                   help="the records before the start instead of from it (still shown in offset order)")
+    b.add_argument("--count", type=count, default=1, metavar="N",
+                   help="records to show (default 1, at most 1000; per partition)")
     named("delete", _delete, "delete a subscription and its cursor (refused while a consumer of it is "
                              "connected)")

@@ -174,3 +174,39 @@ class DescribeResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[SubscriptionState]
     def __init__(self, partitions: _Optional[_Iterable[_Union[SubscriptionState, _Mapping]]] = ...) -> None: ...
+
+class BrowseRequest(_message.Message):
+    __slots__ = ("topic", "offset", "time_ms", "earliest", "latest", "backward", "count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    offset: int
+    time_ms: int
+    earliest: bool
+    latest: bool
+    backward: bool
+    count: int
+    def __init__(self, topic: _Optional[str] = ..., offset: _Optional[int] = ..., time_ms: _Optional[int] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., backward: _Optional[bool] = ..., count: _Optional[int] = ...) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("stored_topic", "start_offset", "end_offset")
+    STORED_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    stored_topic: str
+    start_offset: int
+    end_offset: int
+    def __init__(self, stored_topic: _Optional[str] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class BrowseResponse(_message.Message):
+    __slots__ = ("records", "ranges")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[PeekedRecord]
+    ranges: _containers.RepeatedCompositeFieldContainer[Range]
+    def __init__(self, records: _Optional[_Iterable[_Union[PeekedRecord, _Mapping]]] = ..., ranges: _Optional[_Iterable[_Union[Range, _Mapping]]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class SubscriptionAdminStub:
                 request_serializer=SubscriptionAdmin__pb2.ListRequest.SerializeToString,
                 response_deserializer=SubscriptionAdmin__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.Browse = channel.unary_unary(
+                '/danube_fast.subscriptions.v1.SubscriptionAdmin/Browse',
+                request_serializer=SubscriptionAdmin__pb2.BrowseRequest.SerializeToString,
+                response_deserializer=SubscriptionAdmin__pb2.BrowseResponse.FromString,
+                _registered_method=True)
 
 
 class SubscriptionAdminServicer:
@@ -111,6 +116,13 @@ class SubscriptionAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Browse(self, request, context):
+        """Consume
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubscriptionAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_SubscriptionAdminServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=SubscriptionAdmin__pb2.ListRequest.FromString,
                     response_serializer=SubscriptionAdmin__pb2.DescribeResponse.SerializeToString,
+            ),
+            'Browse': grpc.unary_unary_rpc_method_handler(
+                    servicer.Browse,
+                    request_deserializer=SubscriptionAdmin__pb2.BrowseRequest.FromString,
+                    response_serializer=SubscriptionAdmin__pb2.BrowseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +324,33 @@ class SubscriptionAdmin:
             '/danube_fast.subscriptions.v1.SubscriptionAdmin/List',
             SubscriptionAdmin__pb2.ListRequest.SerializeToString,
             SubscriptionAdmin__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Browse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.subscriptions.v1.SubscriptionAdmin/Browse',
+            SubscriptionAdmin__pb2.BrowseRequest.SerializeToString,
+            SubscriptionAdmin__pb2.BrowseResponse.FromString,
             options,
             channel_credentials,
             insecure,

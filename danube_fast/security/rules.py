@@ -136,9 +136,10 @@ RULES: dict[str, Rule] = {
     "danube_fast.policy.v1.PolicyAdmin/SetTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.tables.v1.TableAdmin/Status": Rule(L, _field("topic")),
-    # Moving a subscription, or looking at what it would receive, is what its consumers may do.
+    # Moving a subscription, looking at what it would receive, or reading the topic's records without one
+    # (Browse) is what a consumer may do.
     **{f"danube_fast.subscriptions.v1.SubscriptionAdmin/{m}": Rule(C, _field("topic"))
-       for m in ("Seek", "Skip", "Peek", "Create")},
+       for m in ("Seek", "Skip", "Peek", "Create", "Browse")},
     "danube_fast.subscriptions.v1.SubscriptionAdmin/Describe": Rule(L, _field("topic")),
     "danube_fast.subscriptions.v1.SubscriptionAdmin/List": Rule(L, _field("topic")),
 }

@@ -206,6 +206,10 @@ def test_admin_cli_namespaces_and_subscriptions(run: Any, tmp_path: Path) -> Non
             assert [(p["stored_topic"], p["to_offset"]) for p in made["positions"]] == [("/ns2/held", 0)]
             peeked = await cli_json(x, "subscriptions", "peek", "/ns2/held", "early", "--count", "2")
             assert [(r["offset"], r["payload"]) for r in peeked["records"]] == [(0, "h-0"), (1, "h-1")]
+            browsed = await cli_json(x, "subscriptions", "browse", "/ns2/held", "--latest", "--backward",
+                                     "--count", "2")
+            assert [(r["offset"], r["payload"]) for r in browsed["records"]] == [(3, "h-3"), (4, "h-4")]
+            assert browsed["ranges"] == [{"stored_topic": "/ns2/held", "start_offset": 0, "end_offset": 5}]
             moved = await cli_json(x, "subscriptions", "seek", "/ns2/held", "early", "--offset", "3")
             assert [(p["from_offset"], p["to_offset"], p["moved"]) for p in moved["positions"]] == [
                 (0, 3, True)]

@@ -1,8 +1,8 @@
 """Day-two operations on subscriptions (docs/SUBSCRIPTIONS.md) against the broker subprocess: seek by offset,
 time, earliest, latest and shift while the official client's and our fast consumers stay connected; skip;
 peek that changes nothing; a subscription created at a position before its first consumer; the moves kept
-across a restart; partitioned topics; the CLI's JSON; message expiry; and the refusals, each naming what was
-wrong."""
+across a restart; partitioned topics; browsing a topic's records without a subscription; the CLI's JSON;
+message expiry; and the refusals, each naming what was wrong."""
 
 from __future__ import annotations
 
@@ -59,6 +59,12 @@ class Admin:
                 return
             assert asyncio.get_running_loop().time() < deadline, f"{topic} {sub}: backlog {got}"
             await asyncio.sleep(0.05)
+
+    async def browse(self, topic: str, **start: Any) -> tuple[list[int], list[tuple[str, int, int]]]:
+        """The offsets of a Browse page and its ranges."""
+        got = await self.stub.Browse(pb.BrowseRequest(topic=topic, **start), timeout=10)
+        return ([r.offset for r in got.records],
+                [(r.stored_topic, r.start_offset, r.end_offset) for r in got.ranges])
 
     async def close(self) -> None:
         await self.channel.close()
@@ -274,7 +280,77 @@ def test_partitioned_topic_seeks_every_partition(broker: Broker, topic: str) -> 
             assert sum(-p.records for p in moved) == 10
             again = await consumer.get_n(10)
             assert sorted(payloads(again)) == sorted(payloads(got))
+            # Browse: each partition answers, with its own range.
+            parts = [f"{topic}-part-0", f"{topic}-part-1"]
+            page = await admin.stub.Browse(pb.BrowseRequest(topic=topic, earliest=True, count=100),
+                                           timeout=10)
+            ends = {r.stored_topic: r.end_offset for r in page.ranges}
+            assert [r.stored_topic for r in page.ranges] == parts and sum(ends.values()) == 10
+            assert [(r.stored_topic, r.offset) for r in page.records] == [
+                (p, o) for p in parts for o in range(ends[p])]
+            assert sorted(r.payload for r in page.records) == sorted(payloads(got))
+            last = await admin.stub.Browse(pb.BrowseRequest(topic=topic, latest=True, backward=True),
+                                           timeout=10)
+            assert [(r.stored_topic, r.offset) for r in last.records] == [(p, ends[p] - 1) for p in parts]
             await admin.close()
+
+    run_async(scenario())
+
+
+def test_browse_pages_forwards_and_backwards_by_offset_time_and_ends(broker: Broker, topic: str) -> None:
+    """Six batches of five records: pages cross batches, backward pages come in offset order, paging either
+    way visits every record once, and nothing about the topic's subscriptions changes."""
+
+    async def scenario() -> None:
+        admin = Admin(broker)
+        producer = await FastProducer.connect(broker.target, topic, "p", reliable=True)
+        for b in range(6):
+            await producer.send_batch([b"b-%d" % (b * 5 + i) for i in range(5)])
+            await producer.flush()
+            if b == 2:
+                await asyncio.sleep(0.05)  # offset 15 is the first published after a clear gap
+        await admin.stub.Create(pb.CreateRequest(topic=topic, subscription="watch", earliest=True),
+                                timeout=10)
+        ranges = [(topic, 0, 30)]
+
+        assert await admin.browse(topic, offset=3, count=4) == ([3, 4, 5, 6], ranges)
+        assert await admin.browse(topic, offset=27, count=10) == ([27, 28, 29], ranges)
+        assert await admin.browse(topic, offset=12, count=4, backward=True) == ([8, 9, 10, 11], ranges)
+        assert await admin.browse(topic, offset=3, count=10, backward=True) == ([0, 1, 2], ranges)
+        assert await admin.browse(topic, earliest=True) == ([0], ranges)  # count 0 means 1
+        assert await admin.browse(topic, earliest=True, backward=True) == ([], ranges)
+        assert await admin.browse(topic, latest=True, count=5) == ([], ranges)
+        assert await admin.browse(topic, latest=True, count=7, backward=True) == (list(range(23, 30)), ranges)
+        assert await admin.browse(topic, offset=30, count=2, backward=True) == ([28, 29], ranges)
+
+        page = await admin.stub.Browse(pb.BrowseRequest(topic=topic, offset=14, count=2), timeout=10)
+        assert [(r.stored_topic, r.payload, r.producer_name) for r in page.records] == [
+            (topic, b"b-14", "p"), (topic, b"b-15", "p")]
+        published = page.records[1].publish_time_ms
+        assert page.records[0].publish_time_ms < published
+        assert await admin.browse(topic, time_ms=published, count=5) == (list(range(15, 20)), ranges)
+        assert await admin.browse(topic, time_ms=published, count=2, backward=True) == ([13, 14], ranges)
+        assert await admin.browse(topic, time_ms=0, count=1) == ([0], ranges)
+
+        forward: list[int] = []
+        got, _ = await admin.browse(topic, earliest=True, count=7)
+        while got:
+            forward += got
+            got, _ = await admin.browse(topic, offset=got[-1] + 1, count=7)
+        assert forward == list(range(30))
+        backward: list[int] = []
+        got, _ = await admin.browse(topic, latest=True, count=7, backward=True)
+        while got:
+            backward = got + backward
+            got, _ = await admin.browse(topic, offset=got[0], count=7, backward=True)
+        assert backward == list(range(30))
+
+        state = await admin.describe(topic, "watch")
+        assert (state.position, state.backlog, state.unacked) == (0, 30, 0)  # browsing moved nothing
+        listed = await admin.stub.List(pb.ListRequest(topic=topic), timeout=10)
+        assert [s.subscription for s in listed.partitions] == ["watch"]  # and created nothing
+        await producer.close()
+        await admin.close()
 
     run_async(scenario())
 
@@ -314,6 +390,20 @@ def test_refusals_name_what_was_wrong_and_change_nothing(broker: Broker, topic: 
              grpc.StatusCode.INVALID_ARGUMENT, "offset 99"),
             ("Create", pb.CreateRequest(topic=topic, subscription="new", subscription_type=7),
              grpc.StatusCode.INVALID_ARGUMENT, "type 7"),
+            ("Browse", pb.BrowseRequest(topic=topic, count=3), grpc.StatusCode.INVALID_ARGUMENT,
+             "needs one of"),
+            ("Browse", pb.BrowseRequest(topic=topic, earliest=True, count=1001),
+             grpc.StatusCode.INVALID_ARGUMENT, "count 1001"),
+            ("Browse", pb.BrowseRequest(topic=topic, offset=6, backward=True),
+             grpc.StatusCode.INVALID_ARGUMENT, "offset 6, outside what"),
+            ("Browse", pb.BrowseRequest(topic=topic, offset=6), grpc.StatusCode.INVALID_ARGUMENT,
+             "0 (the first kept) to 5 (the end"),
+            ("Browse", pb.BrowseRequest(topic=topic, time_ms=2**62), grpc.StatusCode.INVALID_ARGUMENT,
+             "in the future"),
+            ("Browse", pb.BrowseRequest(topic="/default/no-such-topic", latest=True),
+             grpc.StatusCode.NOT_FOUND, "no-such-topic"),
+            ("Browse", pb.BrowseRequest(topic=topic + "-live", earliest=True),
+             grpc.StatusCode.FAILED_PRECONDITION, "NonReliable"),
         ]
         for method, request, code, words in cases:
             error = await admin.refused(method, request)
@@ -349,6 +439,14 @@ def test_the_cli_seeks_skips_peeks_and_describes_in_json(broker: Broker, topic: 
     assert admin_cli(broker, "seek", topic, "sub", "--latest")["positions"][0]["to_offset"] == 6
     assert admin_cli(broker, "seek", topic, "sub", "--time", "2000-01-01T00:00:00")["positions"][0][
         "to_offset"] == 0
+    browsed = admin_cli(broker, "browse", topic, "--latest", "--backward", "--count", "2")
+    assert [(r["offset"], r["payload"], r["producer_name"]) for r in browsed["records"]] == [(4, "c-4", "p"),
+                                                                                           (5, "c-5", "p")]
+    assert browsed["ranges"] == [{"stored_topic": topic, "start_offset": 0, "end_offset": 6}]
+    browsed = admin_cli(broker, "browse", topic, "--time", "2000-01-01T00:00:00", "--count", "3")
+    assert [r["offset"] for r in browsed["records"]] == [0, 1, 2]
+    assert [r["offset"] for r in admin_cli(broker, "browse", topic, "--offset", "5")["records"]] == [5]
+    assert "offset 9, outside" in admin_cli(broker, "browse", topic, "--offset", "9", code=1)
     described = admin_cli(broker, "describe", topic, "sub")["partitions"]
     assert [(d["position"], d["backlog"], d["type"]) for d in described] == [(0, 6, "Exclusive")]
     made = admin_cli(broker, "create", topic, "late", "--position", "3", "--type", "shared")["positions"]

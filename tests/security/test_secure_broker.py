@@ -228,7 +228,8 @@ def test_rbac_denies_by_default_and_bindings_apply_at_once(jwt_broker: Broker, p
     run_async(scenario())
 
 
-def test_moving_a_subscription_needs_consume_and_describing_it_lookup(jwt_broker: Broker, pki: Pki) -> None:
+def test_moving_a_subscription_or_browsing_needs_consume_and_describing_lookup(jwt_broker: Broker,
+                                                                               pki: Pki) -> None:
     carol = bearer(pki.token("carol"))
     topic = "/default/carols"
 
@@ -244,12 +245,15 @@ def test_moving_a_subscription_needs_consume_and_describing_it_lookup(jwt_broker
         await security_admin(jwt_broker, pki, "Bind", sec_pb.Binding(principal="carol", role="looker",
                                                                      scope="/default"))
         assert (await call("Describe", describe)).code() == grpc.StatusCode.NOT_FOUND  # allowed: no topic
-        error = await call("Seek", seek)
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "Consume" in (error.details() or "")
+        browse = subs_pb.BrowseRequest(topic=topic, latest=True, backward=True, count=10)
+        for method, request in (("Seek", seek), ("Browse", browse)):
+            error = await call(method, request)
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "Consume" in (error.details() or "")
         await security_admin(jwt_broker, pki, "PutRole", sec_pb.Role(name="eater", permissions=["Consume"]))
         await security_admin(jwt_broker, pki, "Bind", sec_pb.Binding(principal="carol", role="eater",
                                                                      scope=topic))
         assert (await call("Seek", seek)).code() == grpc.StatusCode.NOT_FOUND  # allowed now
+        assert (await call("Browse", browse)).code() == grpc.StatusCode.NOT_FOUND
     run_async(scenario())
 
 

@@ -1,5 +1,5 @@
 """SubscriptionAdmin on the admin port (proto/SubscriptionAdmin.proto, docs/SUBSCRIPTIONS.md): seek, skip,
-peek, create and describe a Reliable topic's subscriptions.
+peek, create and describe a Reliable topic's subscriptions, and browse its records without one.
 
 A partitioned topic's base name stands for its partitions: each is answered by the broker that serves it
 (in a cluster the others are asked through `elsewhere`, cluster/admin/subscriptions.py), one row per
@@ -48,8 +48,8 @@ class SubscriptionAdminService:
         which = request.WhichOneof("to")
         if which is None:
             raise invalid("SeekRequest needs one of offset, time_ms, earliest, latest or shift")
-        if which == "time_ms" and request.time_ms > time.time() * 1000 + FUTURE_SLACK_MS:
-            raise invalid(f"time_ms {request.time_ms} is in the future: no record was published then yet")
+        if which == "time_ms":
+            _not_in_future(request.time_ms)
 
         async def target(topic: ReliableTopic, sub: Subscription) -> int:
             log = topic.log
@@ -119,6 +119,40 @@ class SubscriptionAdminService:
         for answer in await self.elsewhere(there, "Peek", request, pb.PeekResponse, context):
             out += answer.records
         return pb.PeekResponse(records=out)
+
+    @unary
+    async def Browse(self, request: pb.BrowseRequest, context: Context) -> pb.BrowseResponse:
+        which = request.WhichOneof("from")
+        if which is None:
+            raise invalid("BrowseRequest needs one of offset, time_ms, earliest or latest")
+        if request.count > MAX_PEEK:
+            raise invalid(f"count {request.count} is more than {MAX_PEEK} records")
+        if which == "time_ms":
+            _not_in_future(request.time_ms)
+        count = request.count or 1
+
+        here, there = await self._split(request, context)
+        records: list[pb.PeekedRecord] = []
+        ranges: list[pb.Range] = []
+        for topic in here:
+            log = topic.require_stored("there is nothing to browse").log
+            start, end = log.start_offset, log.committed_offset
+            if which == "offset":
+                at = _within(topic, request.offset, start, end, "offset")
+            elif which == "time_ms":
+                at = await positions.offset_at_time(log, request.time_ms)
+            else:
+                at = start if which == "earliest" else end
+            if request.backward:
+                got = await positions.before(log, at, count)
+            else:
+                got = await positions.peek(log, at, count, end=end)
+            records += [_peeked(topic.full, p) for p in got]
+            ranges.append(pb.Range(stored_topic=topic.full, start_offset=start, end_offset=end))
+        for answer in await self.elsewhere(there, "Browse", request, pb.BrowseResponse, context):
+            records += answer.records
+            ranges += answer.ranges
+        return pb.BrowseResponse(records=sorted(records, key=_STORED), ranges=sorted(ranges, key=_STORED))
 
     @unary
     async def Describe(self, request: pb.DescribeRequest, context: Context) -> pb.DescribeResponse:
@@ -215,6 +249,11 @@ def _state(topic: Topic, sub: Subscription) -> pb.SubscriptionState:
 def _position(sub: Subscription) -> int:
     assert sub.cursor is not None  # a Reliable topic's subscription
     return sub.cursor.low
+
+
+def _not_in_future(time_ms: int) -> None:
+    if time_ms > time.time() * 1000 + FUTURE_SLACK_MS:
+        raise invalid(f"time_ms {time_ms} is in the future: no record was published then yet")
 
 
 def _within(topic: Topic, offset: int, start: int, end: int, what: str) -> int:
