@@ -7,9 +7,9 @@ checks (docs/SECURITY.md) apply; it answers OpenMetrics to a scraper that asks f
 The broker's families, per topic: messages and bytes published (counters: rates come from `rate()`),
 producers, the committed offset, retention's figures (broker/retention.py), the topic table's
 (broker/tables.py: offset, lag, files, bytes, commits, DLQ and skipped records, failing); per subscription:
-messages delivered and redelivered, dead-lettered, dropped (NonReliable, no room), and the gauges backlog
-(Reliable: committed offset minus the ack floor; NonReliable: messages buffered), unacknowledged messages,
-consumers.
+messages and bytes delivered (by either API), messages redelivered, dead-lettered, dropped (NonReliable, no
+room), and the gauges backlog (Reliable: committed offset minus the ack floor; NonReliable: messages
+buffered), unacknowledged messages, consumers.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                                      _TOPIC),
     "danube_topic_behind_retention_total": ("counter", "Offsets readers skipped: retention had deleted them.",
                                             _TOPIC),
-    "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers.",
-                                               _SUBSCRIPTION),
+    "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers "
+                                               "(both APIs).", _SUBSCRIPTION),
+    "danube_subscription_bytes_out_total": ("counter", "Bytes handed to the subscription's consumers: as "
+                                            "stored (Reliable, both APIs), payloads (NonReliable).",
+                                            _SUBSCRIPTION),
     "danube_subscription_redelivered_total": ("counter", "Deliveries again (nack, ack timeout, loss).",
                                               _SUBSCRIPTION),
     "danube_subscription_dead_lettered_total": ("counter", "Messages moved to the dead-letter topic.",
@@ -141,6 +144,7 @@ class BrokerCollector(Collector):
                 sl = (t.full, s.name)
                 d = s.dispatcher
                 add("danube_subscription_messages_out_total", sl, s.delivered)
+                add("danube_subscription_bytes_out_total", sl, s.delivered_bytes)
                 if s.cursor is not None:  # Reliable: only a stored topic's records expire
                     add("danube_subscription_expired_total", sl, s.expired)
                 add("danube_subscription_lag", sl, d.backlog)

@@ -27,7 +27,11 @@ class Subscription:
         # Reliable: the position every dispatcher of this subscription moves (dispatch/cursor.py).
         self.cursor: Cursor | None = None
         self.idle_since: float | None = time.monotonic()
-        self.delivered = 0  # messages taken by consumer streams, over the subscription's life
+        # What went to its consumers' streams over the subscription's life, whichever API and dispatcher
+        # served them (the dispatchers come and go with seeks and API switches; these stay): messages, and
+        # their bytes as the dispatcher held them (stored bytes for a Reliable topic, payloads otherwise).
+        self.delivered = 0
+        self.delivered_bytes = 0
         self.expired = 0  # records message expiry acknowledged for it, since the topic was loaded here
         # Held while the dispatcher is replaced or closed (subscriptions.py): a seek, a switch between the
         # two APIs, a delete and a topic's close each see the others' result, never a half-made one.
@@ -67,8 +71,15 @@ class Subscription:
             self.idle_since = time.monotonic()
 
     def taken(self, messages: int, size: int) -> None:
-        self.delivered += messages
+        """A Danube API stream took `messages` (`size` bytes) queued for its consumer."""
+        self.sent(messages, size)
         self.dispatcher.taken(size)
+
+    def sent(self, messages: int, size: int) -> None:
+        """`messages` (`size` bytes) went to a consumer stream: the Danube API's through `taken`, a fast-API
+        stream's from its BatchDispatcher (dispatch/batches.py)."""
+        self.delivered += messages
+        self.delivered_bytes += size
 
     def stream_started(self, consumer: Consumer) -> None:
         self.idle_since = None

@@ -63,6 +63,29 @@ def test_window_acks_floor_and_redelivery(tmp_path: Path, run: Run) -> None:
     run(main())
 
 
+def test_what_goes_to_the_stream_counts_on_the_subscription(tmp_path: Path, run: Run) -> None:
+    """Records and bytes of every delivery, whole batches as sent (from a position inside a batch, the whole
+    batch goes), and again after a redelivery."""
+
+    async def main() -> None:
+        wal, d, _ = await setup(tmp_path, 3, start=5)
+        sub = d._sub  # the Subscription setup made
+        assert isinstance(sub, Subscription)
+        data, first, last = await asyncio.wait_for(d.next_records(window=1), 2)  # type: ignore[misc]
+        assert (first, last) == (0, 9)
+        batch = sum(h.length for h in frames.scan_batches(data))
+        assert (sub.delivered, sub.delivered_bytes) == (10, batch)
+        d.consumer_lost()  # the batch comes again, with the two after it
+        data, first, last = await asyncio.wait_for(d.next_records(window=1 << 20), 2)  # type: ignore[misc]
+        assert (first, last) == (0, 29)
+        total = sum(h.length for h in frames.scan_batches(data))
+        assert (sub.delivered, sub.delivered_bytes) == (40, batch + total)
+        await d.close()
+        await wal.close()
+
+    run(main())
+
+
 def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         wal, d, saved = await setup(tmp_path, 4, start=20, cursor_flush_acks=10)

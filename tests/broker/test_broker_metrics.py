@@ -19,6 +19,7 @@ from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.subscription import Subscription
 from danube_fast.broker.topic import NonReliableTopic, ProducerEntry, ReliableTopic, Topic
+from danube_fast.codec import frames
 from danube_fast.meta.resources import Policy, SubscriptionType
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -72,6 +73,7 @@ def test_nonreliable_topic_samples_with_escaped_labels(run: Run) -> None:
             f"danube_topic_bytes_in_total{{{tl}}}": 6,
             f"danube_topic_producers{{{tl}}}": 1,
             f"danube_subscription_messages_out_total{{{sl}}}": 1,
+            f"danube_subscription_bytes_out_total{{{sl}}}": 2,  # its payload
             f"danube_subscription_lag{{{sl}}}": 1,
             f"danube_subscription_consumers{{{sl}}}": 1,
             f"danube_subscription_dropped_total{{{sl}}}": 1,
@@ -119,6 +121,11 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
             assert dispatcher.nack(2, 30_000)  # due again in 30 s: unacknowledged, not in flight
 
             got = samples(metrics.render(topics_of(t, cache_budget=cache_budget), time.monotonic()))
+            stored = {}  # offset -> its one-record batch's bytes, as stored
+            for offset in range(3):
+                read = await wal.read(offset)
+                assert read is not None
+                stored[offset] = frames.parse_header(read[0]).length
             tl = 'topic="/default/rel"'
             sl = tl + ',subscription="s"'
             assert {k: v for k, v in got.items() if k != "danube_broker_uptime_seconds"} == {
@@ -128,6 +135,7 @@ def test_reliable_topic_samples(tmp_path: Path, run: Run) -> None:
                 f"danube_topic_committed_offset{{{tl}}}": 3,
                 f"danube_topic_behind_retention_total{{{tl}}}": 0,
                 f"danube_subscription_messages_out_total{{{sl}}}": 4,
+                f"danube_subscription_bytes_out_total{{{sl}}}": sum(stored[o] for o in (0, 1, 2, 1)),
                 f"danube_subscription_lag{{{sl}}}": 2,  # committed 3, floor 0
                 f"danube_subscription_consumers{{{sl}}}": 1,
                 f"danube_subscription_redelivered_total{{{sl}}}": 1,

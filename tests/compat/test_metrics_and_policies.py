@@ -47,6 +47,54 @@ def test_metrics_show_rates_bytes_backlog_and_lag(broker: Broker, topic: str) ->
     run_async(scenario())
 
 
+def test_delivered_messages_and_bytes_count_both_apis(broker: Broker, topic: str) -> None:
+    """One subscription served first to the official client, then to a fast-API stream: its messages and
+    bytes out add up over both. The bytes are as stored, so they match what a fast-API subscription that
+    read every batch counted."""
+
+    async def scenario() -> None:
+        sub = f'topic="{topic}",subscription="both"'
+        every = f'topic="{topic}",subscription="every"'
+        async with Session(broker.url) as s:
+            producer = await s.producer(topic, "p", reliable=True)
+            consumer = await s.consumer(topic, "c", "both", SubType.EXCLUSIVE)
+            for i in range(5):
+                await producer.send(b"%04d" % i, None)
+            for m in await consumer.get_n(5):
+                await consumer.ack(m)  # applied before the RPC answers
+            await consumer.close()
+        m = await asyncio.to_thread(scrape, broker)
+        assert m[f"danube_subscription_messages_out_total{{{sub}}}"] == 5
+        danube_bytes = m[f"danube_subscription_bytes_out_total{{{sub}}}"]
+        assert danube_bytes > 5 * 4  # payloads and their batches' headers
+
+        producer_fast = await FastProducer.connect(broker.target, topic, "fp", reliable=True)
+        await (await producer_fast.send_batch([b"f-%d" % i for i in range(3)]))
+        fast = await FastConsumer.connect(broker.target, topic, "both", "fc")
+        assert fast.start_offset == 5
+        delivery = await asyncio.wait_for(anext(fast.batches()), 10)
+        assert (delivery.first_offset, delivery.last_offset) == (5, 7)
+        await fast.ack_cumulative(delivery.last_offset)
+        reader = await FastConsumer.connect(broker.target, topic, "every", "fc", initial_position="earliest")
+        read = 0
+        async for got in reader.batches():
+            read += got.last_offset - got.first_offset + 1
+            await reader.ack_cumulative(got.last_offset)
+            if got.last_offset == 7:
+                break
+        m = await asyncio.to_thread(scrape, broker)
+        assert m[f"danube_subscription_messages_out_total{{{sub}}}"] == 5 + 3
+        assert m[f"danube_subscription_bytes_out_total{{{sub}}}"] == danube_bytes + len(delivery.data)
+        assert m[f"danube_subscription_messages_out_total{{{every}}}"] == read == 8
+        assert m[f"danube_subscription_bytes_out_total{{{every}}}"] == \
+            m[f"danube_subscription_bytes_out_total{{{sub}}}"]
+        for c in (fast, reader):
+            await c.close()
+        await producer_fast.close()
+
+    run_async(scenario())
+
+
 def test_metrics_carry_latency_histograms_and_the_process(broker: Broker, topic: str) -> None:
     """Publishes through the official client show in the publish-to-ack and fsync histograms; the library's
     process and GC collectors are there; a scraper asking for OpenMetrics gets it."""

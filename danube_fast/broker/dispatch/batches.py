@@ -10,7 +10,8 @@ The window the client names is capped at [dispatch] window_bytes, and the unackn
 broker's ByteBudget (budget.py): while it is spent, a stream with something unacknowledged waits for room.
 
 Ownership: the Consume stream that holds it (`holder`) calls `next_records` and `acknowledge`; both run on
-the event loop. Delivery is at least once: when the stream goes, delivery starts again at the floor, so
+the event loop. What it hands the stream is counted by the subscription (`Members.sent`), which outlives
+it. Delivery is at least once: when the stream goes, delivery starts again at the floor, so
 records acknowledged individually above the floor come again (a batch is delivered whole).
 """
 
@@ -237,6 +238,8 @@ class BatchDispatcher:
                     self._unacked_bytes += size
                     self._budget.take(size)
                     self._next = next_offset
+                    # Whole batches go, from `first` (which may lie before what was asked for): count those.
+                    self._sub.sent(records_between(self._wal, first, next_offset), size)
                     if next_offset < self._wal.committed_offset:  # behind the tail: read on while this goes
                         self.read_ahead.start((epoch, position, next_offset, want))
                     return records_data(chunks), first, next_offset - 1
