@@ -58,11 +58,11 @@ test-native: install
 # The edit loop, about 90-110 s on this 2-core machine (1,523 of 1,990 tests): the suite without the tests marked
 # (pyproject.toml) slow (crash and kill tests, the benchmark runs), spark (PySpark and a JVM), cluster
 # (cluster mode: broker processes or nodes on etcd), etcd (a real etcd: the etcd half of the metadata
-# contract suite, election, backup, local cache) and broker_process (standalone broker subprocesses: most of
-# tests/compat and the Spark tests); stops at the first failure. Still in: unit, storage, tier (folder and
-# moto S3), the in-process broker, schema, the embedded metadata store, faults, the source checks. `make test`
-# runs everything.
-QUICK_MARKERS := not slow and not spark and not cluster and not etcd and not broker_process
+# contract suite, election, backup, local cache), broker_process (standalone broker subprocesses: most of
+# tests/compat and the Spark tests) and browser (the web console in headless Chromium); stops at the first
+# failure. Still in: unit, storage, tier (folder and moto S3), the in-process broker, schema, the embedded
+# metadata store, faults, the source checks. `make test` runs everything.
+QUICK_MARKERS := not slow and not spark and not cluster and not etcd and not broker_process and not browser
 quicktest: install
 	$(BIN)/python -m pytest $(PARALLEL) -x -q -m "$(QUICK_MARKERS)"
 

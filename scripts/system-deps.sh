@@ -24,6 +24,9 @@ command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v setpriv >/dev/null || need+=(util-linux)
 # The clock-jump test moves a broker's wall clock with libfaketime (LD_PRELOAD).
 dpkg -s faketime >/dev/null 2>&1 || need+=(faketime)
+# The web console's tests drive a real headless Chromium through its WebDriver (tests/console).
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metadata, schemas, security", ("danube_fast.meta", "danube_fast.schema", "danube_fast.security")),
     ("storage, clients, tables", ("danube_fast.storage", "danube_fast.client", "danube_fast.tables",
                                   "danube_fast.access")),
-    ("broker", ("danube_fast.broker",)),
+    ("broker", ("danube_fast.broker", "danube_fast.console")),
     ("tools", ("danube_fast.cli", "danube_fast.testing")),
 )
 COMPOSITION_ROOTS = {"danube_fast.broker.assemble"}

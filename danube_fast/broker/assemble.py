@@ -29,6 +29,7 @@ from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.history import History
 from danube_fast.broker.message_ttl import MessageTtl
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.namespaces import Namespaces
@@ -50,6 +51,7 @@ from danube_fast.broker.table_worker import TableWorker
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic_registry import TopicRegistry
+from danube_fast.console.build import build_console
 from danube_fast.meta import keys
 from danube_fast.meta.connect import open_store
 from danube_fast.meta.embedded import EmbeddedStore
@@ -149,11 +151,16 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
                                   max_per_principal=config.fast_max_connections_per_principal,
                                   inflight_bytes=config.fast_inflight_bytes)
             undo.append(native.close)
-            host, _, port = config.native_addr.rpartition(":")
-            try:
-                listening = dataclasses.replace(listening, fast_port=await native.bind(host, int(port)))
-            except OSError as e:
-                raise StartError(f"cannot listen on {config.native_addr} (--fast-addr): {e}") from e
+            listening = dataclasses.replace(
+                listening, fast_port=await _listen(native.bind, config.native_addr, "--fast-addr"))
+        history = History(topics)
+        console = None
+        if config.console_listen:
+            console = build_console(config, listening.admin_port, ctx, history, retention, tables,
+                                    schemas.registry)
+            undo.append(console.close)
+            listening = dataclasses.replace(
+                listening, console_port=await _listen(console.bind, config.console_listen, "--console-addr"))
         url = config.advertised_url  # a port 0 in the config is replaced by the bound one
         if url.endswith(":0"):
             url = url[:-1] + str(listening.client_port)
@@ -196,9 +203,9 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         for server in (client, admin):
             register(schema_grpc.add_SchemaRegistryServicer_to_server, registry, server, gate)
         stall_dump = StallDump(config.stall_dump_ms / 1000) if config.stall_dump_ms else None
-        listeners = Listeners(client, admin, metrics, listening, native)
+        listeners = Listeners(client, admin, metrics, listening, native, console)
         return Broker(config, ctx, store, cache, tier, schemas, listeners, url, node, retention, tables,
-                      stall_dump, forwarder, close_store)
+                      stall_dump, forwarder, close_store, history)
     except BaseException:
         for step in reversed(undo):
             with contextlib.suppress(Exception):
@@ -206,6 +213,15 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         if close_store is not None:
             await close_store()
         raise
+
+
+async def _listen(bind: Callable[[str, int], Awaitable[int]], addr: str, flag: str) -> int:
+    """`bind(host, port)` of a listener that is not gRPC's; its bound port, or StartError naming `flag`."""
+    host, _, port = addr.rpartition(":")
+    try:
+        return await bind(host, int(port))
+    except OSError as e:
+        raise StartError(f"cannot listen on {addr} ({flag}): {e}") from e
 
 
 async def _bind(config: BrokerConfig, gate: Gate | None, metrics: MetricsServer | None,

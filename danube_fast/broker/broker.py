@@ -3,9 +3,10 @@
 Start: the topics (standalone: every topic of the store, its WAL recovered, its producers, subscriptions and
 cursors), their schema configurations, then the listeners (the ports are bound already: assemble.py), then
 the cluster node (membership; in cluster mode the reconciler and the load manager), then the background work
-(retention, the table writer, the stall dump). Stop (SIGTERM or SIGINT): hand the topics over (cluster mode),
-end consumer streams (clients look the topic up again), stop accepting RPCs and let running ones finish, flush
-cursors, fsync and close every WAL, close the store.
+(retention, the recent history, the web console, the table writer, the stall dump). Stop (SIGTERM or
+SIGINT): hand the topics over (cluster mode), close the console, end consumer streams (clients look the
+topic up again), stop accepting RPCs and let running ones finish, flush cursors, fsync and close every WAL,
+close the store.
 
 Broker holds its parts and never changes them; each part owns its own state (docs/ARCHITECTURE.md).
 """
@@ -22,6 +23,7 @@ import grpc
 from danube_fast.broker import heap
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
+from danube_fast.broker.history import History
 from danube_fast.broker.metrics import MetricsServer
 from danube_fast.broker.retention import Retention
 from danube_fast.broker.services.forward import Forwarder
@@ -29,6 +31,7 @@ from danube_fast.broker.services.native import NativeServer
 from danube_fast.broker.stall_dump import StallDump
 from danube_fast.broker.tables import TableWriter
 from danube_fast.broker.tiering import Tier
+from danube_fast.console.server import ConsoleServer
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.store import MetadataStore
 from danube_fast.schema import TopicSchemas
@@ -53,6 +56,7 @@ class Listening:
     admin_port: int
     metrics_port: int | None
     fast_port: int | None = None  # the native transport's, when it listens
+    console_port: int | None = None  # the web console's, when it listens
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,15 @@ class Listeners:
     metrics: MetricsServer | None
     ports: Listening
     native: NativeServer | None = None
+    console: ConsoleServer | None = None
 
 
 class Broker:
     def __init__(self, config: BrokerConfig, ctx: BrokerContext, store: MetadataStore, cache: LocalCache,
                  tier: Tier, schemas: TopicSchemas, listeners: Listeners, url: str, node: Node,
                  retention: Retention, tables: TableWriter, stall_dump: StallDump | None,
-                 forwarder: Forwarder, close_store: Callable[[], Awaitable[None]] | None) -> None:
+                 forwarder: Forwarder, close_store: Callable[[], Awaitable[None]] | None,
+                 history: History) -> None:
         """`close_store`: None when the store was given to assemble() (its opener closes it)."""
         self.config = config
         self.ctx = ctx
@@ -87,6 +93,7 @@ class Broker:
         self.stall_dump = stall_dump
         self._forwarder = forwarder
         self._close_store = close_store
+        self.history = history
         self._started = False
 
     def url(self) -> str:
@@ -111,6 +118,9 @@ class Broker:
                 await self.listeners.native.serve()
             await self.cluster.start()
             self.retention.start()
+            self.history.start()
+            if self.listeners.console is not None:
+                await self.listeners.console.serve()
             await self.tables.publish_location()
             self.tables.start()
             if self.stall_dump is not None:
@@ -122,6 +132,9 @@ class Broker:
     async def stop(self) -> None:
         if self._started:
             await self.cluster.drain()
+        if self.listeners.console is not None:
+            await self.listeners.console.close()
+        await self.history.close()
         await self.retention.close()
         await self.tables.close()
         if self.stall_dump is not None:

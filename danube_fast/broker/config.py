@@ -21,6 +21,8 @@ fast_max_connections_per_principal = 1000  # ... of one principal, when the brok
 fast_inflight_bytes = "auto"      # produce bytes unacknowledged on all native connections together;
                                   # beyond it they stop reading until acks drain; auto = 256 MiB, or 1/16
                                   # of usable memory when smaller (at least 16 MiB)
+console_addr = "auto"             # the web console (docs/CONSOLE.md): "auto" = 127.0.0.1:9080 in standalone
+                                  # mode, off in a cluster; "" = off
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 fast_advertised_addr = ""         # the native transport's address told to clients; defaults to
                                   # advertised_addr's host and the port fast_addr bound
@@ -244,6 +246,7 @@ class ClusterConfig:
 
 
 FAST_PORT = 6653  # the native transport's port when fast_addr is "auto" (standalone)
+CONSOLE_AUTO = "127.0.0.1:9080"  # the web console when console_addr is "auto" (standalone): loopback only
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ class BrokerConfig:
     fast_max_connections: int = 10_000
     fast_max_connections_per_principal: int = 1000
     fast_inflight_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
+    console_addr: str = "auto"  # the web console; where it listens: `console_listen`
     advertised_addr: str = ""
     fast_advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
@@ -282,6 +286,14 @@ class BrokerConfig:
         if self.fast_addr != "auto":
             return self.fast_addr
         return "" if self.clustered else f"{self.broker_addr.rpartition(':')[0]}:{FAST_PORT}"
+
+    @property
+    def console_listen(self) -> str:
+        """Where the web console listens: `console_addr`, or for "auto" loopback in standalone mode and
+        nowhere ("") in a cluster (a console there is set per broker, docs/CONSOLE.md)."""
+        if self.console_addr != "auto":
+            return self.console_addr
+        return "" if self.clustered else CONSOLE_AUTO
 
     @property
     def object_store(self) -> str:
@@ -425,6 +437,8 @@ def check(config: BrokerConfig) -> None:
         _host_port(config.prom_exporter, "prom_exporter")
     if config.native_addr:
         _host_port(config.native_addr, "fast_addr")
+    if config.console_listen:
+        _host_port(config.console_listen, "console_addr")
     if config.fast_advertised_addr:
         _host_port(config.fast_advertised_addr, "fast_advertised_addr")
     if config.fast_keepalive_ms < 100:

@@ -54,6 +54,9 @@ async def serve(config: BrokerConfig) -> None:
                if listening.metrics_port is not None else "off")
     native = (f", native transport on {config.native_addr.rpartition(':')[0]}:{listening.fast_port}"
               if listening.fast_port is not None else "")
+    if listening.console_port is not None:
+        scheme = "https" if config.security.tls else "http"
+        native += f", console at {scheme}://{config.console_listen.rpartition(':')[0]}:{listening.console_port}"
     failed = broker.topics.broken()
     broken = f" ({len(failed)} could not be loaded: see above)" if failed else ""
     log.info("broker ready: Danube API on %s:%d (advertised %s), admin on %s:%d, metrics on %s%s, data in "

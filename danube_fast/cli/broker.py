@@ -39,6 +39,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--fast-addr", metavar="HOST:PORT",
                    help="the native transport's listener (docs/TRANSPORT.md); default: 127.0.0.1:6653 in "
                         "standalone mode (broker_addr's host), none in a cluster; '' turns it off")
+    p.add_argument("--console-addr", metavar="HOST:PORT",
+                   help="the web console (docs/CONSOLE.md); default: 127.0.0.1:9080 in standalone mode, none "
+                        "in a cluster; '' turns it off")
     p.add_argument("--advertised-addr", metavar="HOST:PORT",
                    help="the address lookups return to clients (default: --broker-addr)")
     p.add_argument("--fast-advertised-addr", metavar="HOST:PORT",
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         config = broker_config.load(args.config_file, {
             "mode": args.mode, "data_dir": args.data_dir, "broker_addr": args.broker_addr,
             "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter, "fast_addr": args.fast_addr,
+            "console_addr": args.console_addr,
             "advertised_addr": args.advertised_addr, "fast_advertised_addr": args.fast_advertised_addr,
             "cluster.metadata_store": args.metadata_store,
             "cluster.object_store": args.object_store, "cluster.name": args.cluster_name,

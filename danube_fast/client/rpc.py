@@ -1,15 +1,23 @@
 """What a unary admin call needs to be made by name: the protobuf message shape it sends and answers, the
-method's path from the generated descriptors, and the `host:port` of a registered address. Shared by the CLI
-and by a broker that forwards a call to another (broker/services/forward.py)."""
+method's path from the generated descriptors, and the `host:port` of a registered address. Shared by the CLI,
+by a broker that forwards a call to another (broker/services/forward.py) and by the web console."""
 
 from __future__ import annotations
 
 from typing import Protocol, Self, TypeVar
 
-from danube_fast.proto import DanubeAdmin_pb2, SubscriptionAdmin_pb2, TableAdmin_pb2
+from danube_fast.proto import (
+    DanubeAdmin_pb2,
+    PolicyAdmin_pb2,
+    SchemaRegistry_pb2,
+    SecurityAdmin_pb2,
+    SubscriptionAdmin_pb2,
+    TableAdmin_pb2,
+)
 
-# The files whose services are called by name (the other admin services are called through their stubs).
-_BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR, SubscriptionAdmin_pb2.DESCRIPTOR)
+# The files whose services are called by name: every service of the admin port.
+_BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR, SubscriptionAdmin_pb2.DESCRIPTOR,
+            PolicyAdmin_pb2.DESCRIPTOR, SchemaRegistry_pb2.DESCRIPTOR, SecurityAdmin_pb2.DESCRIPTOR)
 
 
 class WireMessage(Protocol):

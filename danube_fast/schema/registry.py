@@ -102,6 +102,16 @@ class SchemaRegistry:
             raise SubjectNotFound(subject)
         return SchemaMetadata.from_json(kv.value, key=key)
 
+    async def subjects(self) -> list[str]:
+        """Every registered subject, sorted (a listing of the store: the console's schema page)."""
+        out = []
+        for kv in await self._store.get_prefix(keys.schemas_prefix()):
+            try:
+                out.append(keys.parse_schema_metadata(kv.key))
+            except InvalidKey:
+                continue
+        return sorted(out)
+
     async def subject_id(self, subject: str) -> int | None:
         try:
             return (await self.metadata(subject)).id

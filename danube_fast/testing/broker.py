@@ -22,13 +22,14 @@ class Broker(ServerProcess):
     off it serves no Prometheus endpoint; with `native` it serves the native transport on `fast_port`."""
 
     def __init__(self, workdir: Path, config: str | None = None, *, metrics: bool = True,
-                 die_with_parent: bool = False, native: bool = False) -> None:
+                 die_with_parent: bool = False, native: bool = False, console: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.broker_port, self.admin_port, self.prom_port = free_ports(3)
         # DANUBE_FAST_TEST_NATIVE=1: every broker serves the native transport, so the fast clients of every
         # test take it (a run of the whole suite over it).
         native = native or os.environ.get("DANUBE_FAST_TEST_NATIVE") == "1"
         self.fast_port = free_ports(1)[0] if native else None
+        self.console_port = free_ports(1)[0] if console else None
         super().__init__("broker", [], workdir / "broker.log", ready_text=READY_LINE, port=self.broker_port,
                          die_with_parent=die_with_parent)
         self.data_dir = workdir / "data"
@@ -49,6 +50,7 @@ class Broker(ServerProcess):
         ]
         # Off unless asked for: the default port would be shared by every broker of a test run.
         cmd += ["--fast-addr", f"{LOOPBACK}:{self.fast_port}" if self.fast_port is not None else ""]
+        cmd += ["--console-addr", f"{LOOPBACK}:{self.console_port}" if self.console_port is not None else ""]
         if self.config_file is not None:
             cmd += ["--config-file", str(self.config_file)]
         return [*cmd, *self.flags]
@@ -58,6 +60,11 @@ class Broker(ServerProcess):
         """host:port of its native transport listener."""
         assert self.fast_port is not None, "a broker started without native=True"
         return f"{LOOPBACK}:{self.fast_port}"
+
+    def console_url(self, scheme: str = "http") -> str:
+        """The web console's address, as a browser opens it (https when the broker runs a tls mode)."""
+        assert self.console_port is not None, "a broker started without console=True"
+        return f"{scheme}://{LOOPBACK}:{self.console_port}"
 
     def restart(self) -> None:
         """Stop the broker if it runs (SIGTERM, must exit 0), then start it on the same ports and data dir."""
@@ -74,8 +81,9 @@ class ClusterBroker(Broker):
     `object_store`; `broker_id` is the id it registered, read once it is ready."""
 
     def __init__(self, workdir: Path, etcd_url: str, object_store: str, config: str, *, metrics: bool = True,
-                 die_with_parent: bool = False, native: bool = False) -> None:
-        super().__init__(workdir, config, metrics=metrics, die_with_parent=die_with_parent, native=native)
+                 die_with_parent: bool = False, native: bool = False, console: bool = False) -> None:
+        super().__init__(workdir, config, metrics=metrics, die_with_parent=die_with_parent, native=native,
+                         console=console)
         self.etcd_url = etcd_url
         self.object_store = object_store
         self.broker_id: int | None = None
@@ -97,14 +105,14 @@ class BrokerFactory:
         self.root = root
         self.brokers: list[Broker] = []
 
-    def add(self, config: str | None = None, *, native: bool = False) -> Broker:
+    def add(self, config: str | None = None, *, native: bool = False, console: bool = False) -> Broker:
         """A broker of this factory, not started yet."""
-        broker = Broker(self.root / f"broker{len(self.brokers)}", config, native=native)
+        broker = Broker(self.root / f"broker{len(self.brokers)}", config, native=native, console=console)
         self.brokers.append(broker)
         return broker
 
-    def start(self, config: str | None = None, *, native: bool = False) -> Broker:
-        broker = self.add(config, native=native)
+    def start(self, config: str | None = None, *, native: bool = False, console: bool = False) -> Broker:
+        broker = self.add(config, native=native, console=console)
         broker.start()
         return broker
 

@@ -44,13 +44,15 @@ class Cluster:
         self.brokers: list[ClusterBroker] = []
         self.extra_config = ""  # TOML added after the [cluster] section (e.g. a [security] section)
         self.native = False  # brokers added from now on serve the native transport too (Broker.fast_port)
+        self.console = False  # brokers added from now on serve the web console too (Broker.console_port)
 
     def add(self, **settings: int | str) -> ClusterBroker:
         """A broker of this cluster, not started yet (set its `env` first, for instance)."""
         workdir = self.root / f"broker{len(self.brokers)}"
         b = ClusterBroker(workdir, self.etcd_url, self.object_store,
                           cluster_config({**self.settings, **settings}) + self.extra_config,
-                          metrics=self.metrics, die_with_parent=self.die_with_parent, native=self.native)
+                          metrics=self.metrics, die_with_parent=self.die_with_parent, native=self.native,
+                          console=self.console)
         self.brokers.append(b)
         return b
 

@@ -1,0 +1,44 @@
+import { bytes, errorBox, h, number, replace, table } from "./dom.js";
+import { get } from "./api.js";
+import { lineChart } from "./chart.js";
+
+const REFRESH_MS = 5000;
+let timer = null;
+
+export function stop() { clearTimeout(timer); timer = null; }
+
+function section(title, data, build) {
+  return [h("h2", {}, title), data && data.error ? errorBox(data.error) : build(data)];
+}
+
+export async function show(main) {
+  const data = await get("/api/overview");
+  const t = data.totals || {};
+  const points = data.history;
+  const brokerRows = Array.isArray(data.brokers) ? data.brokers : [];
+  const balance = data.balance && !data.balance.error ? data.balance : {};
+  replace(main,
+    h("h1", {}, "Overview"),
+    h("div", { class: "cards" },
+      card("Brokers", Array.isArray(data.brokers) ? data.brokers.length : "—"),
+      card("Namespaces", Array.isArray(data.namespaces) ? data.namespaces.length : "—"),
+      card("Topics served here", number(t.topics_here)),
+      card("Messages in", number(t.messages_in)), card("Bytes in", bytes(t.bytes_in)),
+      card("Messages out", number(t.messages_out)), card("Bytes out", bytes(t.bytes_out))),
+    h("h2", {}, `Last hour on broker ${data.broker_id} (every ${data.period_s} s)`),
+    h("div", { class: "charts" },
+      lineChart("messages / s", points, [{ key: "messages_in", cls: "in", label: "in" }, { key: "messages_out", cls: "out", label: "out" }], v => number(v, 1)),
+      lineChart("bytes / s", points, [{ key: "bytes_in", cls: "in", label: "in" }, { key: "bytes_out", cls: "out", label: "out" }], bytes)),
+    section("Brokers", data.brokers, () => table([
+      { title: "Id", cell: b => b.id }, { title: "Address", cell: b => b.addr }, { title: "Admin", cell: b => b.admin_addr },
+      { title: "Status", cell: b => b.status }, { title: "Role", cell: b => b.id === data.leader ? "leader" : b.role },
+      { title: "Topics", num: true, cell: b => balance[b.id] ? balance[b.id].topics : "—" },
+      { title: "Load", num: true, cell: b => balance[b.id] ? number(balance[b.id].load, 2) : "—" },
+    ], brokerRows, { "data-test": "brokers" })),
+    section("Namespaces", data.namespaces, ns => h("ul", { "data-test": "namespaces" }, ns.map(n => h("li", {}, n)))));
+  timer = setTimeout(() => { if (location.hash === "" || location.hash.startsWith("#/overview")) window.dispatchEvent(new Event("danube-render")); }, REFRESH_MS);
+}
+
+function card(label, value) {
+  return h("div", { class: "card" }, h("div", { class: "label" }, label), h("div", { class: "value" }, value));
+}

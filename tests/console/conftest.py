@@ -1,0 +1,127 @@
+"""The web console in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven by
+Selenium's WebDriver): a browser per test module, pages opened by their route, every console error of the
+page collected, and a screenshot of each page checked saved under test-artifacts/console/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import WebDriverWait
+
+from danube_fast.client import FastProducer
+
+ARTIFACTS = Path(os.environ.get("DANUBE_FAST_ARTIFACTS",
+                                Path(__file__).resolve().parents[2] / "test-artifacts")) / "console"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WAIT_S = 20.0  # a page on a loaded 2-core machine; a broken page fails within it, with what it showed
+# Refusals the tests cause on purpose show as failed loads in the browser's log; nothing else may appear.
+EXPECTED_REFUSAL = re.compile(r"Failed to load resource: the server responded with a status of 4\d\d")
+
+
+@contextlib.asynccontextmanager
+async def producing(target: str, topic: str, name: str) -> AsyncIterator[FastProducer]:
+    """A fast producer, flushed and closed at the end of the block."""
+    producer = await FastProducer.connect(target, topic, name)
+    try:
+        yield producer
+        await producer.flush()
+    finally:
+        await producer.close()
+
+
+class Console:
+    """A browser on one broker's console: `open` a route and wait until the page rendered."""
+
+    def __init__(self, driver: webdriver.Chrome, base: str, name: str) -> None:
+        self.driver = driver
+        self.base = base
+        self._name = name
+        self._shots = 0
+
+    def open(self, route: str, page: str | None = None) -> WebElement:
+        """Go to `#/route` and wait for `page` (route's first word by default) to render; <main>."""
+        page = page or route.split("?")[0]
+        if self.driver.current_url.split("#")[0].rstrip("/") != self.base:
+            self.driver.get(self.base + "/#/" + route)
+        else:
+            # The mark of the page shown goes first, so that the wait cannot see the old page's; the same
+            # route again is drawn again (no hashchange).
+            self.driver.execute_script(
+                "document.getElementById('main').removeAttribute('data-rendered');"
+                "if (location.hash === arguments[0]) window.dispatchEvent(new Event('danube-render'));"
+                "else location.hash = arguments[0];", "#/" + route)
+        return self.rendered(page)
+
+    def rendered(self, page: str) -> WebElement:
+        try:
+            WebDriverWait(self.driver, WAIT_S).until(
+                lambda d: d.find_element(By.ID, "main").get_attribute("data-rendered") == page)
+        except TimeoutException:
+            main = self.driver.find_element(By.ID, "main")
+            raise AssertionError(f"page {page} did not render within {WAIT_S} s; it shows: "
+                                 f"{main.text[:500]!r}") from None
+        return self.driver.find_element(By.ID, "main")
+
+    def wait_for(self, css: str, text: str | None = None) -> WebElement:
+        def found(d: Any) -> Any:
+            for el in d.find_elements(By.CSS_SELECTOR, css):
+                if text is None or text in el.text:
+                    return el
+            return False
+        try:
+            return WebDriverWait(self.driver, WAIT_S).until(found)
+        except TimeoutException:
+            raise AssertionError(f"no {css} showing {text!r} within {WAIT_S} s; the page shows: "
+                                 f"{self.driver.find_element(By.ID, 'main').text[:800]!r}") from None
+
+    def test(self, name: str) -> WebElement:
+        return self.wait_for(f'[data-test="{name}"]')
+
+    def all(self, name: str) -> list[WebElement]:
+        return self.driver.find_elements(By.CSS_SELECTOR, f'[data-test="{name}"]')
+
+    def shot(self, what: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self._shots += 1
+        self.driver.save_screenshot(str(ARTIFACTS / f"console-{self._name}-{self._shots:02d}-{what}.png"))
+
+    def errors(self) -> list[str]:
+        """The page's console errors since the last call, but the refusals tests cause on purpose."""
+        return [e["message"] for e in self.driver.get_log("browser")
+                if e["level"] == "SEVERE" and not EXPECTED_REFUSAL.search(e["message"])]
+
+
+def chromium(insecure_tls: bool = False) -> webdriver.Chrome:
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not try to download a browser
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    if insecure_tls:
+        options.add_argument("--ignore-certificate-errors")  # the test PKI's CA is not the system's
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[webdriver.Chrome]:
+    d = chromium()
+    try:
+        yield d
+    finally:
+        d.quit()
