@@ -55,6 +55,18 @@ def test_the_native_transport_is_on_in_standalone_off_in_a_cluster_unless_set() 
     assert load(None, {**cluster, "fast_addr": "0.0.0.0:6653"}, usable=plenty).native_addr == "0.0.0.0:6653"
 
 
+def test_the_console_is_on_at_loopback_in_standalone_off_in_a_cluster_unless_set() -> None:
+    # Loopback whatever broker_addr is: a console exposed beyond the machine is an operator's choice.
+    assert load(None, {"broker_addr": "10.0.0.5:7000"}, usable=plenty).console_listen == "127.0.0.1:9080"
+    assert load(None, {"console_addr": ""}, usable=plenty).console_listen == ""
+    cluster = {"mode": "cluster", "cluster.metadata_store": "etcd://127.0.0.1:2379",
+               "cluster.object_store": "/tmp/objects"}
+    assert load(None, cluster, usable=plenty).console_listen == ""
+    assert load(None, {**cluster, "console_addr": "0.0.0.0:9080"}, usable=plenty).console_listen == "0.0.0.0:9080"
+    with pytest.raises(ConfigError, match="console_addr"):
+        load(None, {"console_addr": "no-port"}, usable=plenty)
+
+
 def test_each_section_overrides_only_what_it_names(tmp_path: Path) -> None:
     path = write(tmp_path, """
 [broker]

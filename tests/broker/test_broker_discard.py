@@ -19,7 +19,7 @@ def test_a_discarded_topic_ends_its_consumers_streams(tmp_path: Path, run: Run) 
     async def main() -> None:
         config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("none")),
                               broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="",
-                              fast_addr="")
+                              fast_addr="", console_addr="")
         broker = await assemble(config)
         await broker.start()
         ctx = broker.ctx

@@ -23,7 +23,8 @@ def test_connections_together_stay_within_the_broker_wide_bound(tmp_path: Path, 
     async def main() -> None:
         config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("always")),
                               broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="",
-                              fast_addr="127.0.0.1:0", fast_inflight_bytes=LIMIT)
+                              fast_addr="127.0.0.1:0", console_addr="",
+                              fast_inflight_bytes=LIMIT)
         broker = await assemble(config)
         await broker.start()
         native = broker.listeners.native

@@ -91,7 +91,8 @@ async def admin_node(store: MetadataStore, broker_id: int, data_dir: Path,
     (data_dir / "broker_id").parent.mkdir(parents=True, exist_ok=True)
     (data_dir / "broker_id").write_text(f"{broker_id}\n")  # the id the tests registered it under
     config = BrokerConfig(data_dir=str(data_dir), wal=WalConfig(sync=SyncPolicy("none")),
-                          broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="", fast_addr="")
+                          broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="", fast_addr="",
+                          console_addr="")
     broker = await assemble(config, store=store, node=QuietNode(), rebalancer=rebalancer)
     await broker.start()
     port = broker.listening.admin_port
