@@ -127,12 +127,14 @@ def test_produce_holds_its_rate(broker: Broker, topic: str) -> None:
 
 def test_a_closed_stdout_ends_consume_quietly_as_cat_does(broker: Broker, topic: str) -> None:
     """`consume ... | head -2`: the reader goes away after two lines; the command ends without a word, with
-    the status of a process SIGPIPE ended (141), and without waiting for the rest."""
-    cli(broker, "produce", topic, "line", "--count", "5000")
+    the status of a process SIGPIPE ended (141), and without waiting for the rest. The records are 1 MB in
+    all: far more than a pipe's buffer (64 KiB), so the reader's going away is seen, however late it reads."""
+    line = "l" * 200
+    cli(broker, "produce", topic, line, "--count", "5000")
     pipeline = subprocess.run(
         ["bash", "-c", 'set -o pipefail; "$@" | head -2', "pipeline", *CLI, "consume", topic, "--from",
          "earliest", "--to-end", "--addr", broker.target], capture_output=True, timeout=60, check=False)
-    assert pipeline.stdout == b"line\nline\n"
+    assert pipeline.stdout == f"{line}\n{line}\n".encode()
     assert pipeline.stderr == b"", pipeline.stderr.decode()
     assert pipeline.returncode == 141
 
