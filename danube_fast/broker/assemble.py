@@ -20,6 +20,7 @@ from danube_fast.broker import namespaces as namespaces_
 from danube_fast.broker.broker import Broker, Listeners, Listening, Node
 from danube_fast.broker.clients import Clients, new_id
 from danube_fast.broker.cluster.admin.service import BrokerAdmin, ClusterNamespaceAdmin, ClusterTopicAdmin
+from danube_fast.broker.cluster.admin.stats import ClusterBrokerStats
 from danube_fast.broker.cluster.admin.subscriptions import ClusterSubscriptionAdmin
 from danube_fast.broker.cluster.admin.tables import ClusterTableAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
@@ -58,6 +59,7 @@ from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BrokerRegistration, TableCatalog
 from danube_fast.meta.store import MetadataStore
+from danube_fast.proto import BrokerStats_pb2_grpc as stats_grpc
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
@@ -156,8 +158,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         history = History(topics)
         console = None
         if config.console_listen:
-            console = build_console(config, listening.admin_port, ctx, history, retention, tables,
-                                    schemas.registry)
+            console = build_console(config, listening.admin_port, schemas.registry)
             undo.append(console.close)
             listening = dataclasses.replace(
                 listening, console_port=await _listen(console.bind, config.console_listen, "--console-addr"))
@@ -193,6 +194,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             (table_grpc.add_TableAdminServicer_to_server, ClusterTableAdmin(ctx, tables, view, forwarder)),
             (subscription_grpc.add_SubscriptionAdminServicer_to_server,
              ClusterSubscriptionAdmin(ctx, view, forwarder)),
+            (stats_grpc.add_BrokerStatsServicer_to_server,
+             ClusterBrokerStats(ctx, history, retention, tables, view, forwarder)),
         ]
         for add, servicer in client_services:
             register(add, servicer, client, gate)

@@ -1,5 +1,6 @@
 """The broker's recent history: messages and bytes in and out over the last hour, and each served topic's
-current rates, for the web console's charts (docs/CONSOLE.md) without a Prometheus.
+current rates, answered by BrokerStats (services/stats.py) for the web console's charts (docs/CONSOLE.md)
+without a Prometheus.
 
 A task samples the counters the topics and subscriptions already keep every `period` seconds and keeps one
 hour of samples (360 of 10 s): four integers a sample, a few kilobytes in all, whatever the topic count.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Protocol, Self, TypeVar
 
 from danube_fast.proto import (
+    BrokerStats_pb2,
     DanubeAdmin_pb2,
     PolicyAdmin_pb2,
     SchemaRegistry_pb2,
@@ -17,7 +18,8 @@ from danube_fast.proto import (
 
 # The files whose services are called by name: every service of the admin port.
 _BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR, SubscriptionAdmin_pb2.DESCRIPTOR,
-            PolicyAdmin_pb2.DESCRIPTOR, SchemaRegistry_pb2.DESCRIPTOR, SecurityAdmin_pb2.DESCRIPTOR)
+            PolicyAdmin_pb2.DESCRIPTOR, SchemaRegistry_pb2.DESCRIPTOR, SecurityAdmin_pb2.DESCRIPTOR,
+            BrokerStats_pb2.DESCRIPTOR)
 
 
 class WireMessage(Protocol):

@@ -1,6 +1,6 @@
 """The console's JSON endpoints (docs/CONSOLE.md, "Endpoints"): each answers one page's question with admin
-API calls made as the signed-in user (calls.py), plus the figures this broker keeps for the topics it serves
-(rates from broker/history.py, backlog, retention, table status).
+API calls made as the signed-in user (calls.py); live figures (rates, backlog, history) come from every
+broker through BrokerStats, so any broker's console shows the whole cluster.
 
 Reads are GETs; every change is a POST or DELETE that must carry the session's CSRF token in
 `X-CSRF-Token` (server.py checks it before a handler runs). A refusal of the broker comes back as
@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
-from danube_fast.broker.history import History
-from danube_fast.broker.retention import Retention
-from danube_fast.broker.tables import TableWriter
-from danube_fast.broker.topic import stored
-from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.client.rpc import M, WireMessage
 from danube_fast.console.calls import AdminCalls
 from danube_fast.console.sessions import Session
 from danube_fast.console.values import Decoder
 from danube_fast.errors import ApiError
 from danube_fast.names import partition_base
+from danube_fast.proto import BrokerStats_pb2 as stats_pb
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
 from danube_fast.proto import SchemaRegistry_pb2 as schema_pb
@@ -51,15 +46,9 @@ def bad(message: str) -> ApiError:
 
 
 class Api:
-    def __init__(self, calls: AdminCalls, topics: TopicRegistry, history: History, retention: Retention,
-                 tables: TableWriter, registry: SchemaRegistry, broker_id: int) -> None:
+    def __init__(self, calls: AdminCalls, registry: SchemaRegistry) -> None:
         self._calls = calls
-        self._topics = topics
-        self._history = history
-        self._retention = retention
-        self._tables = tables
         self._registry = registry
-        self._broker_id = broker_id
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -109,14 +98,22 @@ class Api:
                                               for b in r.brokers})
         namespaces = await self._part(session, "BrokerAdmin", "ListNamespaces", empty,
                                       admin_pb.NamespaceListResponse, lambda r: sorted(r.namespaces))
-        # This broker's figures go to those who may see the cluster (Lookup on it, as ListBrokers needs).
-        seen = not isinstance(brokers, dict)
-        totals = asdict(self._history.totals()) if seen else None
-        if totals is not None:
-            totals["topics_here"] = len(self._topics.served())
-        return {"broker_id": str(self._broker_id), "brokers": brokers, "leader": leader, "balance": balance,
-                "namespaces": namespaces, "totals": totals, "period_s": self._history.period,
-                "history": [asdict(p) for p in self._history.points()] if seen else []}
+        figures = await self._part(session, "BrokerStats", "Figures",
+                                   stats_pb.FiguresRequest(no_topics=True), stats_pb.FiguresResponse,
+                                   _cluster_figures)
+        return {"brokers": brokers, "leader": leader, "balance": balance, "namespaces": namespaces,
+                "figures": figures}
+
+    async def _topic_figures(self, session: Session, stored_topics: list[str] | None = None
+                             ) -> dict[str, stats_pb.TopicFigures]:
+        """Each stored topic's figures from the broker serving it; none for what the user may not see."""
+        try:
+            answer = await self._call(session, "BrokerStats", "Figures",
+                                      stats_pb.FiguresRequest(topics=stored_topics or []),
+                                      stats_pb.FiguresResponse)
+        except ApiError:
+            return {}
+        return {t.stored_topic: t for b in answer.brokers for t in b.topics}
 
     # -- topics ----------------------------------------------------------------------------------------
 
@@ -125,6 +122,7 @@ class Api:
                                  admin_pb.NamespaceListResponse)
         rows: dict[str, dict[str, Any]] = {}
         refused: dict[str, str] = {}
+        figures = await self._topic_figures(session)
         for ns in sorted(names.namespaces):
             try:
                 listed = await self._call(session, "TopicAdmin", "ListNamespaceTopics",
@@ -133,42 +131,8 @@ class Api:
                 refused[ns] = str(e)
                 continue
             for info in listed.topics:
-                self._add_row(rows, info)
+                _add_row(rows, info, figures.get(info.name))
         return {"topics": sorted(rows.values(), key=lambda r: r["name"]), "refused": refused}
-
-    def _add_row(self, rows: dict[str, dict[str, Any]], info: admin_pb.TopicInfo) -> None:
-        base_short = partition_base(info.name.rsplit("/", 1)[-1])
-        name = info.name if base_short is None else info.name.rsplit("/", 1)[0] + "/" + base_short
-        row = rows.get(name)
-        if row is None:
-            row = rows[name] = {"name": name, "namespace": name.split("/")[1], "delivery": info.delivery,
-                                "partitions": 0, "brokers": [], "messages_in_rate": 0.0,
-                                "bytes_in_rate": 0.0, "messages_out_rate": 0.0, "backlog": 0,
-                                "subscriptions": 0, "retained_bytes": 0, "retained_records": 0,
-                                "table": None, "figures_from": 0, "stored": 0}
-        row["stored"] += 1
-        if base_short is not None:
-            row["partitions"] += 1
-        if info.broker_id not in row["brokers"]:
-            row["brokers"].append(info.broker_id)
-        topic = self._topics.find(info.name)
-        if topic is None:
-            return  # figures are kept by the owner (docs/CONSOLE.md)
-        row["figures_from"] += 1
-        rates = self._history.rates.get(info.name)
-        if rates is not None:
-            row["messages_in_rate"] += rates.messages_in
-            row["bytes_in_rate"] += rates.bytes_in
-            row["messages_out_rate"] += rates.messages_out
-        row["subscriptions"] += len(topic.subscriptions)
-        row["backlog"] += sum(s.dispatcher.backlog for s in topic.subscriptions.values())
-        kept = self._retention.state.get(info.name)
-        if kept is not None:
-            row["retained_bytes"] += kept.retained_bytes
-            row["retained_records"] += kept.retained_records
-        table = self._tables.status.get(info.name)
-        if table is not None:
-            row["table"] = "failing" if table.error or table.stopped else table.mode
 
     async def create_topic(self, request: web.Request, session: Session) -> Any:
         body = await read_body(request)
@@ -205,18 +169,19 @@ class Api:
                  (t.name.startswith(name + "-part-") and partition_base(t.name.rsplit("/", 1)[-1]) == short)]
         if not parts:
             raise ApiError("NOT_FOUND", f"topic {name} does not exist (as a topic or as a partitioned topic)")
+        figures = await self._topic_figures(session, [t.name for t in parts])
         partitions = []
         for info in sorted(parts, key=lambda t: t.name):
             described = await self._part(session, "TopicAdmin", "DescribeTopic",
                                          admin_pb.DescribeTopicRequest(name=info.name),
                                          admin_pb.DescribeTopicResponse, _described)
-            served = self._topics.find(info.name)
-            reliable = stored(served) if served is not None else None
+            f = figures.get(info.name)
+            reliable = f if f is not None and info.delivery == "Reliable" else None
             partitions.append({
                 "name": info.name, "broker_id": info.broker_id, "delivery": info.delivery, **described,
-                "producers": sorted(served.producers) if served is not None else None,
-                "start_offset": reliable.log.start_offset if reliable is not None else None,
-                "end_offset": reliable.log.committed_offset if reliable is not None else None,
+                "producers": list(f.producers) if f is not None else None,
+                "start_offset": reliable.start_offset if reliable is not None else None,
+                "end_offset": reliable.end_offset if reliable is not None else None,
             })
         subscriptions = await self._part(
             session, "SubscriptionAdmin", "List", subs_pb.ListRequest(topic=name), subs_pb.DescribeResponse,
@@ -412,6 +377,57 @@ class Api:
                                       scope=_query(request, "scope"))
         answer = await self._call(session, "SecurityAdmin", "Unbind", binding, security_pb.Deleted)
         return {"existed": answer.existed}
+
+
+def _add_row(rows: dict[str, dict[str, Any]], info: admin_pb.TopicInfo,
+             f: stats_pb.TopicFigures | None) -> None:
+    """The listing's row of `info`'s topic (a partition adds to its base name's row) with its figures."""
+    base_short = partition_base(info.name.rsplit("/", 1)[-1])
+    name = info.name if base_short is None else info.name.rsplit("/", 1)[0] + "/" + base_short
+    row = rows.get(name)
+    if row is None:
+        row = rows[name] = {"name": name, "namespace": name.split("/")[1], "delivery": info.delivery,
+                            "partitions": 0, "brokers": [], "messages_in_rate": 0.0,
+                            "bytes_in_rate": 0.0, "messages_out_rate": 0.0, "backlog": 0,
+                            "subscriptions": 0, "retained_bytes": 0, "retained_records": 0,
+                            "table": None, "figures_from": 0, "stored": 0}
+    row["stored"] += 1
+    if base_short is not None:
+        row["partitions"] += 1
+    if info.broker_id not in row["brokers"]:
+        row["brokers"].append(info.broker_id)
+    if f is None:
+        return  # its owner did not answer, is moving it, or the user may not see figures
+    row["figures_from"] += 1
+    row["messages_in_rate"] += f.messages_in_rate
+    row["bytes_in_rate"] += f.bytes_in_rate
+    row["messages_out_rate"] += f.messages_out_rate
+    row["subscriptions"] += f.subscriptions
+    row["backlog"] += f.backlog
+    row["retained_bytes"] += f.retained_bytes
+    row["retained_records"] += f.retained_records
+    if f.table:
+        row["table"] = f.table
+
+
+def _cluster_figures(r: stats_pb.FiguresResponse) -> dict[str, Any]:
+    """Every broker's totals and history summed (points in the same period add up), and the brokers that
+    did not answer."""
+    totals = dict.fromkeys(("messages_in", "bytes_in", "messages_out", "bytes_out"), 0)
+    points: dict[int, dict[str, float]] = {}
+    period = max((b.period_s for b in r.brokers if not b.error), default=10.0) or 10.0
+    for b in r.brokers:
+        if b.error:
+            continue
+        for key in totals:
+            totals[key] += getattr(b, key)
+        for p in b.history:
+            bucket = points.setdefault(int(p.time // period), dict.fromkeys(totals, 0.0))
+            for key in totals:
+                bucket[key] += getattr(p, key)
+    return {"totals": totals, "period_s": period, "brokers": len(r.brokers),
+            "missing": {b.broker_id: b.error for b in r.brokers if b.error},
+            "history": [{"time": (k + 1) * period, **v} for k, v in sorted(points.items())]}
 
 
 def _brokers(r: admin_pb.BrokerListResponse) -> list[dict[str, str]]:

@@ -6,10 +6,6 @@ from __future__ import annotations
 import ssl
 
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.context import BrokerContext
-from danube_fast.broker.history import History
-from danube_fast.broker.retention import Retention
-from danube_fast.broker.tables import TableWriter
 from danube_fast.client.credentials import Credentials, open_channel
 from danube_fast.console.api import Api
 from danube_fast.console.calls import AdminCalls
@@ -26,8 +22,7 @@ class ConsoleConfigError(DanubeError):
     """A console that could not act as its users under these security settings."""
 
 
-def build_console(config: BrokerConfig, admin_port: int, ctx: BrokerContext, history: History,
-                  retention: Retention, tables: TableWriter, registry: SchemaRegistry) -> ConsoleServer:
+def build_console(config: BrokerConfig, admin_port: int, registry: SchemaRegistry) -> ConsoleServer:
     security = config.security
     if security.verify_client and not security.jwt:
         # Its users would need their own certificates on its calls, which it cannot present for them:
@@ -44,7 +39,7 @@ def build_console(config: BrokerConfig, admin_port: int, ctx: BrokerContext, his
                                   cert_file=security.cert_file if mtls else None,
                                   key_file=security.key_file if mtls else None)
     calls = AdminCalls(open_channel(target, credentials=credentials))
-    api = Api(calls, ctx.topics, history, retention, tables, registry, ctx.broker_id)
+    api = Api(calls, registry)
     tls = server_ssl_context(security) if security.tls else None
     if tls is not None and security.verify_client:
         tls.verify_mode = ssl.CERT_NONE  # browsers sign in with a token here (above)

@@ -136,6 +136,7 @@ RULES: dict[str, Rule] = {
     "danube_fast.policy.v1.PolicyAdmin/SetTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.tables.v1.TableAdmin/Status": Rule(L, _field("topic")),
+    "danube_fast.stats.v1.BrokerStats/Figures": Rule(L, _cluster),
     # Moving a subscription, looking at what it would receive, or reading the topic's records without one
     # (Browse) is what a consumer may do.
     **{f"danube_fast.subscriptions.v1.SubscriptionAdmin/{m}": Rule(C, _field("topic"))

@@ -62,7 +62,8 @@ def test_the_console_is_on_at_loopback_in_standalone_off_in_a_cluster_unless_set
     cluster = {"mode": "cluster", "cluster.metadata_store": "etcd://127.0.0.1:2379",
                "cluster.object_store": "/tmp/objects"}
     assert load(None, cluster, usable=plenty).console_listen == ""
-    assert load(None, {**cluster, "console_addr": "0.0.0.0:9080"}, usable=plenty).console_listen == "0.0.0.0:9080"
+    set_here = load(None, {**cluster, "console_addr": "0.0.0.0:9080"}, usable=plenty)
+    assert set_here.console_listen == "0.0.0.0:9080"
     with pytest.raises(ConfigError, match="console_addr"):
         load(None, {"console_addr": "no-port"}, usable=plenty)
 

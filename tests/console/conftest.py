@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -68,8 +68,7 @@ class Console:
 
     def rendered(self, page: str) -> WebElement:
         try:
-            WebDriverWait(self.driver, WAIT_S).until(
-                lambda d: d.find_element(By.ID, "main").get_attribute("data-rendered") == page)
+            self._wait().until(lambda d: d.find_element(By.ID, "main").get_attribute("data-rendered") == page)
         except TimeoutException:
             main = self.driver.find_element(By.ID, "main")
             raise AssertionError(f"page {page} did not render within {WAIT_S} s; it shows: "
@@ -83,10 +82,27 @@ class Console:
                     return el
             return False
         try:
-            return WebDriverWait(self.driver, WAIT_S).until(found)
+            return self._wait().until(found)
         except TimeoutException:
             raise AssertionError(f"no {css} showing {text!r} within {WAIT_S} s; the page shows: "
                                  f"{self.driver.find_element(By.ID, 'main').text[:800]!r}") from None
+
+    def _wait(self) -> WebDriverWait[Any]:
+        # A page draws itself again (the overview every 5 s, a page after an operation): an element read
+        # while that happens is gone, and is looked for again.
+        return WebDriverWait(self.driver, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+
+    def read(self, name: str, what: Any) -> Any:
+        """`what(element)` of the element `data-test=name`, read again if the page redraws meanwhile."""
+        return self._wait().until(lambda d: what(d.find_element(By.CSS_SELECTOR, f'[data-test="{name}"]')))
+
+    def text(self, name: str) -> str:
+        return str(self.read(name, lambda el: el.text))
+
+    def rows(self, name: str) -> list[list[str]]:
+        """The cells of the table `data-test=name`, row by row."""
+        return list(self.read(name, lambda el: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                                                for tr in el.find_elements(By.CSS_SELECTOR, "tbody tr")]))
 
     def test(self, name: str) -> WebElement:
         return self.wait_for(f'[data-test="{name}"]')

@@ -92,7 +92,7 @@ def test_a_visitor_must_sign_in_and_a_bad_token_is_refused(driver, secured: Secu
     console.rendered("login")  # every page asks for a token first
     console.driver.find_element(By.ID, "token").send_keys("not-a-jwt")
     console.test("sign-in").click()
-    assert "UNAUTHENTICATED" in console.test("error").text
+    assert "UNAUTHENTICATED" in console.text("error")
     console.shot("sign-in-refused")
     assert console.errors() == []
 
@@ -102,7 +102,7 @@ def test_an_administrator_sees_and_changes(driver, secured: Secured) -> None:  #
     _sign_in(console, secured.token("admin"))
     assert "admin" in console.driver.find_element(By.ID, "who").text
     console.open("topics")
-    assert "/default/guarded" in console.test("topics").text
+    assert "/default/guarded" in console.text("topics")
     console.open("security")
     console.test("role-name").send_keys("reader")
     console.driver.find_element(By.CSS_SELECTOR, 'input[aria-label="Lookup"]').click()
@@ -130,13 +130,13 @@ def test_a_user_without_permissions_sees_refusals_and_changes_nothing(driver, se
         assert "Not permitted" in denied.text
     console.shot("overview-denied")
     console.open("topics")
-    assert "PERMISSION_DENIED" in console.test("error").text
+    assert "PERMISSION_DENIED" in console.text("error")
     console.open("topic?name=/default/guarded", "topic")
-    assert "PERMISSION_DENIED" in console.test("error").text
+    assert "PERMISSION_DENIED" in console.text("error")
     console.open("browse?topic=/default/guarded", "browse")
-    assert "Not permitted" in console.test("denied").text
+    assert "Not permitted" in console.text("denied")
     console.open("security")
-    assert "Not permitted" in console.test("denied").text
+    assert "Not permitted" in console.text("denied")
     console.shot("security-denied")
 
     # A change through the API as this user (with the session's CSRF token): refused, nothing made.

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from danube_fast.meta import keys
 from danube_fast.meta.store import InvalidKey
 from danube_fast.proto import (
+    BrokerStats_pb2,
     DanubeAdmin_pb2,
     DanubeApi_pb2,
     FastApi_pb2,
@@ -41,7 +42,8 @@ def test_every_served_method_has_a_rule() -> None:
     """Deny by default: a method missing here is open to super admins only; none may be missing."""
     served = {f"{service.full_name}/{method.name}"
               for module in (DanubeAdmin_pb2, DanubeApi_pb2, FastApi_pb2, SchemaRegistry_pb2,
-                             SecurityAdmin_pb2, PolicyAdmin_pb2, TableAdmin_pb2, SubscriptionAdmin_pb2)
+                             SecurityAdmin_pb2, PolicyAdmin_pb2, TableAdmin_pb2, SubscriptionAdmin_pb2,
+                             BrokerStats_pb2)
               for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods}
     assert served - set(RULES) == set()
     assert set(RULES) - served == set()

@@ -13,8 +13,10 @@ function section(title, data, build) {
 
 export async function show(main) {
   const data = await get("/api/overview");
-  const t = data.totals || {};
-  const points = data.history;
+  const figures = data.figures && !data.figures.error ? data.figures : null;
+  const t = figures ? figures.totals : {};
+  const points = figures ? figures.history : [];
+  const missing = figures ? Object.entries(figures.missing) : [];
   const brokerRows = Array.isArray(data.brokers) ? data.brokers : [];
   const balance = data.balance && !data.balance.error ? data.balance : {};
   replace(main,
@@ -22,13 +24,14 @@ export async function show(main) {
     h("div", { class: "cards" },
       card("Brokers", Array.isArray(data.brokers) ? data.brokers.length : "—"),
       card("Namespaces", Array.isArray(data.namespaces) ? data.namespaces.length : "—"),
-      card("Topics served here", number(t.topics_here)),
       card("Messages in", number(t.messages_in)), card("Bytes in", bytes(t.bytes_in)),
       card("Messages out", number(t.messages_out)), card("Bytes out", bytes(t.bytes_out))),
-    h("h2", {}, `Last hour on broker ${data.broker_id} (every ${data.period_s} s)`),
-    h("div", { class: "charts" },
+    h("h2", {}, figures ? `Last hour, every broker (every ${figures.period_s} s)` : "Last hour"),
+    missing.map(([id, why]) => h("div", { class: "error", "data-test": "missing-broker" }, `Broker ${id} did not answer: ${why}`)),
+    figures ? h("div", { class: "charts" },
       lineChart("messages / s", points, [{ key: "messages_in", cls: "in", label: "in" }, { key: "messages_out", cls: "out", label: "out" }], v => number(v, 1)),
-      lineChart("bytes / s", points, [{ key: "bytes_in", cls: "in", label: "in" }, { key: "bytes_out", cls: "out", label: "out" }], bytes)),
+      lineChart("bytes / s", points, [{ key: "bytes_in", cls: "in", label: "in" }, { key: "bytes_out", cls: "out", label: "out" }], bytes))
+      : errorBox(data.figures.error),
     section("Brokers", data.brokers, () => table([
       { title: "Id", cell: b => b.id }, { title: "Address", cell: b => b.addr }, { title: "Admin", cell: b => b.admin_addr },
       { title: "Status", cell: b => b.status }, { title: "Role", cell: b => b.id === data.leader ? "leader" : b.role },
