@@ -57,6 +57,7 @@ class Api:
             ("POST", "/api/topics", self.create_topic),
             ("DELETE", "/api/topics", self.delete_topic),
             ("GET", "/api/topic", self.topic),
+            ("POST", "/api/topics/unload", self.unload_topic),
             ("POST", "/api/subscriptions/seek", self.seek),
             ("POST", "/api/subscriptions/skip", self.skip),
             ("DELETE", "/api/subscriptions", self.unsubscribe),
@@ -158,6 +159,13 @@ class Api:
         await self._call(session, "TopicAdmin", "DeleteTopic", admin_pb.TopicRequest(name=name),
                          admin_pb.TopicResponse)
         return {"deleted": name}
+
+    async def unload_topic(self, request: web.Request, session: Session) -> Any:
+        """A stored topic leaves its broker; in a cluster the load manager places it on another."""
+        name = text_field(await read_body(request), "name")
+        await self._call(session, "TopicAdmin", "UnloadTopic", admin_pb.TopicRequest(name=name),
+                         admin_pb.TopicResponse)
+        return {"unloaded": name}
 
     async def topic(self, request: web.Request, session: Session) -> Any:
         name = _query(request, "name")

@@ -4,8 +4,11 @@ partition, read from whichever broker owns it (docs/CONSOLE.md, "Cluster")."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
+from selenium.webdriver.common.alert import Alert
 from selenium.webdriver.common.by import By
 
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
@@ -63,4 +66,23 @@ def test_one_console_shows_both_brokers_and_every_partitions_records(driver, clu
     owned = console.rows("partitions")
     assert {r[0]: r[1] for r in owned} == owners
     console.shot("topic")
+
+    # Move a partition off its owner: the load manager places it on the other broker, and the page says so.
+    moved = f"{TOPIC}-part-0"
+    row = next(tr for tr in console.test("partitions").find_elements(By.CSS_SELECTOR, "tbody tr")
+               if tr.find_elements(By.TAG_NAME, "td")[0].text == moved)
+    row.find_element(By.CSS_SELECTOR, '[data-test="unload"]').click()
+    Alert(console.driver).accept()
+    console.wait_for('[data-test="notice"]', f"Unloaded {moved}")
+    other = next(str(b.broker_id) for b in brokers if str(b.broker_id) != owners[moved])
+
+    def owner_now() -> str:
+        console.open(f"topic?name={TOPIC}", "topic")
+        return {r[0]: r[1] for r in console.rows("partitions")}[moved]
+    deadline = time.monotonic() + 30
+    while owner_now() != other:
+        assert time.monotonic() < deadline, f"{moved} still on {owners[moved]}, not moved to {other}"
+        time.sleep(0.5)
+    console.open(f"browse?topic={moved}&from=earliest&count=10", "browse")
+    assert [el.text for el in console.all("value")] == [f"p0-{n}" for n in range(5)]  # nothing lost
     assert console.errors() == []

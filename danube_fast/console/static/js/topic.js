@@ -46,6 +46,11 @@ export async function show(main, params) {
       { title: "Offsets", cell: p => p.start_offset === null ? "on its owner" : `${p.start_offset} … ${p.end_offset}` },
       { title: "Producers", cell: p => p.producers === null ? "on its owner" : (p.producers.join(", ") || "none") },
       { title: "Schema", cell: p => p.error ? errorBox(p.error) : (p.schema_subject ? h("a", { href: route("schema", { subject: p.schema_subject }) }, `${p.schema_subject} (${p.schema_type} v${p.schema_version}, ${p.compatibility})`) : "none") },
+      { title: "", cell: p => h("button", { type: "button", "data-test": "unload", onclick: () => {
+        if (window.confirm(`Move ${p.name} off broker ${p.broker_id}? Its clients reconnect to the broker it lands on.`)) {
+          act(() => `Unloaded ${p.name} from broker ${p.broker_id}`, () => post("/api/topics/unload", { name: p.name }));
+        }
+      } }, "Move") },
     ], data.partitions, { "data-test": "partitions" }),
     h("h2", {}, "Subscriptions"),
     subs && subs.error ? errorBox(subs.error) : table([
