@@ -397,7 +397,7 @@ def _add_row(rows: dict[str, dict[str, Any]], info: admin_pb.TopicInfo,
         row = rows[name] = {"name": name, "namespace": name.split("/")[1], "delivery": info.delivery,
                             "partitions": 0, "brokers": [], "messages_in_rate": 0.0,
                             "bytes_in_rate": 0.0, "messages_out_rate": 0.0, "backlog": 0,
-                            "subscriptions": 0, "retained_bytes": 0, "retained_records": 0,
+                            "subscriptions": 0, "retained_bytes": 0, "retained_records": 0, "wal_bytes": 0,
                             "table": None, "figures_from": 0, "stored": 0}
     row["stored"] += 1
     if base_short is not None:
@@ -414,6 +414,7 @@ def _add_row(rows: dict[str, dict[str, Any]], info: admin_pb.TopicInfo,
     row["backlog"] += f.backlog
     row["retained_bytes"] += f.retained_bytes
     row["retained_records"] += f.retained_records
+    row["wal_bytes"] += f.wal_bytes
     if f.table:
         row["table"] = f.table
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x42rokerStats.proto\x12\x14\x64\x61nube_fast.stats.v1\"M\n\x0e\x46iguresRequest\x12\x18\n\x10only_this_broker\x18\x01 \x01(\x08\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x11\n\tno_topics\x18\x03 \x01(\x08\"e\n\x05Point\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x13\n\x0bmessages_in\x18\x02 \x01(\x01\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x01\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x01\x12\x11\n\tbytes_out\x18\x05 \x01(\x01\"\x96\x02\n\x0cTopicFigures\x12\x14\n\x0cstored_topic\x18\x01 \x01(\t\x12\x18\n\x10messages_in_rate\x18\x02 \x01(\x01\x12\x15\n\rbytes_in_rate\x18\x03 \x01(\x01\x12\x19\n\x11messages_out_rate\x18\x04 \x01(\x01\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x04\x12\x15\n\rsubscriptions\x18\x06 \x01(\r\x12\x11\n\tproducers\x18\x07 \x03(\t\x12\x14\n\x0cstart_offset\x18\x08 \x01(\x04\x12\x12\n\nend_offset\x18\t \x01(\x04\x12\x16\n\x0eretained_bytes\x18\n \x01(\x04\x12\x18\n\x10retained_records\x18\x0b \x01(\x04\x12\r\n\x05table\x18\x0c \x01(\t\"\xf5\x01\n\rBrokerFigures\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08period_s\x18\x03 \x01(\x01\x12\x13\n\x0bmessages_in\x18\x04 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x05 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x06 \x01(\x04\x12\x11\n\tbytes_out\x18\x07 \x01(\x04\x12,\n\x07history\x18\x08 \x03(\x0b\x32\x1b.danube_fast.stats.v1.Point\x12\x32\n\x06topics\x18\t \x03(\x0b\x32\".danube_fast.stats.v1.TopicFigures\"G\n\x0f\x46iguresResponse\x12\x34\n\x07\x62rokers\x18\x01 \x03(\x0b\x32#.danube_fast.stats.v1.BrokerFigures2e\n\x0b\x42rokerStats\x12V\n\x07\x46igures\x12$.danube_fast.stats.v1.FiguresRequest\x1a%.danube_fast.stats.v1.FiguresResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x42rokerStats.proto\x12\x14\x64\x61nube_fast.stats.v1\"M\n\x0e\x46iguresRequest\x12\x18\n\x10only_this_broker\x18\x01 \x01(\x08\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x11\n\tno_topics\x18\x03 \x01(\x08\"e\n\x05Point\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x13\n\x0bmessages_in\x18\x02 \x01(\x01\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x01\x12\x14\n\x0cmessages_out\x18\x04 \x01(\x01\x12\x11\n\tbytes_out\x18\x05 \x01(\x01\"\xa9\x02\n\x0cTopicFigures\x12\x14\n\x0cstored_topic\x18\x01 \x01(\t\x12\x18\n\x10messages_in_rate\x18\x02 \x01(\x01\x12\x15\n\rbytes_in_rate\x18\x03 \x01(\x01\x12\x19\n\x11messages_out_rate\x18\x04 \x01(\x01\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x04\x12\x15\n\rsubscriptions\x18\x06 \x01(\r\x12\x11\n\tproducers\x18\x07 \x03(\t\x12\x14\n\x0cstart_offset\x18\x08 \x01(\x04\x12\x12\n\nend_offset\x18\t \x01(\x04\x12\x16\n\x0eretained_bytes\x18\n \x01(\x04\x12\x18\n\x10retained_records\x18\x0b \x01(\x04\x12\r\n\x05table\x18\x0c \x01(\t\x12\x11\n\twal_bytes\x18\r \x01(\x04\"\xf5\x01\n\rBrokerFigures\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x10\n\x08period_s\x18\x03 \x01(\x01\x12\x13\n\x0bmessages_in\x18\x04 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x05 \x01(\x04\x12\x14\n\x0cmessages_out\x18\x06 \x01(\x04\x12\x11\n\tbytes_out\x18\x07 \x01(\x04\x12,\n\x07history\x18\x08 \x03(\x0b\x32\x1b.danube_fast.stats.v1.Point\x12\x32\n\x06topics\x18\t \x03(\x0b\x32\".danube_fast.stats.v1.TopicFigures\"G\n\x0f\x46iguresResponse\x12\x34\n\x07\x62rokers\x18\x01 \x03(\x0b\x32#.danube_fast.stats.v1.BrokerFigures2e\n\x0b\x42rokerStats\x12V\n\x07\x46igures\x12$.danube_fast.stats.v1.FiguresRequest\x1a%.danube_fast.stats.v1.FiguresResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POINT']._serialized_start=122
   _globals['_POINT']._serialized_end=223
   _globals['_TOPICFIGURES']._serialized_start=226
-  _globals['_TOPICFIGURES']._serialized_end=504
-  _globals['_BROKERFIGURES']._serialized_start=507
-  _globals['_BROKERFIGURES']._serialized_end=752
-  _globals['_FIGURESRESPONSE']._serialized_start=754
-  _globals['_FIGURESRESPONSE']._serialized_end=825
-  _globals['_BROKERSTATS']._serialized_start=827
-  _globals['_BROKERSTATS']._serialized_end=928
+  _globals['_TOPICFIGURES']._serialized_end=523
+  _globals['_BROKERFIGURES']._serialized_start=526
+  _globals['_BROKERFIGURES']._serialized_end=771
+  _globals['_FIGURESRESPONSE']._serialized_start=773
+  _globals['_FIGURESRESPONSE']._serialized_end=844
+  _globals['_BROKERSTATS']._serialized_start=846
+  _globals['_BROKERSTATS']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class Point(_message.Message):
     def __init__(self, time: _Optional[float] = ..., messages_in: _Optional[float] = ..., bytes_in: _Optional[float] = ..., messages_out: _Optional[float] = ..., bytes_out: _Optional[float] = ...) -> None: ...
 
 class TopicFigures(_message.Message):
-    __slots__ = ("stored_topic", "messages_in_rate", "bytes_in_rate", "messages_out_rate", "backlog", "subscriptions", "producers", "start_offset", "end_offset", "retained_bytes", "retained_records", "table")
+    __slots__ = ("stored_topic", "messages_in_rate", "bytes_in_rate", "messages_out_rate", "backlog", "subscriptions", "producers", "start_offset", "end_offset", "retained_bytes", "retained_records", "table", "wal_bytes")
     STORED_TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_IN_RATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_IN_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class TopicFigures(_message.Message):
     RETAINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RETAINED_RECORDS_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
+    WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     stored_topic: str
     messages_in_rate: float
     bytes_in_rate: float
@@ -58,7 +59,8 @@ class TopicFigures(_message.Message):
     retained_bytes: int
     retained_records: int
     table: str
-    def __init__(self, stored_topic: _Optional[str] = ..., messages_in_rate: _Optional[float] = ..., bytes_in_rate: _Optional[float] = ..., messages_out_rate: _Optional[float] = ..., backlog: _Optional[int] = ..., subscriptions: _Optional[int] = ..., producers: _Optional[_Iterable[str]] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., retained_bytes: _Optional[int] = ..., retained_records: _Optional[int] = ..., table: _Optional[str] = ...) -> None: ...
+    wal_bytes: int
+    def __init__(self, stored_topic: _Optional[str] = ..., messages_in_rate: _Optional[float] = ..., bytes_in_rate: _Optional[float] = ..., messages_out_rate: _Optional[float] = ..., backlog: _Optional[int] = ..., subscriptions: _Optional[int] = ..., producers: _Optional[_Iterable[str]] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., retained_bytes: _Optional[int] = ..., retained_records: _Optional[int] = ..., table: _Optional[str] = ..., wal_bytes: _Optional[int] = ...) -> None: ...
 
 class BrokerFigures(_message.Message):
     __slots__ = ("broker_id", "error", "period_s", "messages_in", "bytes_in", "messages_out", "bytes_out", "history", "topics")

@@ -135,6 +135,11 @@ class SegmentedLog:
             return self._segments.bases
 
     @property
+    def disk_bytes(self) -> int:
+        with self._lock:
+            return self._segments.nbytes if self._segments else 0
+
+    @property
     def unsynced_bytes(self) -> int:
         with self._lock:
             return self._written - self._synced

@@ -161,6 +161,11 @@ class Segments:
         return self._segments[-1]
 
     @property
+    def nbytes(self) -> int:
+        """The bytes written to the segment files (headers and batches)."""
+        return sum(seg.size for seg in self._segments)
+
+    @property
     def bases(self) -> list[int]:
         """The base offsets, oldest first (a copy)."""
         return list(self._bases)

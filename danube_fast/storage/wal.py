@@ -140,6 +140,11 @@ class Wal:
         return self._log.start_offset
 
     @property
+    def disk_bytes(self) -> int:
+        """The bytes its segment files hold (what retention and the uploader have not removed yet)."""
+        return self._log.disk_bytes
+
+    @property
     def segment_bases(self) -> list[int]:
         """Base offsets of the segment files, oldest first; the last is the active segment's (the uploader
         turns the sealed ones into objects)."""

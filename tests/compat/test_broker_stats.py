@@ -36,6 +36,7 @@ def test_figures_are_the_topics_own(broker_factory: BrokerFactory) -> None:
         (t,) = [t for t in b.topics if t.stored_topic == "/default/counted"]
         assert (t.start_offset, t.end_offset, list(t.producers), t.subscriptions, t.backlog) == \
             (0, 10, ["p1"], 1, 10)
+        assert t.wal_bytes >= 10 * 100  # ten payloads of 100 bytes, framed
         assert [t.stored_topic for t in one.brokers[0].topics] == ["/default/counted"]
         assert list(none.brokers[0].topics) == [] and none.brokers[0].messages_in == 10
 

@@ -54,6 +54,7 @@ class BrokerStatsService:
         reliable = stored(topic)
         if reliable is not None:
             out.start_offset, out.end_offset = reliable.log.start_offset, reliable.log.committed_offset
+            out.wal_bytes = reliable.wal.disk_bytes
         kept = self._retention.state.get(topic.full)
         if kept is not None:
             out.retained_bytes, out.retained_records = kept.retained_bytes, kept.retained_records

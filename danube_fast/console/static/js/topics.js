@@ -19,7 +19,8 @@ export async function show(main, params) {
       { title: "Out msg/s", num: true, cell: t => here(t, number(t.messages_out_rate, 1)) },
       { title: "Subs", num: true, cell: t => here(t, t.subscriptions) },
       { title: "Backlog", num: true, cell: t => here(t, number(t.backlog)) },
-      { title: "Retained", num: true, cell: t => here(t, `${bytes(t.retained_bytes)} / ${number(t.retained_records)}`) },
+      { title: "WAL", num: true, cell: t => here(t, bytes(t.wal_bytes)) },
+      { title: "Objects", num: true, cell: t => here(t, `${bytes(t.retained_bytes)} / ${number(t.retained_records)}`) },
       { title: "Table", cell: t => t.table || "—" },
       { title: "", cell: t => h("button", { class: "danger", "data-test": "delete-topic", onclick: () => remove(t.name) }, "Delete") },
     ], rows, { "data-test": "topics" }));
