@@ -48,4 +48,4 @@ def test_a_console_cannot_act_for_certificate_only_users() -> None:
     config = BrokerConfig(security=SecurityConfig(mode="tls", verify_client=True, cert_file="c", key_file="k",
                                                   ca_file="ca"))
     with pytest.raises(ConsoleConfigError, match="tls_jwt"):
-        build_console(config, 1, None, None, None, None, None)  # type: ignore[arg-type]
+        build_console(config, 1, None)  # type: ignore[arg-type]
