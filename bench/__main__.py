@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|subscriptions|delayed|spark|tables|e2e|cluster|topics
-|chaos [--json]
+"""`python -m bench storage|meta|broker|fast|security|subscriptions|delayed|console|spark|tables|e2e|cluster
+|topics|chaos [--json]
 [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
                            "due at once against a backlog's, the dispatcher's check")
     _common_options(de, DELAYED_SECTION, "20,000 waiting and 2,000 due instead of 1,000,000 and 50,000, "
                     "and 1 run unless --runs says otherwise", default_runs=None)
+    co = suites.add_parser("console", help="the web console in headless Chromium with 1,000 topics: time to "
+                           "a rendered page, and produce and consume with the console open against closed")
+    _common_options(co, CONSOLE_SECTION, "100 topics, 20 subscriptions, 2 opens per page and 0.5 s of "
+                    "produce instead of 1,000, 100, 5 and 4 s, and 1 run unless --runs says otherwise",
+                    default_runs=None)
     sp = suites.add_parser("spark", help="our Spark data source against Spark's Parquet scan of the same "
                                          "records and the codec alone: full scan, offset and time pruning")
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
@@ -177,6 +182,7 @@ SPARK_SECTION = "Spark"
 SECURITY_SECTION = "Security"
 SUBSCRIPTIONS_SECTION = "Subscription operations"
 DELAYED_SECTION = "Delayed delivery"
+CONSOLE_SECTION = "Console"
 TABLES_SECTION = "Topic tables"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
@@ -269,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(delayed.load_line(delayed.QUICK_PENDING if args.quick else delayed.PENDING,
                                        delayed.QUICK_DUE if args.quick else delayed.DUE))
         found = delayed.run_delayed(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "console":
+        from bench import console  # here: only this suite needs Selenium and Chromium
+
+        title = CONSOLE_SECTION
+        extra.append(console.load_line(args.quick))
+        runs_note = console.RUNS_NOTE
+        found = console.run_console(Options(args.runs, args.quick, args.dir))
     elif args.suite == "spark":
         from bench import spark  # here: only this suite needs pyspark and a JVM
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,18 +14,15 @@ from typing import Any
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from danube_fast.client import FastProducer
+from danube_fast.testing.browser import chromium
 
 ARTIFACTS = Path(os.environ.get("DANUBE_FAST_ARTIFACTS",
                                 Path(__file__).resolve().parents[2] / "test-artifacts")) / "console"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WAIT_S = 20.0  # a page on a loaded 2-core machine; a broken page fails within it, with what it showed
 # Refusals the tests cause on purpose show as failed loads in the browser's log; nothing else may appear.
 EXPECTED_REFUSAL = re.compile(r"Failed to load resource: the server responded with a status of 4\d\d")
@@ -119,19 +115,6 @@ class Console:
         """The page's console errors since the last call, but the refusals tests cause on purpose."""
         return [e["message"] for e in self.driver.get_log("browser")
                 if e["level"] == "SEVERE" and not EXPECTED_REFUSAL.search(e["message"])]
-
-
-def chromium(insecure_tls: bool = False) -> webdriver.Chrome:
-    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not try to download a browser
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
-        options.add_argument(arg)
-    if insecure_tls:
-        options.add_argument("--ignore-certificate-errors")  # the test PKI's CA is not the system's
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,10 @@ from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.security.tls import channel_credentials
 from danube_fast.testing.broker import Broker
+from danube_fast.testing.browser import chromium
 from danube_fast.testing.certs import authority
 from tests.compat.compat_support import run_async
-from tests.console.conftest import Console, chromium
+from tests.console.conftest import Console
 
 pytestmark = pytest.mark.browser
 
