@@ -347,3 +347,24 @@ def test_the_api_refuses_bad_input_changes_without_csrf_and_foreign_origins(load
     assert status == 200 and "/default/csrf-less" not in str(answer) and "/default/foreign" not in str(answer)
     status, answer = call("GET", "/api/topics", Cookie="danube_console=forged")
     assert status == 401, answer
+
+
+def test_a_long_topic_list_is_shown_a_page_at_a_time(console: Console, loaded: Loaded) -> None:
+    """Last in this module: it adds 120 topics to the broker the others share."""
+    async def create() -> None:
+        async with grpc.aio.insecure_channel(_admin(loaded.broker)) as channel:
+            namespaces = admin_grpc.NamespaceAdminStub(channel)
+            await namespaces.CreateNamespace(admin_pb.NamespaceRequest(name="many"))
+            stub = admin_grpc.TopicAdminStub(channel)
+            for n in range(120):
+                await stub.CreateTopic(admin_pb.NewTopicRequest(name=f"/many/t{n:03d}",
+                                                                dispatch_strategy=admin_pb.Reliable))
+    run_async(create())
+    console.open("topics")
+    assert len(console.rows("topics")) == 100
+    assert console.text("more") == "Show 23 more"  # 123 topics in all
+    console.test("more").click()
+    console.wait_for('[data-test="topics"] tbody tr', "/many/t119")
+    assert len(console.rows("topics")) == 123 and not console.all("more")
+    console.test("filter").send_keys("t11")
+    WebDriverWait(console.driver, WAIT_S).until(lambda d: len(console.rows("topics")) == 10)
