@@ -34,9 +34,11 @@ def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
         assert figures[f"{page}_painted_ms"]["value"] >= figure["value"], page
     for name in ("produce_console_closed", "consume_console_closed"):
         assert figures[name]["value"] > 0, name
-    for name in ("produce_console_open", "consume_console_open"):
-        figure = figures[name]
-        assert figure["value"] > 0 and figure["baseline"] > 0 and figure["ratio"] > 0, name
+    for what in ("produce", "consume"):
+        for mode in ("overview", "reloading"):
+            figure = figures[f"{what}_console_{mode}"]
+            assert figure["value"] > 0 and figure["baseline"] > 0 and figure["ratio"] > 0, (what, mode)
+        assert figures[f"{what}_console_overview"]["target"] is not None
     assert figures["topics_reloads_per_s"]["value"] >= 0
-    assert len(figures) == 1 + 2 * len(PAGES) + 5, sorted(figures)
+    assert len(figures) == 1 + 2 * len(PAGES) + 7, sorted(figures)
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"
