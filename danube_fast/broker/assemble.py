@@ -29,7 +29,7 @@ from danube_fast.broker.cluster.node import ClusterNode
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
-from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.budget import ByteBudget, ReadBudget
 from danube_fast.broker.history import History
 from danube_fast.broker.message_ttl import MessageTtl
 from danube_fast.broker.metrics import MetricsServer
@@ -120,7 +120,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
                                broker_id)
         undo.append(topics.close)
         ctx = BrokerContext(config, broker_id, topics, namespaces, topics.subscriptions, clients, placement,
-                            logs, budget)
+                            logs, budget, ReadBudget(budget))
         schemas = TopicSchemas(store, SchemaRegistry(store))
         retention = Retention(topics, namespaces, tier.objects, store, config.retention_check_ms / 1000,
                               ttl=MessageTtl(topics.subscriptions))

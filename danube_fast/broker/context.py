@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
-from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.broker.dispatch.budget import ByteBudget, ReadBudget
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import Placement
 from danube_fast.broker.subscriptions import Subscriptions
@@ -29,3 +29,4 @@ class BrokerContext:
     placement: Placement  # where a topic lives (this broker or another)
     logs: LogManager  # the WALs, their cache budget and the idle sweeper
     budget: ByteBudget  # bytes every dispatcher holds for delivery
+    reads: ReadBudget  # the offset reader's responses in flight, within `budget`

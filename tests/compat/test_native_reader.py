@@ -5,9 +5,10 @@ CANCELled without disturbing the connection, and nothing written while reading."
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
-from compat_support import run_async
+from compat_support import run_async, scrape
 from test_fast_reader import (
     check_items,
     in_range,
@@ -148,3 +149,49 @@ def test_a_slow_reader_holds_a_few_frames_not_the_whole_read(broker_factory: Bro
             assert [r.payload for r in in_range(items, 0, n)] == expected
 
     run_async(scenario())
+
+
+@pytest.mark.parametrize("transport", ["grpc", "native"])
+def test_concurrent_reads_hold_their_responses_within_the_dispatch_budget(broker_factory: BrokerFactory,
+                                                                          topic: str, transport: str) -> None:
+    """Six slow readers on a broker whose dispatch budget is 1 MiB: the responses they hold count against it
+    (the held-bytes gauge shows them), never more than the budget plus one response, and every reader gets
+    every record. Native reads hold a response only until the kernel takes it, so theirs are 50 MB each:
+    more than loopback TCP buffers."""
+    budget, room = 1 << 20, 256 << 10
+    pad = 10_000 if transport == "native" else 1000
+    broker = broker_factory.start(f"[dispatch]\nbroker_bytes = {budget}\n", native=True)
+
+    async def scenario() -> None:
+        expected = await produce_batches(broker, topic, 100, pad=pad)
+        n, digest = len(expected), hashlib.sha256(b"".join(expected)).hexdigest()
+        del expected
+        held: list[float] = []
+
+        async def sample() -> None:
+            while True:
+                figures = await asyncio.to_thread(scrape, broker)
+                held.append(figures["danube_dispatch_held_bytes"])
+                await asyncio.sleep(0.02)
+
+        async def slow_reader() -> tuple[int, str]:
+            seen, h = 0, hashlib.sha256()
+            async with TopicReader(broker.target, transport=transport) as reader:
+                async for item in reader.read(topic, 0, n, max_bytes=room):
+                    for r in in_range([item], 0, n):
+                        seen += 1
+                        h.update(r.payload)
+                    await asyncio.sleep(0.01)
+            return seen, h.hexdigest()
+
+        sampler = asyncio.create_task(sample())
+        try:
+            results = await asyncio.gather(*(slow_reader() for _ in range(6)))
+        finally:
+            sampler.cancel()
+        assert results == [(n, digest)] * 6
+        one_batch = 50 * (pad + 100)
+        assert max(held) > 0, "the reads' responses were never counted against the budget"
+        assert max(held) <= budget + room + one_batch, (max(held), budget)
+
+    run_async(scenario(), timeout=100)

@@ -50,6 +50,7 @@ class FastReaderService(fast_grpc.FastReaderServicer):
         self._ctx = ctx
         self._topics = ctx.topics
         self._subscriptions = ctx.subscriptions
+        self._reads = ctx.reads
 
     @unary
     async def Offsets(self, request: fast.OffsetsRequest, context: Context) -> fast.OffsetsResponse:
@@ -71,11 +72,16 @@ class FastReaderService(fast_grpc.FastReaderServicer):
                     "the topic left this broker"
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
                                     f"{why}: look {topic.full} up again and read on from offset {low}")
-            got = await next_chunks(log, low, end, room)
-            if got is None:
-                return
-            chunks, first, next_offset = got
-            yield encode_read_response(records_data(chunks), first, next_offset - 1)
+            held = await self._reads.reserve(room)  # released once gRPC took the response
+            try:
+                got = await next_chunks(log, low, end, room)
+                if got is None:
+                    return
+                chunks, first, next_offset = got
+                held.grow(sum(memoryview(c).nbytes for c in chunks))
+                yield encode_read_response(records_data(chunks), first, next_offset - 1)
+            finally:
+                held.release()
             low = next_offset
 
     def _readable(self, name: str) -> tuple[ReliableTopic, ReadableLog]:

@@ -439,18 +439,23 @@ class Connection(asyncio.BufferedProtocol):
                     self._error(request_id, "UNAVAILABLE", f"{why}: look {topic.full} up again and read on "
                                                            f"from offset {low}", True)
                     return
-                got = await next_chunks(log, low, end, room)
-                if got is None:
-                    break
-                chunks, first, low = got
-                size = sum(memoryview(c).nbytes for c in chunks)
-                self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
-                                  frames.offsets_body(first, low - 1), *chunks])
+                held = await ctx.reads.reserve(room)  # released once the frame left the write buffer
                 try:
-                    await asyncio.wait_for(self._writable.wait(), self._silent_s)
-                except TimeoutError:
-                    self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s")
-                    return
+                    got = await next_chunks(log, low, end, room)
+                    if got is None:
+                        break
+                    chunks, first, low = got
+                    size = sum(memoryview(c).nbytes for c in chunks)
+                    held.grow(size)
+                    self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
+                                      frames.offsets_body(first, low - 1), *chunks])
+                    try:
+                        await asyncio.wait_for(self._writable.wait(), self._silent_s)
+                    except TimeoutError:
+                        self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s")
+                        return
+                finally:
+                    held.release()
         except DanubeError as e:
             self._error(request_id, e.grpc_code, str(e), e.retriable)
             return
