@@ -38,6 +38,7 @@ PRODUCE_FIELDS = 4  # a PRODUCE body's `records` before its batches
 # the broker, which sends a READ's next frame only once its write buffer drains), and reads again at
 # STREAM_LOW, so a reader slower than the network holds a few frames, not the whole read.
 STREAM_HIGH, STREAM_LOW = 8, 2
+SILENT_PERIODS = 3  # keepalive periods without a byte from the broker before the connection is given up
 TRANSPORTS = ("auto", "grpc", "native")  # what the fast clients' `transport` option takes
 
 
@@ -87,6 +88,7 @@ class NativeConnection(asyncio.BufferedProtocol):
         self._lost_now = asyncio.get_running_loop().create_future()  # connection_lost was called
         self._keepalive: asyncio.Task[None] | None = None
         self._sent = False  # anything written since the keepalive task last looked
+        self._heard = False  # anything received since the keepalive task last looked
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._streams: dict[int, asyncio.Queue[Frame | ProduceRejected]] = {}  # subscriptions' frames
@@ -152,6 +154,7 @@ class NativeConnection(asyncio.BufferedProtocol):
         return self._receiver.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._heard = True
         try:
             self._receiver.buffer_updated(nbytes)
         except frames.FrameError as e:
@@ -183,6 +186,10 @@ class NativeConnection(asyncio.BufferedProtocol):
                 error = frames.Error.decode(frame.body)
                 self._lost = ProduceRejected(error.code, error.message, error.retriable)
                 self._fail(self._lost)
+            elif frame.type == FrameType.PING:  # the broker heard nothing for a period: still here
+                with contextlib.suppress(ProduceRejected, frames.FrameError):
+                    pong = frames.ping_body(frames.decode_ping(frame.body))
+                    self._write([frames.frame(FrameType.PONG, pong)])
             elif frame.type == FrameType.GOODBYE:
                 bye = frames.Goodbye.decode(frame.body)
                 self._lost = ProduceRejected("UNAVAILABLE", f"the broker said goodbye: {bye.message}", True)
@@ -216,10 +223,26 @@ class NativeConnection(asyncio.BufferedProtocol):
 
     async def _ping(self, period: float) -> None:
         """A PING after each keepalive period in which nothing was sent: the broker closes a connection
-        silent for three of them."""
+        silent for three of them. And the other way round: a broker that sent nothing for SILENT_PERIODS
+        periods (it PINGs, or PONGs ours, when there is nothing else) is gone or cut off, and the
+        connection fails with UNAVAILABLE (retriable: the clients look the topic up again). Periods in
+        which this side stopped reading (a slow stream reader) do not count."""
         nonce = itertools.count(1)
+        quiet = 0
         while True:
             await asyncio.sleep(period)
+            if self._heard or self._reading_paused:
+                quiet = 0
+            else:
+                quiet += 1
+                if quiet >= SILENT_PERIODS:
+                    self._lost = ProduceRejected(
+                        "UNAVAILABLE", f"nothing heard from the broker for {quiet * period:g} s", True)
+                    self._fail(self._lost)
+                    if self._transport is not None:
+                        self._transport.abort()
+                    return
+            self._heard = False
             if not self._sent:
                 with contextlib.suppress(ProduceRejected):
                     self._write([frames.frame(FrameType.PING, frames.ping_body(next(nonce)))])

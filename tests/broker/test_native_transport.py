@@ -247,8 +247,9 @@ def test_a_silent_connection_is_closed_and_a_pinging_client_is_kept(broker_facto
         s.sendall(hello())
         started = time.monotonic()
         got = read_to_end(s, 10)
-    assert [f.type for f in got] == [FrameType.WELCOME, FrameType.ERROR]
-    assert "nothing received for 0.9 s" in frames.Error.decode(got[1].body).message
+    # A PING after each period without a word from the client, then the close after the third.
+    assert [f.type for f in got] == [FrameType.WELCOME, FrameType.PING, FrameType.PING, FrameType.ERROR]
+    assert "nothing received for 0.9 s" in frames.Error.decode(got[-1].body).message
     assert 0.8 < time.monotonic() - started < 5
     assert frames.Welcome.decode(got[0].body).keepalive_ms == 300
 
@@ -260,6 +261,71 @@ def test_a_silent_connection_is_closed_and_a_pinging_client_is_kept(broker_facto
         conn.close()
 
     asyncio.run(idle_client())
+
+
+def test_a_client_that_only_answers_the_brokers_pings_is_kept(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(LIMITS, native=True)
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.sendall(hello())
+        decoder = frames.FrameDecoder()
+        pings = 0
+        deadline = time.monotonic() + 2  # over six keepalive periods
+        while time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                break
+            assert chunk, "the broker closed a connection that answered its PINGs"
+            for f in decoder.feed(chunk):
+                if f.type == FrameType.PING:
+                    pings += 1
+                    s.sendall(frames.frame(FrameType.PONG, f.body))
+        assert pings >= 2  # a PING after each period it heard nothing in (our PONG is heard in the next)
+        s.settimeout(10)
+        s.sendall(frames.frame(FrameType.PING, frames.ping_body(7), 3))  # still served
+        (pong,) = decoder.feed(s.recv(65536))
+        assert pong.type == FrameType.PONG and frames.decode_ping(pong.body) == 7
+
+
+def test_the_client_gives_up_on_a_broker_it_hears_nothing_from() -> None:
+    """A broker that answered the handshake and then went silent without a FIN or RST (a frozen process, a
+    cut network): the client's requests fail with UNAVAILABLE after three keepalive periods of silence,
+    instead of waiting for ever."""
+    async def scenario() -> None:
+        ended = asyncio.get_running_loop().create_future()
+
+        async def frozen(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await reader.read(65536)  # the HELLO
+                writer.write(frames.frame(FrameType.WELCOME, frames.Welcome(
+                    1, frames.DEFAULT_MAX_FRAME, 7, 300, 64 << 20).encode()))
+                while await reader.read(65536):  # hears the client's PINGs, says nothing
+                    pass
+            finally:
+                writer.close()
+                ended.set_result(None)
+
+        server = await asyncio.start_server(frozen, "127.0.0.1", 0)
+        host, port_ = server.sockets[0].getsockname()[:2]
+        try:
+            conn = await NativeConnection.connect(f"{host}:{port_}")
+            started = time.monotonic()
+            body = frames.string_body("/default/t")
+            pending = conn.send(FrameType.OFFSETS, [body], len(body))
+            with pytest.raises(ProduceRejected) as failed:
+                await asyncio.wait_for(pending, 10)
+            took = time.monotonic() - started
+            assert failed.value.grpc_code == "UNAVAILABLE" and failed.value.retriable, failed.value
+            assert "nothing heard from the broker for 0.9 s" in str(failed.value)
+            assert 0.6 < took < 5, took  # three periods of 0.3 s, give or take one
+            conn.close()
+            await asyncio.wait_for(ended, 10)  # the client's end closed the connection
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
 
 
 def test_connections_over_the_cap_are_refused_until_one_closes(broker_factory: BrokerFactory) -> None:

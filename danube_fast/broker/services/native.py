@@ -19,7 +19,7 @@ the connection's principal (security/gate.py `connection_principal`, refused wit
 close), and each PRODUCE_OPEN, SUBSCRIBE, OFFSETS and READ passes the same RBAC rule as the gRPC fast API's
 Produce, Consume, Offsets and Read (PERMISSION_DENIED for that request; the connection stays).
 
-Not yet: lookup, keepalive PINGs from the broker's side.
+Not yet: lookup.
 
 Owner: the event loop. Each `Connection` owns its buffers, its producers and their ack queues.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import ssl
 from collections.abc import Coroutine
@@ -147,9 +148,12 @@ class Connection(asyncio.BufferedProtocol):
         self._inflight = 0
         self._paused = False
         self._closed = False
-        self._heard = False  # anything received since the silence timer last looked
+        self._heard = False  # anything received since the keepalive timer last looked
+        self._quiet = 0  # keepalive periods in a row in which nothing was received
+        self._pings = itertools.count(1)
         self._silence: asyncio.TimerHandle | None = None
-        self._silent_s = server.keepalive_ms * SILENT_PERIODS / 1000
+        self._period_s = server.keepalive_ms / 1000
+        self._silent_s = self._period_s * SILENT_PERIODS
 
     # -- asyncio --------------------------------------------------------------------------------------------
 
@@ -162,7 +166,7 @@ class Connection(asyncio.BufferedProtocol):
         self._server.connections.add(self)
         loop = asyncio.get_running_loop()
         self._handshake = loop.call_later(HANDSHAKE_S, self._handshake_late)
-        self._silence = loop.call_later(self._silent_s, self._silent)
+        self._silence = loop.call_later(self._period_s, self._keepalive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -227,6 +231,8 @@ class Connection(asyncio.BufferedProtocol):
             elif kind == FrameType.PING:
                 nonce = frames.decode_ping(body)
                 self._send(frames.frame(FrameType.PONG, frames.ping_body(nonce), request_id))
+            elif kind == FrameType.PONG:
+                pass  # the answer to our PING: hearing it is what counts (buffer_updated)
             elif kind == FrameType.GOODBYE:
                 self._start(self._goodbye())
             elif kind == FrameType.OFFSETS:
@@ -513,16 +519,22 @@ class Connection(asyncio.BufferedProtocol):
         self._send(frames.frame(FrameType.GOODBYE, frames.Goodbye(code, message).encode()))
         self._close()
 
-    def _silent(self) -> None:
-        """Closes a connection that sent nothing for SILENT_PERIODS keepalive periods (its client PINGs when
-        idle: the peer or the network is gone)."""
+    def _keepalive(self) -> None:
+        """Each keepalive period: a PING when nothing was received in it (a client that is alive answers,
+        and one whose broker is gone learns it from the silence), and the close after SILENT_PERIODS of
+        them in a row (the peer or the network is gone)."""
         if self._closed:
             return
-        if not self._heard:
-            self._fatal("DEADLINE_EXCEEDED", f"nothing received for {self._silent_s:g} s")
-            return
-        self._heard = False
-        self._silence = asyncio.get_running_loop().call_later(self._silent_s, self._silent)
+        if self._heard:
+            self._heard, self._quiet = False, 0
+        else:
+            self._quiet += 1
+            if self._quiet >= SILENT_PERIODS:
+                self._fatal("DEADLINE_EXCEEDED", f"nothing received for {self._silent_s:g} s")
+                return
+            if self._welcomed:
+                self._send(frames.frame(FrameType.PING, frames.ping_body(next(self._pings))))
+        self._silence = asyncio.get_running_loop().call_later(self._period_s, self._keepalive)
 
     def _handshake_late(self) -> None:
         self._fatal("DEADLINE_EXCEEDED", f"no HELLO within {HANDSHAKE_S:g} s")
