@@ -53,6 +53,8 @@ class Api:
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
             ("GET", "/api/overview", self.overview),
+            ("POST", "/api/namespaces", self.create_namespace),
+            ("DELETE", "/api/namespaces", self.delete_namespace),
             ("GET", "/api/topics", self.topics),
             ("POST", "/api/topics", self.create_topic),
             ("DELETE", "/api/topics", self.delete_topic),
@@ -66,6 +68,7 @@ class Api:
             ("GET", "/api/schemas", self.schemas),
             ("GET", "/api/schema", self.schema),
             ("POST", "/api/schema/check", self.check_schema),
+            ("POST", "/api/schema/mode", self.set_mode),
             ("GET", "/api/security", self.security),
             ("POST", "/api/security/roles", self.put_role),
             ("DELETE", "/api/security/roles", self.delete_role),
@@ -115,6 +118,20 @@ class Api:
         except ApiError:
             return {}
         return {t.stored_topic: t for b in answer.brokers for t in b.topics}
+
+    # -- namespaces ------------------------------------------------------------------------------------
+
+    async def create_namespace(self, request: web.Request, session: Session) -> Any:
+        name = text_field(await read_body(request), "name")
+        await self._call(session, "NamespaceAdmin", "CreateNamespace", admin_pb.NamespaceRequest(name=name),
+                         admin_pb.NamespaceResponse)
+        return {"created": name}
+
+    async def delete_namespace(self, request: web.Request, session: Session) -> Any:
+        name = _query(request, "name")
+        await self._call(session, "NamespaceAdmin", "DeleteNamespace", admin_pb.NamespaceRequest(name=name),
+                         admin_pb.NamespaceResponse)
+        return {"deleted": name}
 
     # -- topics ----------------------------------------------------------------------------------------
 
@@ -347,6 +364,14 @@ class Api:
                                       new_schema_definition=text_field(body, "definition").encode()),
                                   schema_pb.CheckCompatibilityResponse)
         return {"compatible": answer.is_compatible, "errors": list(answer.errors)}
+
+    async def set_mode(self, request: web.Request, session: Session) -> Any:
+        body = await read_body(request)
+        change = schema_pb.SetCompatibilityModeRequest(subject=text_field(body, "subject"),
+                                                       compatibility_mode=text_field(body, "mode"))
+        answer = await self._call(session, "SchemaRegistry", "SetCompatibilityMode", change,
+                                  schema_pb.SetCompatibilityModeResponse)
+        return {"set": answer.success, "message": answer.message}
 
     # -- security --------------------------------------------------------------------------------------
 

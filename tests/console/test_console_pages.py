@@ -136,10 +136,28 @@ def test_overview_shows_the_broker_its_namespaces_and_charts(console: Console, l
     console.open("overview")
     brokers = console.rows("brokers")
     assert len(brokers) == 1 and brokers[0][4] == "leader", brokers
-    assert console.text("namespaces").split("\n") == ["default", "system"]
+    assert _namespaces(console) == ["default", "system"]
     assert len(console.all("chart")) == 2
     console.wait_for("#main", "Messages in\n44")  # 31 + 5 + 8 records produced by the fixture
     console.shot("overview")
+
+
+def _namespaces(console: Console) -> list[str]:
+    return list(console.read("namespaces", lambda el: [li.text.removesuffix(" Delete")
+                                                       for li in el.find_elements(By.TAG_NAME, "li")]))
+
+
+def test_a_namespace_is_created_and_deleted_from_the_overview(console: Console) -> None:
+    console.open("overview")
+    console.test("new-namespace").send_keys("scratch")
+    console.test("create-namespace").click()
+    console.rendered("overview")
+    WebDriverWait(console.driver, WAIT_S).until(lambda d: "scratch" in _namespaces(console))
+    row = next(li for li in console.test("namespaces").find_elements(By.TAG_NAME, "li")
+               if li.text.startswith("scratch"))
+    row.find_element(By.CSS_SELECTOR, '[data-test="delete-namespace"]').click()
+    Alert(console.driver).accept()
+    WebDriverWait(console.driver, WAIT_S).until(lambda d: _namespaces(console) == ["default", "system"])
 
 
 def test_topics_are_listed_filtered_created_and_deleted(console: Console) -> None:
@@ -204,6 +222,13 @@ def test_topic_detail_shows_subscriptions_and_seeks_one(console: Console, loaded
     assert run_async(_position(loaded.broker, SUB)) == 20
     console.rendered("topic")  # the page refreshes itself after an operation
     console.wait_for('[data-test="subscriptions"] tbody tr', "11")  # lag 31 - 20
+
+    row = next(tr for tr in console.test("subscriptions").find_elements(By.CSS_SELECTOR, "tbody tr")
+               if tr.find_elements(By.TAG_NAME, "td")[0].text == SUB)
+    row.find_element(By.CSS_SELECTOR, '[data-test="seek-value"]').send_keys("3")
+    row.find_element(By.CSS_SELECTOR, '[data-test="skip"]').click()
+    console.wait_for('[data-test="notice"]', "Skipped 3 records")
+    assert run_async(_position(loaded.broker, SUB)) == 23
 
 
 def _values(console: Console) -> list[str]:
@@ -305,6 +330,11 @@ def test_schemas_list_versions_diff_and_check(console: Console) -> None:
     console.test("check-definition").send_keys(json.dumps(USER_V2))
     console.test("check").click()
     console.wait_for('[data-test="verdict"]', "Compatible")
+    Select(console.test("mode")).select_by_value("Full")
+    console.test("set-mode").click()
+    console.rendered("schema")
+    console.wait_for("#main", "Compatibility mode: full")  # as the registry spells it
+    assert Select(console.test("mode")).first_selected_option.text == "Full"
 
 
 def test_security_says_it_is_off(console: Console) -> None:

@@ -1,5 +1,5 @@
 import { bytes, errorBox, h, number, replace, table } from "./dom.js";
-import { get } from "./api.js";
+import { del, get, post } from "./api.js";
 import { lineChart } from "./chart.js";
 
 const REFRESH_MS = 5000;
@@ -38,8 +38,30 @@ export async function show(main) {
       { title: "Topics", num: true, cell: b => balance[b.id] ? balance[b.id].topics : "—" },
       { title: "Load", num: true, cell: b => balance[b.id] ? number(balance[b.id].load, 2) : "—" },
     ], brokerRows, { "data-test": "brokers" })),
-    section("Namespaces", data.namespaces, ns => h("ul", { "data-test": "namespaces" }, ns.map(n => h("li", {}, n)))));
-  timer = setTimeout(() => { if (location.hash === "" || location.hash.startsWith("#/overview")) window.dispatchEvent(new Event("danube-render")); }, REFRESH_MS);
+    section("Namespaces", data.namespaces, ns => namespaces(ns)));
+  const refresh = () => {
+    if (!(location.hash === "" || location.hash.startsWith("#/overview"))) return;
+    // Not under a person typing: the redraw would drop what they typed.
+    const typing = [...main.querySelectorAll("input")].some(i => i.value || i === document.activeElement);
+    if (typing) timer = setTimeout(refresh, REFRESH_MS);
+    else window.dispatchEvent(new Event("danube-render"));
+  };
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+function namespaces(names) {
+  const message = h("div", {});
+  const name = h("input", { placeholder: "namespace", "data-test": "new-namespace" });
+  const change = async (call, done) => {
+    try { await call(); window.dispatchEvent(new Event("danube-render")); } catch (e) { replace(message, errorBox(e)); }
+  };
+  return h("div", {}, message,
+    h("form", { class: "toolbar", onsubmit: e => { e.preventDefault(); change(() => post("/api/namespaces", { name: name.value.trim() })); } },
+      name, h("button", { type: "submit", "data-test": "create-namespace" }, "Create namespace")),
+    h("ul", { "data-test": "namespaces" }, names.map(n => h("li", {}, n, " ",
+      h("button", { type: "button", class: "danger", "data-test": "delete-namespace", onclick: () => {
+        if (window.confirm(`Delete namespace ${n}? The broker refuses while it holds topics.`)) change(() => del("/api/namespaces", { name: n }));
+      } }, "Delete")))));
 }
 
 function card(label, value) {

@@ -58,7 +58,13 @@ async function subject(main, params) {
         : h("div", { class: "error", "data-test": "verdict" }, "Not compatible: ", answer.errors.join("; ")));
     } catch (err) { replace(verdict, errorBox(err)); }
   } }, pasted, h("div", { class: "toolbar" }, type, h("button", { type: "submit", class: "primary", "data-test": "check" }, "Check compatibility")), verdict);
-  replace(main, h("h1", {}, data.subject), h("p", {}, `Compatibility mode: ${data.compatibility || "—"}`),
+  const mode = h("select", { "data-test": "mode" }, ["None", "Backward", "Forward", "Full"].map(m => h("option", { value: m, selected: m.toLowerCase() === (data.compatibility || "").toLowerCase() }, m)));
+  const modeMessage = h("div", {});
+  const setMode = h("form", { class: "toolbar", onsubmit: async e => {
+    e.preventDefault();
+    try { await post("/api/schema/mode", { subject: data.subject, mode: mode.value }); window.dispatchEvent(new Event("danube-render")); } catch (err) { replace(modeMessage, errorBox(err)); }
+  } }, `Compatibility mode: ${data.compatibility || "—"}`, mode, h("button", { type: "submit", "data-test": "set-mode" }, "Set"));
+  replace(main, h("h1", {}, data.subject), setMode, modeMessage,
     table([
       { title: "Version", num: true, cell: v => v.version }, { title: "Schema id", num: true, cell: v => v.schema_id },
       { title: "Type", cell: v => v.type }, { title: "Created", cell: v => when(v.created_at * 1000) },

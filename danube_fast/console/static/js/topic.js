@@ -25,6 +25,10 @@ export async function show(main, params) {
       act(a => `Moved ${sub.name}: ${a.positions.map(p => `${p.stored_topic} ${p.from_offset} → ${p.to_offset}`).join(", ")}`,
         () => post("/api/subscriptions/seek", { topic: data.name, subscription: sub.name, to }));
     } }, kind, value, h("button", { type: "submit", "data-test": "seek" }, "Seek"),
+      h("button", { type: "button", "data-test": "skip", onclick: () => {
+        const count = Number.parseInt(value.value, 10);
+        act(a => `Skipped ${a.positions.reduce((n, p) => n + p.records, 0)} records`, () => post("/api/subscriptions/skip", { topic: data.name, subscription: sub.name, count }));
+      } }, "Skip N"),
       h("button", { type: "button", "data-test": "skip-all", onclick: () => {
         if (window.confirm(`Skip everything ${sub.name} has not acknowledged?`)) {
           act(a => `Skipped ${a.positions.reduce((n, p) => n + p.records, 0)} records`, () => post("/api/subscriptions/skip", { topic: data.name, subscription: sub.name, all: true }));
