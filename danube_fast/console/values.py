@@ -1,7 +1,8 @@
 """A record as the console's message browser shows it: its fields as JSON, the value as base64 (the page
 renders text, JSON or hex from the bytes itself), and the value decoded by the topic's registered Avro
-schema when the record names one (fastavro, with the writer's own version; docs/SCHEMAS.md). A value that
-does not decode is shown raw with the reason, never dropped.
+schema when the record names one (with the writer's own version, read as the registry's payload check reads
+it: schema/avro.py, safe for recursive schemas; docs/SCHEMAS.md). A value that does not decode is shown raw
+with the reason, never dropped.
 """
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
-import io
 import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import fastavro
-
+from danube_fast.errors import ApiError
 from danube_fast.proto import SubscriptionAdmin_pb2 as pb
+from danube_fast.schema import avro
+from danube_fast.schema.errors import InvalidSchema
 
 # (schema id, version) -> (schema type, definition), asked of the registry as the user
 SchemaLookup = Callable[[int, int | None], Awaitable[tuple[str, bytes]]]
@@ -43,7 +44,7 @@ class Decoder:
 
     def __init__(self, lookup: SchemaLookup) -> None:
         self._lookup = lookup
-        self._parsed: dict[tuple[int, int | None], tuple[str, Any]] = {}
+        self._parsed: dict[tuple[int, int | None], tuple[str, avro.AvroSchema | None]] = {}
 
     async def record(self, r: pb.PeekedRecord) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -61,21 +62,21 @@ class Decoder:
     async def _decoded(self, schema_id: int, version: int | None, payload: bytes) -> dict[str, Any]:
         try:
             kind, parsed = await self._schema(schema_id, version)
-        except Exception as e:  # an unknown or refused schema leaves the value raw
+        except (ApiError, InvalidSchema) as e:  # an unknown or refused schema leaves the value raw
             return {"decode_error": f"schema {schema_id} v{version}: {e}"}
-        if kind != "avro":
+        if parsed is None:
             return {"schema_type": kind}
         try:
-            datum = fastavro.schemaless_reader(io.BytesIO(payload), parsed, None)
-        except Exception as e:  # a record that does not match its schema is shown raw
-            return {"schema_type": kind, "decode_error": f"not valid for schema {schema_id} v{version}: {e}"}
+            datum = avro.read_datum(parsed, payload)
+        except avro.NotADatum as e:  # a record that does not match its schema is shown raw
+            return {"schema_type": kind, "decode_error": f"schema {schema_id} v{version}: {e}"}
         return {"schema_type": kind, "decoded": jsonable(datum)}
 
-    async def _schema(self, schema_id: int, version: int | None) -> tuple[str, Any]:
+    async def _schema(self, schema_id: int, version: int | None) -> tuple[str, avro.AvroSchema | None]:
         found = self._parsed.get((schema_id, version))
         if found is None:
             kind, definition = await self._lookup(schema_id, version)
             kind = kind.lower()
-            parsed = fastavro.parse_schema(json.loads(definition)) if kind == "avro" else None
+            parsed = avro.parse(json.loads(definition)) if kind == "avro" else None
             found = self._parsed[(schema_id, version)] = (kind, parsed)
         return found

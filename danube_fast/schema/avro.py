@@ -155,19 +155,33 @@ def resolution_errors(reader: AvroSchema, writer: AvroSchema, reader_label: str,
 
 # ------------------------------------------------------------------------------------------- decoding
 
-def datum_errors(schema: AvroSchema, payload: bytes) -> str | None:
-    """Why `payload` is not one binary Avro datum of `schema` (None: it is)."""
+class NotADatum(ValueError):
+    """A payload that is not one binary Avro datum of the schema; the message says why."""
+
+
+def read_datum(schema: AvroSchema, payload: bytes) -> Any:
+    """The one binary Avro datum of `schema` that `payload` holds, or NotADatum. A recursive schema is read
+    by the reference reader (see AvroSchema.recursive): a hostile payload cannot overflow the C stack."""
     stream = io.BytesIO(payload)
     try:
         if schema.recursive:
-            avro.io.DatumReader(schema.reference).read(avro.io.BinaryDecoder(stream))
+            datum = avro.io.DatumReader(schema.reference).read(avro.io.BinaryDecoder(stream))
         else:
-            fastavro.schemaless_reader(stream, schema.decoder, None)
+            datum = fastavro.schemaless_reader(stream, schema.decoder, None)
     except RecursionError:
-        return "not an Avro datum of the schema: nested too deeply"
+        raise NotADatum("not an Avro datum of the schema: nested too deeply") from None
     except _DECODE_ERRORS as e:
-        return f"not an Avro datum of the schema: {type(e).__name__}: {e}"
+        raise NotADatum(f"not an Avro datum of the schema: {type(e).__name__}: {e}") from e
     left = len(payload) - stream.tell()
     if left:
-        return f"not an Avro datum of the schema: {left} bytes left after the datum"
+        raise NotADatum(f"not an Avro datum of the schema: {left} bytes left after the datum")
+    return datum
+
+
+def datum_errors(schema: AvroSchema, payload: bytes) -> str | None:
+    """Why `payload` is not one binary Avro datum of `schema` (None: it is)."""
+    try:
+        read_datum(schema, payload)
+    except NotADatum as e:
+        return str(e)
     return None
