@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from danube_fast.broker.topic_registry import TopicRegistry
@@ -53,13 +54,28 @@ def _per_second(now: int, before: int, seconds: float) -> float:
     return max(0, now - before) / seconds if seconds > 0 else 0.0
 
 
+def _rates(now: Totals, before: Totals, seconds: float) -> tuple[float, float, float, float]:
+    return (_per_second(now.messages_in, before.messages_in, seconds),
+            _per_second(now.bytes_in, before.bytes_in, seconds),
+            _per_second(now.messages_out, before.messages_out, seconds),
+            _per_second(now.bytes_out, before.bytes_out, seconds))
+
+
+def _sum(counts: Iterable[Totals]) -> Totals:
+    m_in = b_in = m_out = b_out = 0
+    for c in counts:
+        m_in, b_in = m_in + c.messages_in, b_in + c.bytes_in
+        m_out, b_out = m_out + c.messages_out, b_out + c.bytes_out
+    return Totals(m_in, b_in, m_out, b_out)
+
+
 class History:
     def __init__(self, topics: TopicRegistry, period: float = PERIOD_S, kept: float = KEPT_S) -> None:
         self._topics = topics
         self.period = period
         self._points: deque[Point] = deque(maxlen=max(1, int(kept / period)))
         self._last: tuple[float, Totals] | None = None
-        self._last_topics: dict[str, tuple[int, int, int]] = {}
+        self._last_topics: dict[str, Totals] = {}
         self.rates: dict[str, TopicRates] = {}  # stored topic -> its rates over the last period
         self._task: asyncio.Task[None] | None = None
 
@@ -77,40 +93,36 @@ class History:
     def points(self) -> list[Point]:
         return list(self._points)
 
+    def _counts(self) -> dict[str, Totals]:
+        """Each served topic's counters, over its life here (messages and bytes in, and out to every
+        subscription)."""
+        out = {}
+        for t in self._topics.served():
+            subs = t.subscriptions.values()
+            out[t.full] = Totals(t.messages_in, t.bytes_in, sum(s.delivered for s in subs),
+                                 sum(s.delivered_bytes for s in subs))
+        return out
+
     def totals(self) -> Totals:
         """The counters of the topics served now, over their lives here."""
-        m_in = b_in = m_out = b_out = 0
-        for t in self._topics.served():
-            m_in += t.messages_in
-            b_in += t.bytes_in
-            for s in t.subscriptions.values():
-                m_out += s.delivered
-                b_out += s.delivered_bytes
-        return Totals(m_in, b_in, m_out, b_out)
+        return _sum(self._counts().values())
 
     def sample(self) -> None:
         now = time.time()
-        totals = self.totals()
+        counts = self._counts()
+        totals = _sum(counts.values())
+        rates: dict[str, TopicRates] = {}
         if self._last is not None:
             then, before = self._last
             seconds = now - then
-            self._points.append(Point(
-                now, _per_second(totals.messages_in, before.messages_in, seconds),
-                _per_second(totals.bytes_in, before.bytes_in, seconds),
-                _per_second(totals.messages_out, before.messages_out, seconds),
-                _per_second(totals.bytes_out, before.bytes_out, seconds)))
-        topics: dict[str, tuple[int, int, int]] = {}
-        rates: dict[str, TopicRates] = {}
-        seconds = now - self._last[0] if self._last is not None else 0.0
-        for t in self._topics.served():
-            counts = (t.messages_in, t.bytes_in, sum(s.delivered for s in t.subscriptions.values()))
-            topics[t.full] = counts
-            before_t = self._last_topics.get(t.full)
-            if before_t is not None:
-                rates[t.full] = TopicRates(*(_per_second(c, b, seconds) for c, b in zip(counts, before_t,
-                                                                                      strict=True)))
+            self._points.append(Point(now, *_rates(totals, before, seconds)))
+            for name, c in counts.items():
+                was = self._last_topics.get(name)
+                if was is not None:
+                    m_in, b_in, m_out, _ = _rates(c, was, seconds)
+                    rates[name] = TopicRates(m_in, b_in, m_out)
         self._last = (now, totals)
-        self._last_topics, self.rates = topics, rates
+        self._last_topics, self.rates = counts, rates
 
     async def _run(self) -> None:
         while True:
