@@ -12,8 +12,8 @@ records of SUBJECT, a subject with two versions. The same broker and browser ser
   data-rendered="<page>", timed in the browser (performance.now() and a MutationObserver), so WebDriver's
   round trips are not counted. The run's figure is the median of its opens. Baseline: the page's JSON
   endpoint alone, fetched with urllib in the same session (median of as many calls): the rest of the page's
-  time is the browser's (its fetch and JSON parse, the DOM built). Target: under 1 s (the issue). After every
-  open the page is checked: no error box, and every row it must show.
+  time is the browser's (its fetch and JSON parse, the DOM built). Target: under 1 s (docs/CONSOLE.md).
+  After every open the page is checked: no error box, and every row it must show.
 - `<page>_painted_ms`: the same opens, until the frame after the mark was drawn (a task queued from the next
   animation frame ran): style, layout and paint of what the page built, which the mark does not cover.
 - `first_load_ms`: the console opened afresh (driver.get of the overview's URL, the browser cache cleared

@@ -22,7 +22,8 @@ def shown(payload: bytes) -> dict[str, object]:
         assert (schema_id, version) == (7, 1)
         return "Avro", json.dumps(NODE).encode()
 
-    record = pb.PeekedRecord(stored_topic="/default/t", offset=3, payload=payload, schema_id=7, schema_version=1)
+    record = pb.PeekedRecord(stored_topic="/default/t", offset=3, payload=payload, schema_id=7,
+                             schema_version=1)
     return asyncio.run(Decoder(lookup).record(record))
 
 
