@@ -157,6 +157,9 @@ table_retention_size_mb = 0       # tableRetentionSizeInMB: the table's oldest w
                                   # MiB of files; 0 = as the topic (retention_size_mb)
 message_ttl_seconds = 0           # messageTTLInSeconds: records older than this are acknowledged for every
                                   # subscription (docs/SUBSCRIPTIONS.md); 0 = never
+replication_factor = 0            # replicationFactor: brokers keeping a Reliable topic's log (cluster mode,
+                                  # docs/REPLICATION.md); 0 = 1, this broker alone
+min_insync_replicas = 0           # minInSyncReplicas: copies a record is on before its ack; 0 = 1
 ```
 """
 

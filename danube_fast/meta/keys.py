@@ -33,7 +33,8 @@ OFFSET_DIGITS = 20  # len(str(U64_MAX)) == 20
 _ANY = None  # a placeholder component in a key shape
 _Shape = tuple[str | None, ...]
 
-_CLUSTER_WORDS = frozenset({"register", "brokers", "unassigned", "load", "load_balance", "leader"})
+_CLUSTER_WORDS = frozenset({"register", "brokers", "unassigned", "load", "load_balance", "leader",
+                            "replicas"})
 _SCHEMA_WORDS = frozenset({"_global", "_index"})
 
 
@@ -132,6 +133,7 @@ _BROKER_STATE: _Shape = ("cluster", "brokers", _ANY, "state")
 _BROKER_TOPIC: _Shape = ("cluster", "brokers", _ANY, _ANY, _ANY)
 _UNASSIGNED: _Shape = ("cluster", "unassigned", _ANY, _ANY)
 _LOAD: _Shape = ("cluster", "load", _ANY)
+_REPLICAS: _Shape = ("cluster", "replicas", _ANY, _ANY)
 
 
 def cluster_name(cluster: str) -> str:
@@ -225,6 +227,21 @@ def parse_load_report(key: str) -> int:
 def load_balance() -> str:
     """`/cluster/load_balance` (docs/METADATA.md#cluster-keys): the load manager's last decision."""
     return _key("cluster", "load_balance")
+
+
+def replicas_prefix() -> str:
+    return _prefix("cluster", "replicas")
+
+
+def replicas(namespace: str, topic: str) -> str:
+    """`/cluster/replicas/{namespace}/{topic}`: {owner, followers, isr} of a replicated topic, written by its
+    owner (docs/REPLICATION.md)."""
+    return _key("cluster", "replicas", _name(namespace, "namespace"), _name(topic, "topic"))
+
+
+def parse_replicas(key: str) -> tuple[str, str]:
+    namespace, topic = _match(key, _REPLICAS, "topic replicas")
+    return namespace, topic
 
 
 def leader() -> str:
@@ -440,6 +457,7 @@ def parse_schema_by_id(key: str) -> int:
 
 _OBJECT: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "objects", _ANY)
 _SEALED: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "state")
+_REPLACED: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "replaced", _ANY)
 _RETENTION: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "retention")
 _CUR = "cur"
 
@@ -517,6 +535,17 @@ def sealed_state(namespace: str, topic: str) -> str:
 def parse_sealed_state(key: str) -> tuple[str, str]:
     namespace, topic = _match(key, _SEALED, "sealed state")
     return namespace, topic
+
+
+def replaced_log(namespace: str, topic: str, broker_id: int) -> str:
+    """`/danube-data/storage/topics/{namespace}/{topic}/replaced/{broker_id}`: {through}: a follower took the
+    topic over from that dead broker (docs/REPLICATION.md); its log holds nothing the cluster still needs."""
+    return _key(*_storage(namespace, topic), "replaced", str(_uint(broker_id, "broker_id")))
+
+
+def parse_replaced_log(key: str) -> tuple[str, str, int]:
+    namespace, topic, broker_id = _match(key, _REPLACED, "replaced log")
+    return namespace, topic, _decimal(broker_id, "broker_id", key)
 
 
 def retention_state(namespace: str, topic: str) -> str:

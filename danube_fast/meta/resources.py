@@ -13,6 +13,7 @@ Which key holds what:
 | load_report                                  | LoadReport (of SystemLoad)            |
 | load_balance                                 | LoadBalanceDecision                   |
 | leader                                       | ClusterLeader                         |
+| replicas                                     | TopicReplicas                         |
 | namespace_policy, topic_policy               | Policy                                |
 | topic_root                                   | TopicRoot                             |
 | topic_delivery                               | TopicDelivery                         |
@@ -29,6 +30,7 @@ Which key holds what:
 | objects_cur                                  | CurrentObject                         |
 | sealed_state                                 | SealedState                           |
 | retention_state                              | RetentionState                        |
+| replaced_log                                 | ReplacedLog                           |
 | tables_catalog                               | TableCatalog                          |
 | table_pointer                                | TablePointer                          |
 | security_revoked_token                       | RevokedToken                          |
@@ -52,6 +54,7 @@ from danube_fast.meta.resources_cluster import (
     Marker,
     ResourceKind,
     SystemLoad,
+    TopicReplicas,
     Unassigned,
 )
 from danube_fast.meta.resources_schema import (
@@ -67,6 +70,7 @@ from danube_fast.meta.resources_security import RevokedSubject, RevokedToken
 from danube_fast.meta.resources_storage import (
     CurrentObject,
     ObjectDescriptor,
+    ReplacedLog,
     RetentionState,
     SealedState,
     TableCatalog,
@@ -111,6 +115,7 @@ __all__ = [
     "Policy",
     "Producer",
     "ProducerAccessMode",
+    "ReplacedLog",
     "Resource",
     "ResourceKind",
     "RetentionState",
@@ -130,6 +135,7 @@ __all__ = [
     "TableCatalog",
     "TablePointer",
     "TopicDelivery",
+    "TopicReplicas",
     "TopicRoot",
     "TopicSchemaConfig",
     "Unassigned",

@@ -222,3 +222,34 @@ class LoadBalanceDecision(Resource):
 
     def to_obj(self) -> JSON:
         return {str(broker): list(topics) for broker, topics in self.assignments.items()}
+
+
+@dataclass(frozen=True)
+class TopicReplicas(Resource):
+    """`/cluster/replicas/{ns}/{topic}`: a replicated topic's copies (docs/REPLICATION.md), written by its
+    owner only, fenced on its assignment. `followers`: the brokers that keep a copy of its log; `isr`: the
+    in-sync set, the owner first, which every acknowledged record has reached. The load manager gives a
+    dead owner's topic to a live member of `isr`."""
+
+    RESOURCE = "topic replicas"
+
+    owner: int
+    followers: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        owner = f.uint("owner")
+        followers, isr = (tuple(as_uint(v, where, f"field {name}[{i}]") for i, v in enumerate(f.array(name)))
+                          for name in ("followers", "isr"))
+        if owner in followers:
+            raise bad(where, "field followers", "brokers other than the owner", list(followers))
+        if any(b != owner and b not in followers for b in isr):
+            raise bad(where, "field isr", "the owner and followers", list(isr))
+        return cls(owner, followers, isr, f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"owner": self.owner, "followers": list(self.followers), "isr": list(self.isr)},
+                          self.extra)

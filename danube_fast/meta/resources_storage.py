@@ -177,3 +177,28 @@ class TablePointer(Resource):
 
     def to_obj(self) -> JSON:
         return with_extra({"metadata_location": self.metadata_location}, self.extra)
+
+
+@dataclass(frozen=True)
+class ReplacedLog(Resource):
+    """`.../replaced/{broker_id}`: an in-sync follower took the topic over from that broker when it died
+    (docs/REPLICATION.md): every record the dead broker acknowledged is at or below `through` in the new
+    owner's log, and what its own log holds above that was never acknowledged. Its orphan recovery uploads
+    nothing and deletes the directory."""
+
+    RESOURCE = "replaced log"
+
+    through: int  # -1: the dead owner acknowledged nothing
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        through = f.get("through")
+        if through != -1:
+            through = f.uint("through")
+        assert isinstance(through, int)
+        return cls(through, f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"through": self.through}, self.extra)

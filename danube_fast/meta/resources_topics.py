@@ -33,7 +33,9 @@ class Policy(Resource):
     `schema`; `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long and how much the table keeps
     (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say). `messageTTLInSeconds`
     (docs/SUBSCRIPTIONS.md, absent or 0: none) acknowledges, on every subscription's behalf, the records
-    published longer ago. A topic's own policy, when it has one, is the whole policy of that topic (the
+    published longer ago. `replicationFactor` and `minInSyncReplicas` (docs/REPLICATION.md; absent or 0:
+    1) say on how many brokers a Reliable topic's log is kept, and how many of them must hold a record
+    before it is acknowledged. A topic's own policy, when it has one, is the whole policy of that topic (the
     namespace's does not apply to it).
     """
 
@@ -52,6 +54,8 @@ class Policy(Resource):
     table_retention_minutes: int = 0
     table_retention_size_mb: int = 0
     message_ttl_seconds: int = 0
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
@@ -59,34 +63,53 @@ class Policy(Resource):
         "max_producers_per_topic", "max_publish_rate", "max_subscription_dispatch_rate",
         "max_subscriptions_per_topic")
     # Optional non-negative integers, written only when set (0 or absent: off).
-    RETENTION: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
-                                           "retentionSizeInMB": "retention_size_mb",
-                                           "tableRetentionInMinutes": "table_retention_minutes",
-                                           "tableRetentionSizeInMB": "table_retention_size_mb",
-                                           "messageTTLInSeconds": "message_ttl_seconds"}
+    OPTIONAL: ClassVar[dict[str, str]] = {"retentionTimeInMinutes": "retention_time_minutes",
+                                          "retentionSizeInMB": "retention_size_mb",
+                                          "tableRetentionInMinutes": "table_retention_minutes",
+                                          "tableRetentionSizeInMB": "table_retention_size_mb",
+                                          "messageTTLInSeconds": "message_ttl_seconds",
+                                          "replicationFactor": "replication_factor",
+                                          "minInSyncReplicas": "min_insync_replicas"}
+    MAX_REPLICAS: ClassVar[int] = 5
     TABLE_MODE: ClassVar[str] = "tableMode"
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *RETENTION, TABLE_MODE)  # every JSON key a policy may set
+    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *OPTIONAL, TABLE_MODE)  # every JSON key a policy may set
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
         f = Fields(value, where)
         limits = {name: f.uint(name) for name in cls._FIELDS}
-        for key, name in cls.RETENTION.items():
+        for key, name in cls.OPTIONAL.items():
             limits[name] = f.optional_uint(key) or 0
         mode = f.optional_str(cls.TABLE_MODE) or "none"
         if mode not in cls.TABLE_MODES:
             raise bad(where, f.name(cls.TABLE_MODE), " or ".join(cls.TABLE_MODES), mode)
+        copies, needed = limits["replication_factor"], limits["min_insync_replicas"]
+        if copies > cls.MAX_REPLICAS:
+            raise bad(where, f.name("replicationFactor"), f"at most {cls.MAX_REPLICAS}", copies)
+        if max(needed, 1) > max(copies, 1):
+            raise bad(where, f.name("minInSyncReplicas"), f"at most replicationFactor ({max(copies, 1)})",
+                      needed)
         return cls(**limits, table_mode=mode, extra=f.extra())
 
     def to_obj(self) -> JSON:
         obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
-        for key, name in self.RETENTION.items():
+        for key, name in self.OPTIONAL.items():
             if getattr(self, name):
                 obj[key] = getattr(self, name)
         if self.table_mode != "none":
             obj[self.TABLE_MODE] = self.table_mode
         return with_extra(obj, self.extra)
+
+    @property
+    def copies(self) -> int:
+        """Brokers that keep the topic's log (replicationFactor): the owner and copies - 1 followers."""
+        return max(self.replication_factor, 1)
+
+    @property
+    def insync_needed(self) -> int:
+        """Copies (the owner's included) a record must be on before it is acknowledged (minInSyncReplicas)."""
+        return max(self.min_insync_replicas, 1)
 
     @property
     def table_retention_ms(self) -> int:

@@ -244,7 +244,7 @@ class Uploader:
             return None
         bases = self._wal.segment_bases  # empty once the WAL is closed
         if bases and bases[-1] > start:
-            return bases[-1]
+            return min(bases[-1], committed)  # a replicated topic's readers may be held inside a segment
         return committed if interval_passed else None
 
     def _next_start(self) -> int:

@@ -12,7 +12,9 @@ come from the in-memory BatchCache.
 
 What readers see: records up to `committed_offset`, which advances only after the group that wrote them
 was made as durable as the SyncPolicy promises. Under `always`, a consumer never sees a record that a crash
-could take back.
+could take back. A replicated topic's owner holds that line lower still (`hold_visible`, `show_through`):
+up to what its in-sync followers hold too, so that no reader sees a record a failover could give to another
+(docs/REPLICATION.md); `durable_offset` and the `durable=True` reads are what it copies to them from.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from danube_fast.storage._wal_common import AppendResult
 from danube_fast.storage.config import WalConfig
 from danube_fast.storage.io_pool import IoPool
 from danube_fast.storage.log_loader import RecoveryReport
-from danube_fast.storage.objects.format import Footer
+from danube_fast.storage.objects.format import Footer, clip_batches
 from danube_fast.storage.segmented_log import SegmentedLog
 from danube_fast.storage.tail_cache import BatchCache, CacheBudget, CachedGroup
 
@@ -73,7 +75,9 @@ class Wal:
         self._pool = pool or IoPool.shared(config.io_threads)
         self._cache = BatchCache(config.cache_bytes, cache_budget)
         self._last_used = time.monotonic()  # the last append or read (release_if_idle)
-        self._committed = engine.next_offset
+        self._durable = engine.next_offset  # after the last record as durable as the sync policy says
+        self._visible: int | None = None  # readers' limit below that (hold_visible), None: none
+        self._committed = engine.next_offset  # what readers see: _durable, held to _visible
         self._committed_changed = asyncio.Event()
         self._closed: BaseException | None = None
         self._shut: asyncio.Future[None] = loop.create_future()  # set once the engine is closed
@@ -136,8 +140,37 @@ class Wal:
         return self._committed
 
     @property
+    def durable_offset(self) -> int:
+        """Offset after the last record as durable as the sync policy promises (committed_offset, unless a
+        replicated topic's owner holds readers below it)."""
+        return self._durable
+
+    @property
     def start_offset(self) -> int:
         return self._log.start_offset
+
+    def hold_visible(self, through: int) -> None:
+        """From now on readers see records below `through` at most, and below what `show_through` says
+        later (docs/REPLICATION.md: the in-sync followers' end). `through` must be a batch boundary."""
+        self._visible = through
+        self._set_committed()
+
+    def show_through(self, through: int) -> None:
+        """Readers may see records below `through` (a batch boundary), as far as they are durable here."""
+        if self._visible is not None and through > self._visible:
+            self._visible = through
+            self._set_committed()
+
+    def _line(self) -> int:
+        """What readers may see: the durable records, held to _visible."""
+        return self._durable if self._visible is None else min(self._durable, self._visible)
+
+    def _set_committed(self) -> None:
+        committed = self._line()
+        if committed != self._committed:
+            self._committed = committed
+            self._committed_changed.set()
+            self._committed_changed = asyncio.Event()
 
     @property
     def disk_bytes(self) -> int:
@@ -440,7 +473,8 @@ class Wal:
         for group, result in done:
             if result.data is not None:
                 self._cache.add(self._cached(group, result))
-                self._committed = result.next_offset
+                self._durable = result.next_offset
+                self._committed = self._line()
             for item, r in zip(group, result.ranges, strict=True):
                 if isinstance(r, Exception):
                     _set_exception(item.future, r)
@@ -469,19 +503,21 @@ class Wal:
 
     # -- reading -------------------------------------------------------------------------------------
 
-    async def read(self, offset: int, max_bytes: int = 1024 * 1024) -> tuple[Buffer, int] | None:
+    async def read(self, offset: int, max_bytes: int = 1024 * 1024, *, durable: bool = False
+                   ) -> tuple[Buffer, int] | None:
         """Whole batches from the one holding `offset` (it may start before `offset`: skip those records),
-        about max_bytes, all committed; with the offset after the last record returned. None when
-        `offset` is not committed yet. Raises OffsetOutOfRange below the first stored offset."""
+        about max_bytes, all committed (`durable`: all durable here, held back or not); with the offset after
+        the last record returned. None when `offset` is not committed yet. Raises OffsetOutOfRange below the
+        first stored offset."""
         if self._closed is not None:
             raise self._closed
-        committed = self._committed
+        committed = self._durable if durable else self._committed
         if offset >= committed:
             return None
         self._last_used = time.monotonic()
         group = self._cache.find(offset)
         if group is not None:
-            return group.from_offset(offset, max_bytes)
+            return _below(group.from_offset(offset, max_bytes), offset, committed)
         if offset < self._log.start_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is below the first stored offset {self._log.start_offset}")
@@ -494,18 +530,26 @@ class Wal:
     def empty_between(self, low: int, high: int) -> int:
         return 0  # a WAL's offsets are dense: every one holds a record
 
-    def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None:
+    def cached(self, offset: int, max_bytes: int, *, durable: bool = False) -> tuple[memoryview, int] | None:
         """What `read` would answer from memory alone, without waiting: None when `offset` is not both
         committed and still in the cache."""
-        if self._closed is not None or offset >= self._committed:
+        committed = self._durable if durable else self._committed
+        if self._closed is not None or offset >= committed:
             return None
         self._last_used = time.monotonic()
         group = self._cache.find(offset)
-        return group.from_offset(offset, max_bytes) if group is not None else None
+        return _below(group.from_offset(offset, max_bytes), offset, committed) if group is not None else None
 
     async def wait_committed(self, offset: int) -> None:
         """Return once `offset` is committed (readable); raises WalClosed if the log closes first."""
         while self._committed <= offset:
+            if self._closed is not None:
+                raise self._closed
+            await self._committed_changed.wait()
+
+    async def wait_durable(self, offset: int) -> None:
+        """Return once `offset` is durable here, held back from readers or not."""
+        while self._durable <= offset:
             if self._closed is not None:
                 raise self._closed
             await self._committed_changed.wait()
@@ -537,6 +581,13 @@ class WalReader:
             if not self._follow:
                 raise StopAsyncIteration
             await self._wal.wait_committed(self.position)
+
+
+def _below(got: tuple[memoryview, int], offset: int, limit: int) -> tuple[memoryview, int]:
+    """A cached read cut to the batches below `limit` (a held-back line inside a group)."""
+    if got[1] <= limit:
+        return got
+    return clip_batches(got[0], offset, limit, len(got[0]), whole=True)
 
 
 def _sync_error(e: Exception, directory: str) -> Exception:

@@ -445,3 +445,39 @@ def test_an_idle_log_gives_back_its_cache_and_files_and_the_next_use_reopens_the
         await reopened.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("cache_bytes", [1 << 20, 1], ids=["cached", "from-disk"])
+def test_readers_are_held_below_the_visible_line(tmp_path: Path, run: Run, cache_bytes: int) -> None:
+    """A replicated topic's owner holds readers at what its followers hold (docs/REPLICATION.md): reads,
+    cached reads and waits stop there, inside a group too; durable reads see everything written."""
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(cache_bytes=cache_bytes))
+        wal.hold_visible(0)
+        await asyncio.gather(*(wal.append(batch(3 * i)) for i in range(4)))  # 12 records
+        assert (wal.durable_offset, wal.committed_offset) == (12, 0)
+        assert await wal.read(0) is None and wal.cached(0, 1 << 20) is None
+        at = 0
+        while (durable := await wal.read(at, durable=True)) is not None:  # a group at a time
+            at = durable[1]
+        assert at == 12
+        waiter = asyncio.create_task(wal.wait_committed(5))
+        wal.show_through(6)  # two of the four batches, which one group may hold together
+        assert wal.committed_offset == 6 and not waiter.done()
+        assert [r.offset for r in await read_all(wal)] == list(range(6))
+        got = await wal.read(3)
+        assert got is not None and got[1] == 6
+        if cache_bytes > 1:
+            cached = wal.cached(0, 1 << 20)
+            assert cached is not None and cached[1] == 6
+            assert [r.offset for r in frames.decode_records(cached[0])] == list(range(6))
+        wal.show_through(3)  # the line never goes back
+        assert wal.committed_offset == 6
+        wal.show_through(100)  # beyond what is durable: readers see what is durable
+        assert wal.committed_offset == 12
+        await asyncio.wait_for(waiter, 1)
+        await wal.append(batch(12))  # the line is at 100: seen once durable
+        assert wal.committed_offset == wal.durable_offset == 15
+        await wal.close()
+
+    run(main())

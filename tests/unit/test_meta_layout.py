@@ -40,6 +40,7 @@ from danube_fast.meta.resources import (
     Policy,
     Producer,
     ProducerAccessMode,
+    ReplacedLog,
     Resource,
     ResourceKind,
     RevokedSubject,
@@ -55,6 +56,7 @@ from danube_fast.meta.resources import (
     SubscriptionType,
     SystemLoad,
     TopicDelivery,
+    TopicReplicas,
     TopicRoot,
     TopicSchemaConfig,
     Unassigned,
@@ -720,3 +722,39 @@ def test_no_metadata_path_is_built_outside_keys() -> None:
                 if PYX_PATH_LITERAL.search(line):
                     found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not found, "metadata paths must come from danube_fast/meta/keys.py:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------- ours: replicated topics (docs/REPLICATION.md)
+
+REPLICATION = [
+    Example("replication", "/cluster/replicas/default/orders", '{"owner": 11, "followers": [22, 33], '
+            '"isr": [11, 33]}', TopicReplicas, lambda: keys.replicas("default", "orders"),
+            keys.parse_replicas, ("default", "orders")),
+    Example("replication", "/danube-data/storage/topics/default/orders/replaced/11", '{"through": 1041}',
+            ReplacedLog, lambda: keys.replaced_log("default", "orders", 11), keys.parse_replaced_log,
+            ("default", "orders", 11)),
+]
+
+
+@pytest.mark.parametrize("example", REPLICATION, ids=example_id)
+def test_replication_keys_are_built_and_parsed_and_their_values_round_trip(example: Example) -> None:
+    test_seed_000_key_is_built_and_parsed(example)
+    test_seed_000_value_round_trips(example)
+
+
+def test_replication_values_refuse_what_cannot_be() -> None:
+    assert keys.replicas("a", "b").startswith(keys.replicas_prefix())
+    assert ReplacedLog.from_json(b'{"through": -1}').through == -1  # nothing was acknowledged
+    with pytest.raises(BadValue, match="brokers other than the owner"):
+        TopicReplicas.from_json(b'{"owner": 1, "followers": [1, 2], "isr": [1]}')
+    with pytest.raises(BadValue, match="the owner and followers"):
+        TopicReplicas.from_json(b'{"owner": 1, "followers": [2], "isr": [1, 3]}')
+    with pytest.raises(InvalidKey):
+        keys.cluster_name("replicas")  # a word of the /cluster/ layout
+    policy = Policy().merged({"replicationFactor": 3, "minInSyncReplicas": 2}, "x")
+    assert (policy.copies, policy.insync_needed) == (3, 2)
+    assert (Policy().copies, Policy().insync_needed) == (1, 1)
+    with pytest.raises(BadValue, match="at most replicationFactor"):
+        Policy().merged({"minInSyncReplicas": 2}, "x")
+    with pytest.raises(BadValue, match="at most 5"):
+        Policy().merged({"replicationFactor": 6}, "x")
