@@ -103,7 +103,8 @@ PROTO_DIR := danube_fast/proto
 PROTO_OUT ?= $(PROTO_DIR)
 PROTOS := $(PROTO_DIR)/DanubeApi.proto $(PROTO_DIR)/SchemaRegistry.proto $(PROTO_DIR)/DanubeAdmin.proto \
 	$(PROTO_DIR)/FastApi.proto $(PROTO_DIR)/SecurityAdmin.proto $(PROTO_DIR)/PolicyAdmin.proto \
-	$(PROTO_DIR)/TableAdmin.proto $(PROTO_DIR)/SubscriptionAdmin.proto $(PROTO_DIR)/BrokerStats.proto
+	$(PROTO_DIR)/TableAdmin.proto $(PROTO_DIR)/SubscriptionAdmin.proto $(PROTO_DIR)/BrokerStats.proto \
+	$(PROTO_DIR)/Replication.proto
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \

@@ -26,6 +26,7 @@ from danube_fast.broker.cluster.admin.tables import ClusterTableAdmin
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.moves import Rebalancer
 from danube_fast.broker.cluster.node import ClusterNode
+from danube_fast.broker.cluster.replication.service import ReplicationService
 from danube_fast.broker.cluster.view import CACHE_PREFIXES, ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.context import BrokerContext
@@ -64,6 +65,7 @@ from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
 from danube_fast.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
+from danube_fast.proto import Replication_pb2_grpc as replication_grpc
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.proto import SecurityAdmin_pb2_grpc as security_grpc
 from danube_fast.proto import SubscriptionAdmin_pb2_grpc as subscription_grpc
@@ -156,6 +158,7 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             listening = dataclasses.replace(
                 listening, fast_port=await _listen(native.bind, config.native_addr, "--fast-addr"))
         history = History(topics)
+        replication: ReplicationService | None = None
         console = None
         if config.console_listen:
             console = build_console(config, listening.admin_port, schemas.registry)
@@ -170,8 +173,11 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             f"{url.split('://', 1)[-1].rpartition(':')[0]}:{listening.fast_port}"
         if node is None:
             cluster = ClusterNode(config, store, cache, topics, logs, _registration(config, listening, url),
-                                  cluster_placement, tier, lambda topic: schemas.load([topic]))
+                                  cluster_placement, tier, lambda topic: schemas.load([topic]), namespaces,
+                                  forwarder)
             node, rebalancer = cluster, rebalancer or cluster.load_manager
+            if cluster.replication is not None:
+                replication = ReplicationService(cluster.replication)
         view = ClusterView(cache)
         client_services: list[tuple[Callable[[Any, grpc.aio.Server], None], object]] = [
             (pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(ctx, schemas)),
@@ -197,6 +203,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             (stats_grpc.add_BrokerStatsServicer_to_server,
              ClusterBrokerStats(ctx, history, retention, tables, view, forwarder)),
         ]
+        if replication is not None:
+            admin_services.append((replication_grpc.add_ReplicationServicer_to_server, replication))
         for add, servicer in client_services:
             register(add, servicer, client, gate)
         for add, servicer in admin_services:

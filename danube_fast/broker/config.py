@@ -104,6 +104,9 @@ reserve_offsets = 10000000        # offsets an owner reserves per metadata write
 assign_wait_ms = 5000             # a producer creating a topic waits this long for its assignment
 gap_wait_ms = 600000              # readers wait this long for a dead owner's offsets to be recovered
 producer_gap_wait_ms = 30000      # idempotent producers wait this long for them (broker/sequences.py)
+replica_lag_ms = 10000            # a follower not caught up this long leaves the in-sync copies of a
+                                  # replicated topic (docs/REPLICATION.md); acks wait for it until then
+replica_check_ms = 5000           # how often an owner reads its topics' replicationFactor
 
 [tables]                          # topic tables: Iceberg tables of Reliable topics whose policy sets
 lag_ms = 10000                    # tableMode (docs/TABLES.md); a record is in its table about this soon
@@ -241,6 +244,8 @@ class ClusterConfig:
     assign_wait_ms: int = 5000
     gap_wait_ms: int = 600_000
     producer_gap_wait_ms: int = 30_000
+    replica_lag_ms: int = 10_000
+    replica_check_ms: int = 5000
 
     def etcd_access(self) -> EtcdAccess:
         """How the broker reaches etcd (TLS, a user); its password is resolved when the store opens."""

@@ -31,6 +31,7 @@ from danube_fast.broker.dispatch.live import LiveDispatcher
 from danube_fast.broker.dispatch.reliable import ReliableDispatcher
 from danube_fast.broker.ownership import Fence
 from danube_fast.broker.ratelimit import RateLimiter
+from danube_fast.broker.replicas import Replicas
 from danube_fast.broker.sequences import Append, Outcome, ProducerSequences
 from danube_fast.broker.subscription import Subscription
 from danube_fast.errors import precondition
@@ -158,7 +159,13 @@ class ReliableTopic(Topic):
         self.log = log if log is not None else TopicLog(wal)
         self.uploader: Uploader | None = None  # with an object tier, while the topic is served
         self.sequences = ProducerSequences()  # what idempotent producers stored (sequences.py)
+        # The copies of its log on other brokers that acknowledgements wait for (replicas.py); None: none.
+        self.replicas: Replicas | None = None
         fence.start_at(wal.committed_offset)
+
+    def replicate(self, replicas: Replicas | None) -> None:
+        """From now on acknowledgements wait for `replicas` too (None: for this broker's WAL alone)."""
+        self.replicas = replicas
 
     @property
     def start_offset(self) -> int:
@@ -205,12 +212,16 @@ class ReliableTopic(Topic):
     async def publish(self, msg: pb.StreamMessage) -> None:
         if self.publish_rate.per_second:
             await self.publish_rate.acquire()
-        fence = self.fence
+        fence, replicas = self.fence, self.replicas
+        if replicas is not None:
+            replicas.admit()
         await fence.admit(1)
         try:
-            await self.wal.append(messages.encode(msg))
+            last = (await self.wal.append(messages.encode(msg)))[1]
         finally:
             fence.done()
+        if replicas is not None:
+            await replicas.replicated(last)
         await fence.confirm()
         self._count(1, len(msg.payload))
         for sub in self.subscriptions.values():
@@ -222,7 +233,9 @@ class ReliableTopic(Topic):
         durable and the fence confirms this broker still owns the topic."""
         if self.publish_rate.per_second:
             await self.publish_rate.acquire(records)
-        fence = self.fence
+        fence, replicas = self.fence, self.replicas
+        if replicas is not None:
+            replicas.admit()
         await fence.admit(records)
         try:
             first, last = await self.wal.submit(data)
@@ -230,6 +243,8 @@ class ReliableTopic(Topic):
             fence.done()
         if stored is not None:
             stored(first, last)
+        if replicas is not None:
+            await replicas.replicated(last)
         await fence.confirm()
         self._count(records, len(data))
         for sub in self.subscriptions.values():

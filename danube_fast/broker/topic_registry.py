@@ -380,7 +380,7 @@ class TopicRegistry:
         await self._store.transaction([], [
             Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
             Delete(keys.namespace_topic(ns, short)), Delete(keys.unassigned(ns, short)),
-            Delete(keys.storage_topic_prefix(ns, short), prefix=True),
+            Delete(keys.storage_topic_prefix(ns, short), prefix=True), Delete(keys.replicas(ns, short)),
             Delete(keys.broker_topic(self.broker_id, ns, short))], [])
         self._topics.pop(topic.full, None)
         self._clients.forget_producers(topic)

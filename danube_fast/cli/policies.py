@@ -4,7 +4,8 @@ namespace policy reads of danube_admin.
     admin policies show NS | /NS/TOPIC
     admin policies set NS | /NS/TOPIC [--retention-minutes N] [--retention-mb N] [--table MODE]
                                       [--table-retention-minutes N] [--table-retention-mb N]
-                                      [--message-ttl-seconds N]
+                                      [--message-ttl-seconds N] [--replication-factor N]
+                                      [--min-insync-replicas N]
                                       [--set KEY=N ...]
     admin policies clear /NS/TOPIC        (the topic goes back to its namespace's policy)
 
@@ -64,6 +65,10 @@ def _changes(args: argparse.Namespace) -> str:
         changes["tableRetentionSizeInMB"] = args.table_retention_mb
     if args.message_ttl_seconds is not None:
         changes["messageTTLInSeconds"] = args.message_ttl_seconds
+    if args.replication_factor is not None:
+        changes["replicationFactor"] = args.replication_factor
+    if args.min_insync_replicas is not None:
+        changes["minInSyncReplicas"] = args.min_insync_replicas
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not value.isdigit():
@@ -71,7 +76,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes[key] = int(value)
     if not changes:
         raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
-                         "--table-retention-minutes, --table-retention-mb, --message-ttl-seconds or --set")
+                         "--table-retention-minutes, --table-retention-mb, --message-ttl-seconds, "
+                         "--replication-factor, --min-insync-replicas or --set")
     return json.dumps(changes)
 
 
@@ -121,6 +127,12 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--message-ttl-seconds", type=count, metavar="N",
                    help="messageTTLInSeconds: records published more than N seconds ago are acknowledged "
                         "for every subscription (0: never; docs/SUBSCRIPTIONS.md)")
+    s.add_argument("--replication-factor", type=count, metavar="N",
+                   help="replicationFactor: brokers that keep a Reliable topic's log, the owner's included "
+                        "(cluster mode; 0 or 1: the owner alone; docs/REPLICATION.md)")
+    s.add_argument("--min-insync-replicas", type=count, metavar="N",
+                   help="minInSyncReplicas: copies a record must be on before it is acknowledged; with "
+                        "fewer in sync, sends are refused (UNAVAILABLE)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=N",
                    help="any other policy key, e.g. max_message_size=1048576 (repeatable)")
     command("clear", _clear, "remove a topic's own policy: it follows its namespace's again", "/NS/TOPIC")

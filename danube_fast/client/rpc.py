@@ -10,6 +10,7 @@ from danube_fast.proto import (
     BrokerStats_pb2,
     DanubeAdmin_pb2,
     PolicyAdmin_pb2,
+    Replication_pb2,
     SchemaRegistry_pb2,
     SecurityAdmin_pb2,
     SubscriptionAdmin_pb2,
@@ -19,7 +20,7 @@ from danube_fast.proto import (
 # The files whose services are called by name: every service of the admin port.
 _BY_NAME = (DanubeAdmin_pb2.DESCRIPTOR, TableAdmin_pb2.DESCRIPTOR, SubscriptionAdmin_pb2.DESCRIPTOR,
             PolicyAdmin_pb2.DESCRIPTOR, SchemaRegistry_pb2.DESCRIPTOR, SecurityAdmin_pb2.DESCRIPTOR,
-            BrokerStats_pb2.DESCRIPTOR)
+            BrokerStats_pb2.DESCRIPTOR, Replication_pb2.DESCRIPTOR)
 
 
 class WireMessage(Protocol):

@@ -227,13 +227,14 @@ class LoadBalanceDecision(Resource):
 @dataclass(frozen=True)
 class TopicReplicas(Resource):
     """`/cluster/replicas/{ns}/{topic}`: a replicated topic's copies (docs/REPLICATION.md), written by its
-    owner only, fenced on its assignment. `followers`: the brokers that keep a copy of its log; `isr`: the
-    in-sync set, the owner first, which every acknowledged record has reached. The load manager gives a
-    dead owner's topic to a live member of `isr`."""
+    owner only, fenced on its assignment, whose create revision is `epoch`. `followers`: the brokers that
+    keep a copy of its log; `isr`: the in-sync set, the owner first, which every acknowledged record has
+    reached. The load manager gives a dead owner's topic to a live member of `isr`."""
 
     RESOURCE = "topic replicas"
 
     owner: int
+    epoch: int
     followers: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
     extra: JSONObject = field(default_factory=dict, hash=False)
@@ -241,15 +242,15 @@ class TopicReplicas(Resource):
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
         f = Fields(value, where)
-        owner = f.uint("owner")
+        owner, epoch = f.uint("owner"), f.uint("epoch")
         followers, isr = (tuple(as_uint(v, where, f"field {name}[{i}]") for i, v in enumerate(f.array(name)))
                           for name in ("followers", "isr"))
         if owner in followers:
             raise bad(where, "field followers", "brokers other than the owner", list(followers))
         if any(b != owner and b not in followers for b in isr):
             raise bad(where, "field isr", "the owner and followers", list(isr))
-        return cls(owner, followers, isr, f.extra())
+        return cls(owner, epoch, followers, isr, f.extra())
 
     def to_obj(self) -> JSON:
-        return with_extra({"owner": self.owner, "followers": list(self.followers), "isr": list(self.isr)},
-                          self.extra)
+        return with_extra({"owner": self.owner, "epoch": self.epoch, "followers": list(self.followers),
+                           "isr": list(self.isr)}, self.extra)

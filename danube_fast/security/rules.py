@@ -137,6 +137,8 @@ RULES: dict[str, Rule] = {
     "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.tables.v1.TableAdmin/Status": Rule(L, _field("topic")),
     "danube_fast.stats.v1.BrokerStats/Figures": Rule(L, _cluster),
+    # Brokers copying a replicated topic from its owner (docs/REPLICATION.md): broker_principals hold it.
+    "danube_fast.replication.v1.Replication/Fetch": Rule(CLUSTER_ADMIN, _cluster),
     # Moving a subscription, looking at what it would receive, or reading the topic's records without one
     # (Browse) is what a consumer may do.
     **{f"danube_fast.subscriptions.v1.SubscriptionAdmin/{m}": Rule(C, _field("topic"))

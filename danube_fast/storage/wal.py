@@ -161,6 +161,11 @@ class Wal:
             self._visible = through
             self._set_committed()
 
+    def release_visible(self) -> None:
+        """Readers see every durable record again (a topic no longer replicated)."""
+        self._visible = None
+        self._set_committed()
+
     def _line(self) -> int:
         """What readers may see: the durable records, held to _visible."""
         return self._durable if self._visible is None else min(self._durable, self._visible)

@@ -55,7 +55,7 @@ def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int
 
     return Reconciler(SimpleNamespace(wal_root=str(wal_root)), None, cache, topics,  # type: ignore[arg-type]
                       logs, SimpleNamespace(broker_id=ME), SimpleNamespace(changed=lambda: None),  # type: ignore[arg-type]
-                      None, recover, loaded)  # type: ignore[arg-type]
+                      None, recover, loaded, None, None)  # type: ignore[arg-type]
 
 
 def test_an_assignment_gone_after_the_start_recovers_the_wal_left_behind(

@@ -32,7 +32,7 @@ PROTO_DIR = ROOT / "danube_fast" / "proto"
 GENERATED = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 SHARED_WITH_CLIENT = ("DanubeApi", "SchemaRegistry")
 ALL_PROTOS = (*SHARED_WITH_CLIENT, "DanubeAdmin", "FastApi", "SecurityAdmin", "PolicyAdmin", "TableAdmin",
-               "SubscriptionAdmin", "BrokerStats")
+               "SubscriptionAdmin", "BrokerStats", "Replication")
 
 FDP = descriptor_pb2.FileDescriptorProto
 FIELD = descriptor_pb2.FieldDescriptorProto

@@ -20,6 +20,7 @@ from danube_fast.proto import (
     DanubeApi_pb2,
     FastApi_pb2,
     PolicyAdmin_pb2,
+    Replication_pb2,
     SchemaRegistry_pb2,
     SecurityAdmin_pb2,
     SubscriptionAdmin_pb2,
@@ -43,7 +44,7 @@ def test_every_served_method_has_a_rule() -> None:
     served = {f"{service.full_name}/{method.name}"
               for module in (DanubeAdmin_pb2, DanubeApi_pb2, FastApi_pb2, SchemaRegistry_pb2,
                              SecurityAdmin_pb2, PolicyAdmin_pb2, TableAdmin_pb2, SubscriptionAdmin_pb2,
-                             BrokerStats_pb2)
+                             BrokerStats_pb2, Replication_pb2)
               for service in module.DESCRIPTOR.services_by_name.values() for method in service.methods}
     assert served - set(RULES) == set()
     assert set(RULES) - served == set()

@@ -727,9 +727,9 @@ def test_no_metadata_path_is_built_outside_keys() -> None:
 # ---------------------------------------------------------- ours: replicated topics (docs/REPLICATION.md)
 
 REPLICATION = [
-    Example("replication", "/cluster/replicas/default/orders", '{"owner": 11, "followers": [22, 33], '
-            '"isr": [11, 33]}', TopicReplicas, lambda: keys.replicas("default", "orders"),
-            keys.parse_replicas, ("default", "orders")),
+    Example("replication", "/cluster/replicas/default/orders", '{"owner": 11, "epoch": 4711, '
+            '"followers": [22, 33], "isr": [11, 33]}', TopicReplicas,
+            lambda: keys.replicas("default", "orders"), keys.parse_replicas, ("default", "orders")),
     Example("replication", "/danube-data/storage/topics/default/orders/replaced/11", '{"through": 1041}',
             ReplacedLog, lambda: keys.replaced_log("default", "orders", 11), keys.parse_replaced_log,
             ("default", "orders", 11)),
@@ -746,9 +746,9 @@ def test_replication_values_refuse_what_cannot_be() -> None:
     assert keys.replicas("a", "b").startswith(keys.replicas_prefix())
     assert ReplacedLog.from_json(b'{"through": -1}').through == -1  # nothing was acknowledged
     with pytest.raises(BadValue, match="brokers other than the owner"):
-        TopicReplicas.from_json(b'{"owner": 1, "followers": [1, 2], "isr": [1]}')
+        TopicReplicas.from_json(b'{"owner": 1, "epoch": 2, "followers": [1, 2], "isr": [1]}')
     with pytest.raises(BadValue, match="the owner and followers"):
-        TopicReplicas.from_json(b'{"owner": 1, "followers": [2], "isr": [1, 3]}')
+        TopicReplicas.from_json(b'{"owner": 1, "epoch": 2, "followers": [2], "isr": [1, 3]}')
     with pytest.raises(InvalidKey):
         keys.cluster_name("replicas")  # a word of the /cluster/ layout
     policy = Policy().merged({"replicationFactor": 3, "minInSyncReplicas": 2}, "x")

@@ -1,7 +1,9 @@
 """The load manager: the leader's reconcile loop over `/cluster/` (docs/TOPIC_MOVE.md#roles).
 
 Each pass reads the LocalCache mirror of `/cluster/` and, while this broker leads:
-1. moves the topics of brokers whose registration is gone (lease expired) to live brokers;
+1. moves the topics of brokers whose registration is gone (lease expired) to live brokers: a replicated
+   topic to a live member of the in-sync set its dead owner wrote (`/cluster/replicas/`), which holds every
+   record it acknowledged (docs/REPLICATION.md), the others to the least-loaded broker;
 2. assigns `/cluster/unassigned/` topics to the least-loaded active broker. An unload marker
    (`{reason: "unload", from_broker: A}`) waits until A has sealed the topic (its reservation under `state`
    is gone, see handoff.py) or A is dead, so the next owner never starts before the old one stopped;
@@ -32,8 +34,15 @@ from danube_fast.broker.config import ClusterConfig
 from danube_fast.meta import keys
 from danube_fast.meta.election import LeaderElection, NotLeader
 from danube_fast.meta.local_cache import LocalCache
-from danube_fast.meta.resources import NULL, BrokerMode, LoadBalanceDecision, SealedState, Unassigned
-from danube_fast.meta.store import Compare, Delete, MetadataError, MetadataStore, Put
+from danube_fast.meta.resources import (
+    NULL,
+    BrokerMode,
+    LoadBalanceDecision,
+    SealedState,
+    TopicReplicas,
+    Unassigned,
+)
+from danube_fast.meta.store import BadValue, Compare, Delete, MetadataError, MetadataStore, Put
 
 log = logging.getLogger("danube_fast.cluster")
 
@@ -128,13 +137,15 @@ class LoadManager:
         for (ns, t), owner in sorted(snap.owners.items()):
             if owner in snap.live:
                 continue
-            target = least_loaded(counts, snap.active)
+            in_sync, compare = self._in_sync(ns, t, owner, snap)
+            target = least_loaded(counts, in_sync or snap.active)
             if target is None:
                 break
             old = keys.broker_topic(owner, ns, t)
             done = await self._election.write_as_leader(
                 [Delete(old), Put(keys.broker_topic(target, ns, t), NULL)],
-                [Compare(old, "version", ">", 0), Compare(keys.broker_register(owner), "version", "==", 0)])
+                [Compare(old, "version", ">", 0), Compare(keys.broker_register(owner), "version", "==", 0),
+                 compare])
             if done.succeeded:
                 counts[target] += 1
                 changed.setdefault(target, []).append(keys.topic_name(ns, t))
@@ -168,6 +179,22 @@ class LoadManager:
             self._last_rebalance = time.monotonic()
             await self.rebalance(dry_run=False, max_moves=None)
         return waiting
+
+    def _in_sync(self, ns: str, t: str, owner: int, snap: Snapshot) -> tuple[list[int], Compare]:
+        """The live, active brokers of the in-sync set `owner` wrote for the topic (none if it is not
+        replicated), and the compare that keeps the move to that set as read."""
+        key = keys.replicas(ns, t)
+        kv = self._cache.get(key)
+        if kv is None:
+            return [], Compare(key, "version", "==", 0)
+        compare = Compare(key, "mod_revision", "==", kv.mod_revision)
+        try:
+            replicas = TopicReplicas.from_json(kv.value, key=kv.key)
+        except BadValue:
+            return [], compare
+        if replicas.owner != owner:
+            return [], compare
+        return [b for b in replicas.isr if b != owner and b in snap.live and b in snap.active], compare
 
     async def _sealed_by(self, ns: str, t: str, source: int) -> bool:
         """The old owner has let go: its reservation under `state` is gone (sealed, or deleted when nothing

@@ -1,6 +1,7 @@
 """One broker's cluster machinery, started and stopped in order: the `/cluster/` cache, membership (lease,
-registration, leadership, load reports), the reconciler (loads and unloads the topics assigned here) and
-the load manager (acting while this broker leads). Standalone mode runs membership only: a cluster of one,
+registration, leadership, load reports), the copies this broker keeps of others' replicated topics, the
+reconciler (loads and unloads the topics assigned here), the replication of the topics it owns and the
+load manager (acting while this broker leads). Standalone mode runs membership only: a cluster of one,
 its own leader, so the admin API reads the same keys in both modes.
 
 Stop: `drain()` first in cluster mode (SIGTERM): the broker marks itself draining and unloads its topics
@@ -19,7 +20,12 @@ from danube_fast.broker.cluster.load_manager import LoadManager
 from danube_fast.broker.cluster.membership import SHUTDOWN, Membership
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.reconciler import Reconciler
+from danube_fast.broker.cluster.replication.follower import Copies
+from danube_fast.broker.cluster.replication.manager import Replication
+from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.namespaces import Namespaces
+from danube_fast.broker.services.forward import Forwarder
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic
 from danube_fast.broker.topic_registry import TopicRegistry
@@ -37,10 +43,11 @@ DRAIN_TIMEOUT = 15.0  # seconds a stopping broker waits for its topics to be sea
 class ClusterNode:
     def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: TopicRegistry,
                  logs: LogManager, registration: BrokerRegistration, placement: ClusterPlacement | None,
-                 tier: Tier, on_loaded: Callable[[Topic], Awaitable[None]]) -> None:
+                 tier: Tier, on_loaded: Callable[[Topic], Awaitable[None]], namespaces: Namespaces,
+                 forwarder: Forwarder) -> None:
         """`placement`: the registry's in cluster mode, None standalone (membership alone); `cache` mirrors
         /cluster/ at least (the broker's); `on_loaded`: what applies to a topic placed here before it serves
-        anyone."""
+        anyone; `forwarder`: how this broker calls the others (a follower's fetches)."""
         self.config = config
         self.store = store
         self.topics = topics
@@ -50,16 +57,25 @@ class ClusterNode:
         self.cache = cache
         self.reconciler: Reconciler | None = None
         self.load_manager: LoadManager | None = None
+        self.replication: Replication | None = None
+        self.copies: Copies | None = None
         if placement is not None:
             recover = Orphans(config, store, tier, topics.broker_id).recover
+            view = ClusterView(cache)
+            self.replication = Replication(config.cluster, topics, namespaces, view)
+            self.copies = Copies(config, cache, view, forwarder, topics.broker_id)
             self.reconciler = Reconciler(config, store, cache, topics, logs, self.membership, placement, tier,
-                                         recover, on_loaded)
+                                         recover, on_loaded, self.replication, self.copies)
             self.load_manager = LoadManager(store, cache, self.membership.election, config.cluster)
 
     async def start(self) -> None:
         await self.membership.start()
+        if self.copies is not None:
+            await self.copies.start()
         if self.reconciler is not None:
             await self.reconciler.start()
+        if self.replication is not None:
+            self.replication.start()
         if self.load_manager is not None:
             self.load_manager.start()
 
@@ -94,5 +110,9 @@ class ClusterNode:
             await self.load_manager.close()
         if self.reconciler is not None:
             await self.reconciler.close()
+        if self.replication is not None:
+            await self.replication.close()
+        if self.copies is not None:
+            await self.copies.close()
         await self.membership.close()
 

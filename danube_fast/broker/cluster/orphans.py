@@ -2,7 +2,10 @@
 and the topic went elsewhere) still holds records it may have acknowledged. They lie in this broker's
 offset reservation (handoff.py), which no later owner reuses, so `recover` uploads the records the object
 tier lacks, declares the rest of the reservation empty (a zero-size descriptor), and deletes the directory.
-Its descriptor writes only create keys: they never overwrite what another owner wrote.
+Its descriptor writes only create keys: they never overwrite what another owner wrote. A replicated topic
+an in-sync follower took over from this broker (its `replaced/{broker}` key, docs/REPLICATION.md) needs
+nothing from the directory: the follower's copy holds every record this broker acknowledged, and offsets
+above it were never acknowledged, so the directory is deleted as it is.
 
 Owner: the broker's event loop; the reconciler (reconciler.py) calls `recover` for orphans it finds.
 """
@@ -20,7 +23,7 @@ from danube_fast.broker.cluster import handoff
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.tiering import DRAIN_TIMEOUT, Tier
 from danube_fast.meta import keys
-from danube_fast.meta.resources import ObjectDescriptor, SealedState
+from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog, SealedState
 from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
 from danube_fast.names import TopicName
 from danube_fast.storage.gaps import open_gaps
@@ -41,6 +44,13 @@ class Orphans:
     async def recover(self, name: TopicName, directory: str) -> None:
         ns, t = name.namespace, name.topic
         me = self.broker_id
+        replaced = await self._store.get(keys.replaced_log(ns, t, me))
+        if replaced is not None:
+            through = ReplacedLog.from_json(replaced.value, key=replaced.key).through
+            log.info("%s: a follower took the topic over with every record through %d; the orphan WAL goes",
+                     name, through)
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+            return
         wal = await Wal.open(directory, self._config.wal)
         try:
             state = await handoff.read_state(self._store, ns, t)

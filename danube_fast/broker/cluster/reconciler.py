@@ -5,7 +5,9 @@ The LocalCache mirrors `/cluster/`; every change under `/cluster/brokers/{me}/` 
 right place):
 - assigned and not served -> load it (handoff.load_point says where its offsets continue; a local WAL that
   is not this broker's continuing log is an orphan, recovered first), with a TopicGuard fenced on the
-  assignment's create revision and an offset reservation written before the first append;
+  assignment's create revision and an offset reservation written before the first append; a replicated
+  topic whose dead owner this broker followed in sync continues from this broker's copy instead
+  (`_takeover`, docs/REPLICATION.md), and a replicated topic's copies are set up before it serves;
 - served but no longer assigned -> if the unload marker names this broker, the sealed-state unload of
   docs/TOPIC_MOVE.md (cursors flushed, uploader drained, `state` sealed, WAL deleted), fenced on that
   marker; otherwise the ownership is lost (the leader gave the topic away, e.g. after this broker's lease
@@ -26,6 +28,8 @@ from danube_fast.broker.cluster import handoff
 from danube_fast.broker.cluster.assignments import ClusterPlacement
 from danube_fast.broker.cluster.guard import TopicGuard
 from danube_fast.broker.cluster.membership import Membership
+from danube_fast.broker.cluster.replication.follower import Copies, TakenCopy
+from danube_fast.broker.cluster.replication.manager import Replication
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.tiering import Tier
 from danube_fast.broker.topic import Topic, stored
@@ -34,8 +38,8 @@ from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import UNLOAD, Unassigned
-from danube_fast.meta.store import MetadataError, MetadataStore
+from danube_fast.meta.resources import UNLOAD, ReplacedLog, TopicReplicas, Unassigned
+from danube_fast.meta.store import MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.storage.log_manager import LogManager
 
@@ -54,10 +58,12 @@ Recover = Callable[[TopicName, str], Awaitable[None]]  # an orphan WAL directory
 class Reconciler:
     def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, topics: TopicRegistry,
                  logs: LogManager, membership: Membership, placement: ClusterPlacement, tier: Tier,
-                 recover: Recover, on_loaded: Callable[[Topic], Awaitable[None]]) -> None:
+                 recover: Recover, on_loaded: Callable[[Topic], Awaitable[None]],
+                 replication: Replication, copies: Copies) -> None:
         """`tier`: starts a loaded topic's uploads and drains them at a sealed unload; `recover`: an orphan
         WAL directory (cluster/orphans.py); `on_loaded`: what must apply to a topic before it serves anyone
-        (its schema configuration)."""
+        (its schema configuration); `replication`: the copies of the replicated topics loaded here;
+        `copies`: this broker's copies of others' topics."""
         self._config = config
         self._store = store
         self._cache = cache
@@ -68,6 +74,8 @@ class Reconciler:
         self._tier = tier
         self._recover_orphan_wal = recover
         self._on_loaded = on_loaded
+        self._replication = replication
+        self._copies = copies
         self.me = membership.broker_id
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -163,10 +171,17 @@ class Reconciler:
         ns, t = name.namespace, name.topic
         ownership = self._ownership(keys.broker_topic(self.me, ns, t), revision)
         await ownership.revalidate()  # the cache may lag: never load on a stale assignment
+        copy = await self._copies.take(name)
         point = await handoff.load_point(self._store, ns, t, self.me)
         directory = self._logs.directory(name)
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
+        if copy is not None:
+            taken = await self._takeover(name, ownership, point, copy)
+            if taken is None:
+                await self._copies.discard(name)
+            else:
+                point = taken
         m = self._membership
         block = self._config.cluster.reserve_offsets
         guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused,
@@ -182,8 +197,37 @@ class Reconciler:
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
+            await self._replication.attach(reliable, guard)
             crashpoints.reach(crashpoints.MID_LOAD)
             await self._tier.attach(reliable, None if point.keep_local else point.start - 1)
+
+    async def _takeover(self, name: TopicName, ownership: Ownership, point: handoff.LoadPoint,
+                        copy: TakenCopy) -> handoff.LoadPoint | None:
+        """The topic's owner died and this broker holds an in-sync copy of that owner's term: the copy holds
+        every record it acknowledged, so it becomes this broker's WAL and the topic continues after it, with
+        no gap for readers to wait at (docs/REPLICATION.md, "Failover"). None when the copy does not
+        qualify (another term, not in the written in-sync set, behind the objects): today's load then."""
+        ns, t = name.namespace, name.topic
+        state = await handoff.read_state(self._store, ns, t)
+        kv = await self._store.get(keys.replicas(ns, t))
+        replicas = None if kv is None else TopicReplicas.from_json(kv.value, key=kv.key)
+        dead = copy.owner
+        if state is None or state.sealed or state.broker_id != dead or replicas is None \
+                or (replicas.owner, replicas.epoch) != (dead, copy.epoch) or self.me not in replicas.isr \
+                or copy.end <= point.uploaded:
+            log.info("%s: the copy of broker %d's term %d (to %d) is not taken over", name, dead, copy.epoch,
+                     copy.end)
+            return None
+        directory = self._logs.directory(name)
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        os.rename(copy.log_dir, directory)
+        replaced = ReplacedLog(copy.end - 1).to_json()
+        await ownership.write_fenced([Put(keys.replaced_log(ns, t, dead), replaced)])
+        log.info("%s: taken over from dead broker %d with this broker's copy (offsets to %d)", name, dead,
+                 copy.end - 1)
+        await self._copies.discard(name)
+        gaps = tuple(g for g in point.gaps if g[2] != dead)
+        return handoff.LoadPoint(copy.end, True, point.uploaded, gaps)
 
     # -- unload --------------------------------------------------------------------------------------------
 
@@ -192,6 +236,9 @@ class Reconciler:
         guard = topic.fence
         assert isinstance(guard, TopicGuard)
         guard.fence_on(self._ownership(marker_key, marker_revision))
+        reliable = stored(topic)
+        if reliable is not None:
+            self._replication.detach(reliable)  # the seal puts everything in the objects
         ns, t = topic.name.namespace, topic.name.topic
 
         async def seal(topic: Topic) -> None:
@@ -208,8 +255,10 @@ class Reconciler:
         await self._topics.unload_topic(topic, seal)
 
     async def _lose(self, topic: Topic) -> None:
-        await self._topics.unload_topic(topic, None)
         reliable = stored(topic)
+        if reliable is not None:
+            self._replication.detach(reliable)
+        await self._topics.unload_topic(topic, None)
         if reliable is not None:
             await self._recover(topic.name, reliable.wal.directory)
 

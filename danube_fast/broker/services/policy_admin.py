@@ -54,8 +54,22 @@ class PolicyAdminService:
     def __init__(self, ctx: BrokerContext, store: MetadataStore, cache: LocalCache) -> None:
         self._topics = ctx.topics
         self._namespaces = ctx.namespaces
+        self._clustered = ctx.placement.clustered
         self._store = store
         self._cache = cache
+
+    def _copies_possible(self, before: Policy, policy: Policy, what: str) -> None:
+        """A replicationFactor raised beyond the brokers there are is refused (docs/REPLICATION.md): a copy
+        needs a broker of its own. Fewer brokers later (one died) leave the topic under-replicated."""
+        if policy.copies <= 1 or policy.copies <= before.copies:
+            return
+        if not self._clustered:
+            raise invalid(f"{what}: replicationFactor {policy.copies} needs a cluster; a standalone broker "
+                          "keeps one copy")
+        brokers = len(self._cache.get_prefix(keys.register_prefix()))
+        if policy.copies > brokers:
+            raise invalid(f"{what}: replicationFactor {policy.copies} is more than the {brokers} brokers of "
+                          "the cluster")
 
     @unary
     async def SetNamespacePolicy(self, request: pb.SetNamespacePolicyRequest, context: Context
@@ -65,7 +79,9 @@ class PolicyAdminService:
         if kv is None:
             raise not_found(f"namespace {request.namespace} does not exist")
         what = f"namespace {request.namespace}"
-        policy = changed(Policy.from_json(kv.value, key=key), request.changes, what)
+        before = Policy.from_json(kv.value, key=key)
+        policy = changed(before, request.changes, what)
+        self._copies_possible(before, policy, what)
         revision = await self._swap(kv, key, policy)
         await self._cache.wait_for_revision(revision, CACHE_WAIT, key=key)
         return view(policy)
@@ -82,7 +98,9 @@ class PolicyAdminService:
         for name in self._stored(request.topic):
             key = keys.topic_policy(name.namespace, name.topic)
             own = await self._store.get(key)
-            policy = changed(self._namespaces.topic_policy(name, own), request.changes, f"topic {name.full}")
+            before = self._namespaces.topic_policy(name, own)
+            policy = changed(before, request.changes, f"topic {name.full}")
+            self._copies_possible(before, policy, f"topic {name.full}")
             await self._swap(own, key, policy)
         assert policy is not None
         return view(policy, own=True)

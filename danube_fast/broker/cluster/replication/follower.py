@@ -1,0 +1,252 @@
+"""The copies this broker keeps of other brokers' replicated topics (docs/REPLICATION.md).
+
+For every `/cluster/replicas/{ns}/{topic}` key that names this broker among the followers, one task
+fetches from the topic's owner (the Replication service on its admin port) and appends what it gets to
+a WAL of its own, with this broker's sync policy, at the owner's offsets; its next fetch, from the end of
+what it holds, tells the owner that all of it is durable here. The copy lives in
+`{data_dir}/replicas/{ns}/{topic}/`: `log/` (the WAL) and `copy.json` (`{owner, epoch}`: whose term of
+the topic it copies). A copy of another term is dropped and fetched again from the start the owner names
+(the first offset its objects lack); segments the objects hold are deleted as the owner reports them
+uploaded. A key that no longer names this broker drops the copy.
+
+When the load manager gives this broker a topic it follows (its owner died), the reconciler `take`s the
+copy: the task stops and the reconciler decides whether the copy becomes the topic's WAL.
+
+Owner: the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+from danube_fast.broker.cluster.view import ClusterView
+from danube_fast.broker.config import BrokerConfig
+from danube_fast.broker.services.forward import Forwarder
+from danube_fast.errors import ApiError
+from danube_fast.meta import keys
+from danube_fast.meta.local_cache import EventFeed, LocalCache
+from danube_fast.meta.resources import TopicReplicas
+from danube_fast.meta.store import BadValue, InvalidKey
+from danube_fast.names import TopicName
+from danube_fast.proto import Replication_pb2 as pb
+from danube_fast.storage.io_pool import IoPool
+from danube_fast.storage.tail_cache import CacheBudget
+from danube_fast.storage.wal import Wal
+
+log = logging.getLogger("danube_fast.replication")
+
+WAIT_MS = 1000  # a fetch at the owner's end waits this long for a record
+RETRY = 0.2  # seconds before a fetch is tried again after a failure
+TRIM_EVERY = 1.0  # seconds between deletions of segments the objects hold
+CACHE_BYTES = 16 * 1024 * 1024  # what every copy's tail cache holds together: copies are written, not read
+META = "copy.json"
+
+
+@dataclass(frozen=True)
+class TakenCopy:
+    """A copy handed to the reconciler: its WAL directory, whose term it copied, and the offset after its
+    last record."""
+
+    log_dir: str
+    owner: int
+    epoch: int
+    end: int
+
+
+class Copies:
+    def __init__(self, config: BrokerConfig, cache: LocalCache, view: ClusterView, forwarder: Forwarder,
+                 broker_id: int) -> None:
+        self._config = config
+        self._cache = cache
+        self._view = view
+        self._forwarder = forwarder
+        self.me = broker_id
+        self.root = os.path.join(config.data_dir, "replicas")
+        self._pool = IoPool.shared(config.wal.io_threads)
+        self._budget = CacheBudget(CACHE_BYTES)
+        self._fetchers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._taken: set[tuple[str, str]] = set()  # handed to the reconciler: not fetched again here
+        self._follower: asyncio.Task[None] | None = None
+
+    # -- life ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        feed = self._cache.subscribe(keys.replicas_prefix())
+        self._reconcile()
+        await self._drop_strays()
+        self._follower = asyncio.create_task(self._follow(feed), name="replica-copies")
+
+    async def close(self) -> None:
+        tasks = [*self._fetchers.values(), *(t for t in [self._follower] if t is not None)]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fetchers.clear()
+
+    async def _follow(self, feed: EventFeed) -> None:
+        async for _ in feed:
+            self._reconcile()
+
+    def _wanted(self) -> dict[tuple[str, str], TopicReplicas]:
+        found = {}
+        for kv in self._cache.get_prefix(keys.replicas_prefix()):
+            with contextlib.suppress(BadValue, InvalidKey):
+                r = TopicReplicas.from_json(kv.value, key=kv.key)
+                if self.me in r.followers and r.owner != self.me:
+                    found[keys.parse_replicas(kv.key)] = r
+        return found
+
+    def _reconcile(self) -> None:
+        wanted = self._wanted()
+        for topic in list(self._taken):
+            if topic not in wanted:  # the copies' key moved on (this broker owns it now, or it went)
+                self._taken.discard(topic)
+        for topic in wanted:
+            if topic not in self._fetchers and topic not in self._taken:
+                self._fetchers[topic] = asyncio.create_task(self._fetch(*topic), name=f"copy {topic}")
+        for topic, task in list(self._fetchers.items()):
+            if topic not in wanted:
+                del self._fetchers[topic]
+                task.cancel()
+                owned = self._owner_now(*topic) == self.me
+                if not owned:  # this broker owns it now: the reconciler takes the copy, not deletes it
+                    drop = asyncio.create_task(self._drop_after(task, *topic))
+                    drop.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def _owner_now(self, ns: str, t: str) -> int | None:
+        return self._view.owner(ns, t)
+
+    async def _drop_after(self, task: asyncio.Task[None], ns: str, t: str) -> None:
+        await asyncio.gather(task, return_exceptions=True)
+        if (ns, t) not in self._fetchers and (ns, t) not in self._taken:
+            await self._remove(ns, t)
+
+    async def _drop_strays(self) -> None:
+        """Copies on disk that no key names any more (the topic went while this broker was down)."""
+        if not os.path.isdir(self.root):
+            return
+        wanted = self._wanted()
+        for ns in sorted(os.listdir(self.root)):
+            for t in sorted(os.listdir(os.path.join(self.root, ns))):
+                if (ns, t) not in wanted and self._owner_now(ns, t) != self.me:
+                    await self._remove(ns, t)
+
+    # -- one copy --------------------------------------------------------------------------------------
+
+    def _dir(self, ns: str, t: str) -> str:
+        return os.path.join(self.root, ns, t)
+
+    def _meta(self, ns: str, t: str) -> tuple[int, int] | None:
+        try:
+            with open(os.path.join(self._dir(ns, t), META), encoding="utf-8") as f:
+                meta = json.load(f)
+            return int(meta["owner"]), int(meta["epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_meta(self, ns: str, t: str, owner: int, epoch: int) -> None:
+        path = os.path.join(self._dir(ns, t), META)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"owner": owner, "epoch": epoch}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    async def _remove(self, ns: str, t: str) -> None:
+        directory = self._dir(ns, t)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: shutil.rmtree(directory, ignore_errors=True))
+
+    async def _open(self, ns: str, t: str, start: int) -> Wal:
+        return await Wal.open(os.path.join(self._dir(ns, t), "log"), self._config.wal, initial_offset=start,
+                              pool=self._pool, cache_budget=self._budget)
+
+    async def _fetch(self, ns: str, t: str) -> None:
+        """Copy the topic from whoever owns it, for as long as this broker follows it."""
+        topic = keys.topic_name(ns, t)
+        wal: Wal | None = None
+        trimmed = 0.0
+        try:
+            while True:
+                r = self._wanted().get((ns, t))
+                if r is None:
+                    return
+                meta = self._meta(ns, t)
+                if meta is not None and meta != (r.owner, r.epoch):
+                    if wal is not None:
+                        await wal.close()
+                        wal = None
+                    await self._remove(ns, t)
+                    meta = None
+                registration = self._view.registration(r.owner)
+                if registration is None:
+                    await asyncio.sleep(RETRY)
+                    continue
+                if wal is None and meta is not None:
+                    wal = await self._open(ns, t, 0)  # this term's copy, from an earlier run
+                request = pb.FetchRequest(topic=topic, follower_id=self.me, epoch=r.epoch,
+                                          from_offset=-1 if wal is None else wal.committed_offset,
+                                          wait_ms=0 if wal is None else WAIT_MS)
+                try:
+                    got = await self._forwarder.call(registration.admin_addr, "Replication", "Fetch", request,
+                                                     pb.FetchResponse)
+                except ApiError as e:
+                    log.debug("%s: fetching from broker %d: %s", topic, r.owner, e)
+                    await asyncio.sleep(RETRY)
+                    continue
+                if wal is None:
+                    os.makedirs(self._dir(ns, t), exist_ok=True)
+                    wal = await self._open(ns, t, got.start_offset)
+                    self._write_meta(ns, t, r.owner, r.epoch)
+                    log.info("%s: copying from broker %d from offset %d", topic, r.owner, got.start_offset)
+                    continue
+                if got.reset:
+                    await wal.close()
+                    wal = None
+                    await self._remove(ns, t)
+                    continue
+                if got.data:
+                    expected = wal.committed_offset
+                    first, _ = await wal.append(got.data)
+                    if first != expected or wal.committed_offset != got.next_offset:
+                        log.warning("%s: the copy took offsets %d..%d where the owner sent %d..%d; "
+                                    "starting it again", topic, first, wal.committed_offset, expected,
+                                    got.next_offset)
+                        await wal.close()
+                        wal = None
+                        await self._remove(ns, t)
+                        continue
+                if got.uploaded_through + 1 > wal.start_offset and time.monotonic() - trimmed > TRIM_EVERY:
+                    trimmed = time.monotonic()
+                    await wal.delete_before(got.uploaded_through + 1)
+        finally:
+            if wal is not None:
+                await wal.close()
+
+    async def take(self, name: TopicName) -> TakenCopy | None:
+        """Stop copying `name` (this broker is to own it) and hand over the copy, if it holds one."""
+        topic = (name.namespace, name.topic)
+        self._taken.add(topic)
+        task = self._fetchers.pop(topic, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        meta = self._meta(*topic)
+        log_dir = os.path.join(self._dir(*topic), "log")
+        if meta is None or not os.path.isdir(log_dir):
+            return None
+        wal = await self._open(*topic, 0)
+        end = wal.committed_offset
+        await wal.close()
+        return TakenCopy(log_dir, meta[0], meta[1], end)
+
+    async def discard(self, name: TopicName) -> None:
+        """A taken copy the reconciler did not use."""
+        await self._remove(name.namespace, name.topic)

@@ -1,0 +1,279 @@
+"""A replicated topic's copies, as its owner keeps track of them (docs/REPLICATION.md).
+
+`ReplicaSet` is the topic's `Replicas` (broker/replicas.py): what its acknowledgements wait for. It learns
+what each follower holds from the follower's fetches (asking from an offset says it holds every record
+below it), and keeps the in-sync set (ISR) by the rules that make a failover lose nothing acknowledged:
+
+- An acknowledgement of a record waits until every follower of the in-memory ISR holds it; with fewer
+  copies in sync than `minInSyncReplicas` (the owner counts) the send is refused, UNAVAILABLE.
+- Readers see records only once every ISR follower holds them: the WAL's line (Wal.hold_visible) is the
+  lowest of their ends, so no reader sees a record that a failover to one of them could give to another.
+  With no follower in sync the line is lifted: readers see what is durable here.
+- The ISR persisted in `/cluster/replicas/{ns}/{topic}` (fenced on the assignment) is what the load
+  manager picks a dead owner's successor from, so every broker it names must hold every record
+  acknowledged: a follower joins in memory first (acknowledgements start waiting for it), and is written
+  as in sync only once it holds everything durable here when it joined; a follower leaves by a write
+  first, and acknowledgements stop waiting for it after.
+- A follower leaves the ISR when it has not caught up within `[cluster] replica_lag_ms`, or its broker's
+  registration is gone; it joins when a fetch finds it holding everything sent to it before.
+
+Owner: the topic's owner broker, on the event loop (`Replication` in manager.py holds one per replicated
+topic it serves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from danube_fast.broker.topic import ReliableTopic
+from danube_fast.errors import unavailable
+from danube_fast.meta import keys
+from danube_fast.meta.resources import TopicReplicas
+from danube_fast.meta.store import Delete, Op, Put, TxnResult
+from danube_fast.proto import Replication_pb2 as pb
+from danube_fast.storage.objects.format import clip_batches
+
+log = logging.getLogger("danube_fast.replication")
+
+FETCH_BYTES = 4 * 1024 * 1024  # a fetch that names no size
+MAX_FETCH_BYTES = 16 * 1024 * 1024
+MAX_WAIT_MS = 5000
+
+Write = Callable[[Sequence[Op]], Awaitable[TxnResult]]
+
+
+@dataclass
+class _Follower:
+    durable: int = -1  # it holds every record below this (its last fetch's from_offset); -1: unknown
+    sent_end: int = -1  # this WAL's durable end when its last response was made
+    caught_up_at: float = field(default_factory=time.monotonic)  # its last fetch at or past sent_end
+    joined_at: int | None = None  # in the ISR in memory, written as in sync once it holds this much
+
+
+class ReplicaSet:
+    def __init__(self, topic: ReliableTopic, me: int, epoch: int, write: Write, copies: int, needed: int,
+                 lag_s: float) -> None:
+        """`epoch`: the create revision of this broker's assignment; `write`: the topic's fenced write."""
+        self.topic = topic
+        self.me = me
+        self.epoch = epoch
+        self.copies = copies
+        self.needed = needed
+        self._write = write
+        self._lag_s = lag_s
+        self._wal = topic.wal
+        self._ns, self._t = topic.name.namespace, topic.name.topic
+        self.followers: dict[int, _Follower] = {}
+        self.isr: set[int] = set()  # followers in the in-memory ISR (the owner is always in sync)
+        self.written: TopicReplicas | None = None  # what the metadata says
+        self._ready = asyncio.Event()  # the first write landed: acknowledgements may go out
+        self._changed = asyncio.Event()
+        self._closed = False
+        self._writing = asyncio.Lock()  # one write of the copies at a time, with the memory change it makes
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- the topic's Replicas ----------------------------------------------------------------------------
+
+    def admit(self) -> None:
+        if 1 + len(self.isr) < self.needed:
+            raise self._too_few()
+
+    async def replicated(self, last: int) -> None:
+        if not self._ready.is_set():
+            await self._ready.wait()
+        while not self._closed and self._line() <= last:
+            if 1 + len(self.isr) < self.needed:
+                raise self._too_few()
+            changed = self._changed
+            await changed.wait()
+
+    def _too_few(self) -> Exception:
+        return unavailable(f"{self.topic.full} has {1 + len(self.isr)} copies in sync, fewer than its "
+                           f"minInSyncReplicas {self.needed}: not stored for sure, send again later")
+
+    def _line(self) -> int:
+        """Every record below this is on every in-sync copy."""
+        return min([self._wal.durable_offset, *(self.followers[b].durable for b in self.isr)])
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- life ------------------------------------------------------------------------------------------
+
+    async def start(self, followers: Sequence[int]) -> None:
+        """Acknowledgements wait for this: the copies are written with this broker alone in sync (a
+        follower joins by catching up), so that a successor is never picked from an ISR of an earlier
+        term of this topic here."""
+        self.topic.replicate(self)
+        for b in followers:
+            self.followers.setdefault(b, _Follower())
+        await self._persist()
+        self._ready.set()
+
+    def close(self) -> None:
+        """The topic stops being replicated here (unloaded, or its policy asks for one copy): waiting
+        acknowledgements go on, the topic's own checks decide them."""
+        self._closed = True
+        if self.topic.replicas is self:
+            self.topic.replicate(None)
+        self._wal.release_visible()
+        self._ready.set()
+        self._wake()
+
+    async def forget(self) -> None:
+        """replicationFactor went to 1: the copies are not wanted any more (the key goes, followers drop
+        theirs)."""
+        self.close()
+        await self._write([Delete(keys.replicas(self._ns, self._t))])
+
+    # -- fetches ---------------------------------------------------------------------------------------
+
+    async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+        """A follower's fetch: what it holds is learnt, then the records after it (waiting up to wait_ms
+        for one)."""
+        f = self.followers[request.follower_id]
+        wal = self._wal
+        start = self.start_offset()
+        low = request.from_offset
+        if low < 0:
+            return pb.FetchResponse(next_offset=start, start_offset=start, uploaded_through=self._uploaded())
+        if low < wal.start_offset or low > wal.durable_offset:
+            # Below what the WAL keeps, or past its end (this log restarted shorter than a copy of it).
+            log.info("%s: the copy of broker %d at %d does not fit this log (%d..%d): it starts again at %d",
+                     self.topic.full, request.follower_id, low, wal.start_offset, wal.durable_offset, start)
+            return pb.FetchResponse(next_offset=start, start_offset=start, uploaded_through=self._uploaded(),
+                                    reset=True)
+        self._progress(request.follower_id, f, low)
+        wait = min(request.wait_ms, MAX_WAIT_MS) / 1000
+        if low >= wal.durable_offset and wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wal.wait_durable(low), wait)
+        data, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
+        f.sent_end = wal.durable_offset
+        return pb.FetchResponse(data=data, next_offset=next_offset, start_offset=start,
+                                uploaded_through=self._uploaded())
+
+    def start_offset(self) -> int:
+        """Where a new copy begins: the first offset the object tier lacks, or the WAL's first if later."""
+        return max(self._uploaded() + 1, self._wal.start_offset)
+
+    def _uploaded(self) -> int:
+        uploader = self.topic.uploader
+        return uploader.checkpoint if uploader is not None else -1
+
+    async def _read(self, low: int, room: int) -> tuple[bytes, int]:
+        wal = self._wal
+        got = await wal.read(low, room, durable=True)
+        if got is None:
+            return b"", low
+        chunk, next_offset = clip_batches(got[0], low, wal.durable_offset, room, whole=True)
+        chunks = [chunk]
+        size = len(chunk)
+        while size < room:  # join what more the tail cache holds, as a reader at the tail does
+            more = wal.cached(next_offset, room - size, durable=True)
+            if more is None:
+                break
+            chunk, after = clip_batches(more[0], next_offset, wal.durable_offset, room - size, whole=False)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            next_offset = after
+        return b"".join(chunks), next_offset
+
+    def _progress(self, broker: int, f: _Follower, low: int) -> None:
+        """The follower holds every record below `low`."""
+        f.durable = low
+        if low >= f.sent_end:
+            f.caught_up_at = time.monotonic()
+            if broker not in self.isr and not self._closed:
+                self._join(broker, f)
+        if broker in self.isr:
+            if f.joined_at is not None and low >= f.joined_at:
+                f.joined_at = None
+                self._schedule_persist()
+            self._show()
+        self._wake()
+
+    def _join(self, broker: int, f: _Follower) -> None:
+        """In memory now: acknowledgements wait for it from here on; written as in sync once it holds what
+        is durable here now (every record acknowledged so far)."""
+        if not self.isr:
+            self._wal.hold_visible(self._wal.committed_offset)
+        self.isr.add(broker)
+        f.joined_at = self._wal.durable_offset
+        log.info("%s: broker %d caught up, joining the in-sync copies", self.topic.full, broker)
+
+    def _show(self) -> None:
+        if self.isr:
+            self._wal.show_through(self._line())
+
+    # -- the in-sync set over time ---------------------------------------------------------------------
+
+    async def maintain(self, live: set[int], pick: Callable[[int, set[int]], list[int]]) -> None:
+        """One pass: followers that lag or whose broker is gone leave the ISR (written first), dead
+        followers are replaced by `pick(n, taken)` brokers, and what changed is written."""
+        if self._closed or not self._ready.is_set():
+            return
+        now = time.monotonic()
+        leaving = {b for b in self.isr
+                   if b not in live or (now - self.followers[b].caught_up_at > self._lag_s
+                                        and self.followers[b].durable < self._wal.durable_offset)}
+        gone = {b for b in self.followers if b not in live}
+        wanted = self.copies - 1 - (len(self.followers) - len(gone))
+        added = pick(wanted, {self.me, *self.followers}) if wanted > 0 else []
+        if not leaving and not gone and not added:
+            return
+        for b in leaving:
+            log.warning("%s: broker %d leaves the in-sync copies (%s)", self.topic.full, b,
+                        "its registration is gone" if b not in live else
+                        f"not caught up for {self._lag_s:.1f} s")
+        await self._persist(leaving=leaving, gone=gone, adding=added)
+
+    def _schedule_persist(self) -> None:
+        task = asyncio.create_task(self._persist_quietly())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _persist_quietly(self) -> None:
+        try:
+            await self._persist()
+        except Exception as e:  # the next change or pass writes it again
+            log.warning("%s: writing its in-sync copies failed: %s", self.topic.full, e)
+
+    async def _persist(self, leaving: set[int] | None = None, gone: set[int] | None = None,
+                       adding: Sequence[int] = ()) -> None:
+        """Write the copies as they are (a follower that joined in memory counts as in sync once it holds
+        what it joined at), less the `leaving` ISR members and the `gone` followers, plus `adding`; fenced
+        on the assignment. Only then do those changes apply in memory, under the same lock, so that a
+        write made meanwhile cannot put a leaving member back."""
+        out = (leaving or set()) | (gone or set())
+        async with self._writing:
+            followers = sorted({*self.followers, *adding} - (gone or set()))
+            isr = [self.me, *sorted(b for b in self.isr - out if self.followers[b].joined_at is None)]
+            value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr))
+            if value != self.written:
+                await self._write([Put(keys.replicas(self._ns, self._t), value.to_json())])
+                self.written = value
+            self.isr -= out
+            for b in gone or ():
+                self.followers.pop(b, None)
+            for b in adding:
+                self.followers.setdefault(b, _Follower())
+        if out:
+            if not self.isr:
+                self._wal.release_visible()
+            else:
+                self._show()
+            self._wake()
+
+    def describe(self) -> TopicReplicas:
+        """The copies as this owner sees them now."""
+        isr = [self.me, *sorted(b for b in self.isr if self.followers[b].joined_at is None)]
+        return TopicReplicas(self.me, self.epoch, tuple(sorted(self.followers)), tuple(isr))

@@ -1,0 +1,24 @@
+"""What a Reliable topic's acknowledgements wait for beyond its own WAL: copies on other brokers
+(docs/REPLICATION.md).
+
+The topic core defines the protocol; cluster mode implements it (`cluster/replication/owner.py`
+`ReplicaSet`) for a topic whose policy asks for more than one copy. A topic without one (every topic
+standalone, and replicationFactor 1) waits for nothing more.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Replicas(Protocol):
+    """Owned by the cluster's replication; the topic calls it on its publish path."""
+
+    def admit(self) -> None:
+        """Before an append: raises (UNAVAILABLE, retriable) when fewer copies are in sync than the policy
+        needs, so that nothing is stored for a send that cannot be acknowledged."""
+
+    async def replicated(self, last: int) -> None:
+        """After `last` is durable here: returns once every in-sync copy holds it too; raises UNAVAILABLE when
+        fewer copies than the policy needs stay in sync."""
+        ...
