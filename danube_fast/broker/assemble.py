@@ -177,7 +177,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
                                   forwarder)
             node, rebalancer = cluster, rebalancer or cluster.load_manager
             if cluster.replication is not None:
-                replication = ReplicationService(cluster.replication)
+                replication = ReplicationService(cluster.replication, ClusterView(cache), namespaces,
+                                                 forwarder)
         view = ClusterView(cache)
         client_services: list[tuple[Callable[[Any, grpc.aio.Server], None], object]] = [
             (pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(ctx, schemas)),

@@ -52,6 +52,12 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                                        _TOPIC),
     "danube_topic_retention_deleted_objects_total": ("counter", "Objects retention deleted (since loaded).",
                                                      _TOPIC),
+    "danube_topic_replicas": ("gauge", "Replicated topics: copies the policy asks for (replicationFactor).",
+                              _TOPIC),
+    "danube_topic_replicas_in_sync": ("gauge", "Replicated topics: copies in sync, the owner's included.",
+                                      _TOPIC),
+    "danube_topic_under_replicated": ("gauge", "Replicated topics: 1 while fewer copies are in sync than "
+                                      "the policy asks for.", _TOPIC),
     "danube_topic_behind_retention_total": ("counter", "Offsets readers skipped: retention had deleted them.",
                                             _TOPIC),
     "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers "
@@ -128,6 +134,10 @@ class BrokerCollector(Collector):
             tl = (r.full,)
             add("danube_topic_committed_offset", tl, r.wal.committed_offset)
             add("danube_topic_behind_retention_total", tl, r.log.behind_retention)
+            if r.replicas is not None:
+                add("danube_topic_replicas", tl, r.replicas.wanted)
+                add("danube_topic_replicas_in_sync", tl, r.replicas.in_sync)
+                add("danube_topic_under_replicated", tl, int(r.replicas.in_sync < r.replicas.wanted))
             kept = self._retention.state.get(r.full) if self._retention is not None else None
             if kept is not None:
                 add("danube_topic_retained_bytes", tl, kept.retained_bytes)

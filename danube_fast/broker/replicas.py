@@ -12,7 +12,17 @@ from typing import Protocol
 
 
 class Replicas(Protocol):
-    """Owned by the cluster's replication; the topic calls it on its publish path."""
+    """Owned by the cluster's replication; the topic calls it on its publish path, metrics read it."""
+
+    @property
+    def wanted(self) -> int:
+        """Copies the policy asks for, the owner's included (replicationFactor)."""
+        ...
+
+    @property
+    def in_sync(self) -> int:
+        """Copies in sync now, the owner's included."""
+        ...
 
     def admit(self) -> None:
         """Before an append: raises (UNAVAILABLE, retriable) when fewer copies are in sync than the policy

@@ -31,6 +31,7 @@ from danube_fast.client.rpc import M, WireMessage, dial_target, method_path
 from danube_fast.errors import DanubeError
 from danube_fast.proto import DanubeAdmin_pb2 as pb
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
+from danube_fast.proto import Replication_pb2 as replication_pb
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 10.0
@@ -200,6 +201,7 @@ async def _topics_describe(args: argparse.Namespace) -> Listing:
                         policy_pb.TopicPolicyRequest(topic=d.name), policy_pb.PolicyView)
     found["policy"] = policy.policy
     found["policy_source"] = "own" if policy.own else "namespace"
+    found.update(await _copies(args, d.name))
     stats = TopicStats()
     brokers = await call_method(args, "BrokerAdmin", "ListBrokers", pb.Empty(), pb.BrokerListResponse)
     owner = next((b for b in brokers.brokers if b.broker_id == d.broker_id), None)
@@ -216,6 +218,23 @@ async def _topics_describe(args: argparse.Namespace) -> Listing:
         live = stats.subscriptions.get(name, {})
         rows.append({"subscription": name, **{key: live.get(key, "") for key, _ in SUBSCRIPTION_COLUMNS[1:]}})
     return Listing("subscriptions", SUBSCRIPTION_COLUMNS, rows, found)
+
+
+async def _copies(args: argparse.Namespace, topic: str) -> dict[str, object]:
+    """The copies of a replicated topic (docs/REPLICATION.md): how many, which brokers follow, which are in
+    sync and how far behind; nothing for a broker that does not replicate (standalone)."""
+    try:
+        got = await call_method(args, "Replication", "Copies", replication_pb.CopiesRequest(topic=topic),
+                                replication_pb.CopiesResponse)
+    except AdminCallFailed as e:
+        if "UNIMPLEMENTED" in str(e):
+            return {}
+        raise
+    return {"replication_factor": got.replication_factor, "min_insync_replicas": got.min_insync_replicas,
+            "in_sync": got.in_sync, "under_replicated": got.under_replicated,
+            "followers": ", ".join(f"{f.broker_id} ({'in sync' if f.in_sync else 'catching up'}"
+                                   + (f", {f.behind} behind)" if f.behind >= 0 else ")")
+                                   for f in got.followers) or "none"}
 
 
 async def _topics_unload(args: argparse.Namespace) -> dict[str, object]:

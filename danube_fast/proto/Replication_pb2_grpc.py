@@ -39,6 +39,11 @@ class ReplicationStub:
                 request_serializer=Replication__pb2.FetchRequest.SerializeToString,
                 response_deserializer=Replication__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.Copies = channel.unary_unary(
+                '/danube_fast.replication.v1.Replication/Copies',
+                request_serializer=Replication__pb2.CopiesRequest.SerializeToString,
+                response_deserializer=Replication__pb2.CopiesResponse.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -51,6 +56,13 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Copies(self, request, context):
+        """Lookup on the topic: `admin topics describe`
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +70,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=Replication__pb2.FetchRequest.FromString,
                     response_serializer=Replication__pb2.FetchResponse.SerializeToString,
+            ),
+            'Copies': grpc.unary_unary_rpc_method_handler(
+                    servicer.Copies,
+                    request_deserializer=Replication__pb2.CopiesRequest.FromString,
+                    response_serializer=Replication__pb2.CopiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +104,33 @@ class Replication:
             '/danube_fast.replication.v1.Replication/Fetch',
             Replication__pb2.FetchRequest.SerializeToString,
             Replication__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Copies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.replication.v1.Replication/Copies',
+            Replication__pb2.CopiesRequest.SerializeToString,
+            Replication__pb2.CopiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -139,6 +139,7 @@ RULES: dict[str, Rule] = {
     "danube_fast.stats.v1.BrokerStats/Figures": Rule(L, _cluster),
     # Brokers copying a replicated topic from its owner (docs/REPLICATION.md): broker_principals hold it.
     "danube_fast.replication.v1.Replication/Fetch": Rule(CLUSTER_ADMIN, _cluster),
+    "danube_fast.replication.v1.Replication/Copies": Rule(L, _field("topic")),
     # Moving a subscription, looking at what it would receive, or reading the topic's records without one
     # (Browse) is what a consumer may do.
     **{f"danube_fast.subscriptions.v1.SubscriptionAdmin/{m}": Rule(C, _field("topic"))

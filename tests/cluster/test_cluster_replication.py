@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import uvloop
+from danube import DanubeClientBuilder, SubType
+from test_cluster_faults import create_producer, send_request
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early
 
 from danube_fast.meta import keys
@@ -98,5 +106,188 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
             more = await produce_n(survivor.url, topic, 300, 20, "p2")
             got = await read_all(survivor.url, topic, set(more), timeout=60)
             assert set(more) <= set(got)
+
+    run(cluster, body)
+
+
+async def cli_json(broker: Any, *args: str) -> Any:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "danube_fast.cli.main", "admin", *args, "--admin-addr",
+        f"127.0.0.1:{broker.admin_port}", "--output", "json", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+def test_followers_lost_leave_the_in_sync_set_sends_need_min_insync_and_a_wiped_broker_catches_up(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """replicationFactor 3, minInSyncReplicas 2: one follower killed, sends go on once it left the in-sync
+    set; the second killed, sends are refused (UNAVAILABLE naming the topic and the minimum) and nothing
+    is acknowledged with one copy; a wiped broker comes back as a new one, is made a follower, catches up
+    and sends are acknowledged again."""
+    brokers = cluster.start(3, **HELD_UPLOADS)
+    topic = "/default/three_copies"
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            await set_namespace_policy(brokers[0], "default", replicationFactor=3, minInSyncReplicas=2)
+            await subscribe_early(brokers[0], topic)
+            copies = await in_sync(store, topic, 3)
+            host = cluster.by_id(copies.owner)
+            described = await cli_json(host, "topics", "describe", topic)
+            assert (described["replication_factor"], described["in_sync"], described["under_replicated"]) \
+                == (3, 3, False), described
+            channel, stub, pid = await create_producer(host.target, topic, "raw")
+            try:
+                for n in range(20):
+                    await stub.SendMessage(send_request(topic, pid, n), timeout=10)
+                first, second = (cluster.by_id(b) for b in copies.followers)
+                first.kill()
+                started = time.monotonic()
+                for n in range(20, 40):  # each waits for the copy gone until it leaves the in-sync set
+                    await stub.SendMessage(send_request(topic, pid, n), timeout=15)
+                assert time.monotonic() - started < 10
+                shrunk = await replicas(store, topic)
+                assert shrunk is not None and first.broker_id not in shrunk.isr and len(shrunk.isr) == 2
+                second.kill()
+                refused = None
+                deadline = time.monotonic() + 15
+                while refused is None and time.monotonic() < deadline:
+                    try:
+                        await stub.SendMessage(send_request(topic, pid, 40), timeout=15)
+                    except grpc.aio.AioRpcError as e:
+                        refused = e
+                assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+                why = refused.details() or ""
+                assert "minInSyncReplicas 2" in why and topic in why, why
+                described = await cli_json(host, "topics", "describe", topic)
+                assert (described["in_sync"], described["under_replicated"]) == (1, True), described
+                shutil.rmtree(second.data_dir)  # its machine replaced: it comes back empty, as a new broker
+                second.start()
+                await in_sync(store, topic, 2)
+                await stub.SendMessage(send_request(topic, pid, 41), timeout=15)
+            finally:
+                await channel.close()
+            got = await read_all(host.url, topic, set(range(40)) | {41}, timeout=60)
+            assert set(range(40)) | {41} <= set(got)
+
+    run(cluster, body)
+
+
+async def read_padded(url: str, topic: str, count: int, timeout: float) -> list[int]:
+    """The numbers n of `count` records "m{n}:..." subscription "s" gets, in order, acknowledged."""
+    client = await DanubeClientBuilder().service_url(url).build()
+    consumer = client.new_consumer().with_topic(topic).with_consumer_name("reader") \
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    got: list[int] = []
+    try:
+        async with asyncio.timeout(timeout):
+            while len(got) < count:
+                msg = await queue.get()
+                got.append(int(bytes(msg.payload).split(b":", 1)[0][1:]))
+                await consumer.ack(msg)
+    finally:
+        await consumer.close()
+    return got
+
+
+@pytest.fixture
+def mounts() -> Iterator[list[Path]]:
+    """tmpfs mounts made by a test, unmounted after it. Mounting needs root (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    made: list[Path] = []
+    yield made
+    for mnt in made:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_follower_whose_disk_is_full_leaves_the_in_sync_set_and_nothing_acknowledged_is_lost(
+        cluster: Cluster, etcd: EtcdServer, mounts: list[Path]) -> None:
+    """replicationFactor 3, minInSyncReplicas 2; one follower keeps its copies on a 4 MiB tmpfs. Sends of
+    8 MiB go on (that follower leaves the in-sync set when its disk is full), and when the owner's machine is
+    then lost, the follower in sync takes the topic over with every acknowledged record."""
+    topic = "/default/full_follower"
+    owner_broker = cluster.start(1, **HELD_UPLOADS)[0]
+    payload = b"x" * 16384
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            await subscribe_early(owner_broker, topic)  # placed on the only broker there is
+            healthy = cluster.start(1, **HELD_UPLOADS)[0]
+            full = cluster.add(**HELD_UPLOADS)
+            replicas_dir = full.data_dir / "replicas"
+            replicas_dir.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(replicas_dir)], check=True)
+            mounts.append(replicas_dir)
+            full.start()
+            await set_namespace_policy(owner_broker, "default", replicationFactor=3, minInSyncReplicas=2)
+            copies = await in_sync(store, topic, 3)
+            assert copies.owner == owner_broker.broker_id
+            channel, stub, pid = await create_producer(owner_broker.target, topic, "raw")
+            try:
+                for n in range(512):
+                    message = send_request(topic, pid, n)
+                    message.payload = b"m%d:" % n + payload
+                    await stub.SendMessage(message, timeout=15)
+            finally:
+                await channel.close()
+            now = await replicas(store, topic)
+            assert now is not None and full.broker_id not in now.isr and healthy.broker_id in now.isr, now
+            assert "cannot be written" in full.log_path.read_text()
+            owner_broker.kill()
+            shutil.rmtree(owner_broker.data_dir)
+
+            async def moved() -> int | None:
+                now = await owner(store, topic)
+                return now if now != copies.owner else None
+
+            assert await wait_for(moved, "the topic on another broker", 30.0) == healthy.broker_id
+            got = await read_padded(healthy.url, topic, 512, timeout=90)
+            assert got == list(range(512)), got[:10]
+
+    run(cluster, body)
+
+
+def test_an_owner_paused_past_its_lease_acknowledges_nothing_after_its_follower_took_over(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """The owner is stopped (SIGSTOP) past its lease: its in-sync follower takes the topic over and serves
+    every record; resumed, the old owner acknowledges nothing more (its follower no longer copies from it
+    and its writes are fenced), and no offset holds two records."""
+    brokers = cluster.start(3, **HELD_UPLOADS)
+    topic = "/default/paused_owner"
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            await set_namespace_policy(brokers[0], "default", replicationFactor=2, minInSyncReplicas=2)
+            await subscribe_early(brokers[0], topic)
+            copies = await in_sync(store, topic, 2)
+            old = cluster.by_id(copies.owner)
+            channel, stub, pid = await create_producer(old.target, topic, "raw")
+            try:
+                for n in range(50):
+                    await stub.SendMessage(send_request(topic, pid, n), timeout=10)
+                os.kill(old.pid, signal.SIGSTOP)
+                try:
+                    async def moved() -> int | None:
+                        now = await owner(store, topic)
+                        return now if now != copies.owner else None
+
+                    assert await wait_for(moved, "the topic on the follower", 30.0) == copies.isr[1]
+                    survivor = cluster.by_id(copies.isr[1])
+                    more = await produce_n(survivor.url, topic, 50, 50, "after")
+                finally:
+                    os.kill(old.pid, signal.SIGCONT)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.SendMessage(send_request(topic, pid, 1000), timeout=30)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            finally:
+                await channel.close()
+            got = await read_all(survivor.url, topic, set(range(50)) | set(more), timeout=60)
+            assert set(range(100)) <= set(got) and 1000 not in got
+            offsets = [o for n in range(100) for o in got[n]]
+            assert len(offsets) == len(set(offsets)) == 100, "an offset holds two records"
 
     run(cluster, body)

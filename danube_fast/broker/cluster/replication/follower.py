@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
-from danube_fast.errors import ApiError
+from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
 from danube_fast.meta.resources import TopicReplicas
@@ -44,6 +44,7 @@ log = logging.getLogger("danube_fast.replication")
 
 WAIT_MS = 1000  # a fetch at the owner's end waits this long for a record
 RETRY = 0.2  # seconds before a fetch is tried again after a failure
+WRITE_RETRY = 1.0  # seconds before a copy that could not be written is opened again
 TRIM_EVERY = 1.0  # seconds between deletions of segments the objects hold
 CACHE_BYTES = 16 * 1024 * 1024  # what every copy's tail cache holds together: copies are written, not read
 META = "copy.json"
@@ -73,6 +74,7 @@ class Copies:
         self._budget = CacheBudget(CACHE_BYTES)
         self._fetchers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._taken: set[tuple[str, str]] = set()  # handed to the reconciler: not fetched again here
+        self._drops: set[asyncio.Task[None]] = set()  # copies being deleted
         self._follower: asyncio.Task[None] | None = None
 
     # -- life ------------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ class Copies:
         self._follower = asyncio.create_task(self._follow(feed), name="replica-copies")
 
     async def close(self) -> None:
-        tasks = [*self._fetchers.values(), *(t for t in [self._follower] if t is not None)]
+        tasks = [*self._fetchers.values(), *self._drops, *(t for t in [self._follower] if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -118,7 +120,8 @@ class Copies:
                 owned = self._owner_now(*topic) == self.me
                 if not owned:  # this broker owns it now: the reconciler takes the copy, not deletes it
                     drop = asyncio.create_task(self._drop_after(task, *topic))
-                    drop.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+                    self._drops.add(drop)
+                    drop.add_done_callback(self._drops.discard)
 
     def _owner_now(self, ns: str, t: str) -> int | None:
         return self._view.owner(ns, t)
@@ -169,7 +172,19 @@ class Copies:
                               pool=self._pool, cache_budget=self._budget)
 
     async def _fetch(self, ns: str, t: str) -> None:
-        """Copy the topic from whoever owns it, for as long as this broker follows it."""
+        """Copy the topic for as long as this broker follows it. A failure of this broker's own (its disk
+        full, a write error) closes the copy and tries again after a pause: the owner takes the copy out of
+        the in-sync set meanwhile, and it catches up once it can write again."""
+        while True:
+            try:
+                await self._copy(ns, t)
+                return
+            except (DanubeError, OSError) as e:
+                log.warning("%s: the copy cannot be written (%s); trying again in %.0f s",
+                            keys.topic_name(ns, t), e, WRITE_RETRY)
+                await asyncio.sleep(WRITE_RETRY)
+
+    async def _copy(self, ns: str, t: str) -> None:
         topic = keys.topic_name(ns, t)
         wal: Wal | None = None
         trimmed = 0.0

@@ -79,6 +79,14 @@ class ReplicaSet:
 
     # -- the topic's Replicas ----------------------------------------------------------------------------
 
+    @property
+    def wanted(self) -> int:
+        return self.copies
+
+    @property
+    def in_sync(self) -> int:
+        return 1 + len(self.isr)
+
     def admit(self) -> None:
         if 1 + len(self.isr) < self.needed:
             raise self._too_few()
