@@ -281,7 +281,7 @@ def _bind_grpc(server: grpc.aio.Server, addr: str, flag: str,
 
 def _registration(config: BrokerConfig, listening: Listening, url: str) -> BrokerRegistration:
     """What membership publishes about this broker: its bound ports, under the configured hosts."""
-    admin = config.admin_addr.rpartition(":")[0] + f":{listening.admin_port}"
+    admin = config.admin_advertised_addr or config.admin_addr.rpartition(":")[0] + f":{listening.admin_port}"
     prom = "" if listening.metrics_port is None else \
         config.prom_exporter.rpartition(":")[0] + f":{listening.metrics_port}"
     scheme = "https://" if config.security.tls else "http://"

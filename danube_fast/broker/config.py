@@ -26,6 +26,8 @@ console_addr = "auto"             # the web console (docs/CONSOLE.md): "auto" = 
 advertised_addr = ""              # what lookups return; defaults to broker_addr
 fast_advertised_addr = ""         # the native transport's address told to clients; defaults to
                                   # advertised_addr's host and the port fast_addr bound
+admin_advertised_addr = ""        # the admin port's address registered for the other brokers (forwarded
+                                  # admin calls, replication); defaults to admin_addr's host and bound port
 max_message_size = 10485760       # the gRPC inbound limit is at least twice this (64 MiB minimum)
 malloc_keep_bytes = "auto"        # freed memory glibc keeps for reuse before giving it back to the kernel
                                   # (danube_fast/allocator.py); 0 = glibc's defaults; auto = 256 MiB, or
@@ -272,6 +274,7 @@ class BrokerConfig:
     console_addr: str = "auto"  # the web console; where it listens: `console_listen`
     advertised_addr: str = ""
     fast_advertised_addr: str = ""
+    admin_advertised_addr: str = ""
     max_message_size: int = 10 * 1024 * 1024
     malloc_keep_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
     retention_check_ms: int = 60_000
@@ -449,6 +452,8 @@ def check(config: BrokerConfig) -> None:
         _host_port(config.console_listen, "console_addr")
     if config.fast_advertised_addr:
         _host_port(config.fast_advertised_addr, "fast_advertised_addr")
+    if config.admin_advertised_addr:
+        _host_port(config.admin_advertised_addr, "admin_advertised_addr")
     if config.fast_keepalive_ms < 100:
         raise ConfigError(f"fast_keepalive_ms must be at least 100, not {config.fast_keepalive_ms}")
     if config.fast_inflight_bytes < 1 << 20:

@@ -47,6 +47,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--fast-advertised-addr", metavar="HOST:PORT",
                    help="the native transport's address told to clients (default: --advertised-addr's host "
                         "and --fast-addr's port)")
+    p.add_argument("--admin-advertised-addr", metavar="HOST:PORT",
+                   help="the admin port's address the other brokers of a cluster are told (default: "
+                        "--admin-addr's host and bound port)")
     p.add_argument("--security-mode", choices=("none", "tls", "tls_jwt"), default=None,
                    help="[security] mode (default none; docs/SECURITY.md)")
     p.add_argument("--tls-cert", metavar="PEM", help="[security] cert_file: this broker's certificate chain")
@@ -64,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             "admin_addr": args.admin_addr, "prom_exporter": args.prom_exporter, "fast_addr": args.fast_addr,
             "console_addr": args.console_addr,
             "advertised_addr": args.advertised_addr, "fast_advertised_addr": args.fast_advertised_addr,
+            "admin_advertised_addr": args.admin_advertised_addr,
             "cluster.metadata_store": args.metadata_store,
             "cluster.object_store": args.object_store, "cluster.name": args.cluster_name,
             "security.mode": args.security_mode, "security.cert_file": args.tls_cert,

@@ -32,6 +32,7 @@ from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.testing.cluster import Cluster, owner, wait_for
 from danube_fast.testing.etcd import EtcdServer
+from danube_fast.testing.proxy import Proxy
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
@@ -68,6 +69,12 @@ async def in_sync(store: MetadataStore, topic: str, count: int) -> TopicReplicas
     return found
 
 
+async def moved_from(store: MetadataStore, topic: str, dead: int) -> int | None:
+    """The topic's owner once it is not `dead`."""
+    now = await owner(store, topic)
+    return now if now is not None and now != dead else None
+
+
 def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_once(
         cluster: Cluster, etcd: EtcdServer) -> None:
     brokers = cluster.start(3, **HELD_UPLOADS)
@@ -87,12 +94,7 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
             shutil.rmtree(victim.data_dir)  # the machine is gone: nothing of its WAL comes back
             lost_at = time.monotonic()
             survivor = next(b for b in brokers if b is not victim)
-
-            async def moved() -> int | None:
-                now = await owner(store, topic)
-                return now if now is not None and now != dead else None
-
-            await wait_for(moved, "the topic on another broker", 30.0)
+            await wait_for(lambda: moved_from(store, topic, dead), "the topic on another broker", 30.0)
             got = await read_all(survivor.url, topic, set(acked), timeout=60)
             took = time.monotonic() - lost_at
             assert set(acked) <= set(got), sorted(set(acked) - set(got))[:10]
@@ -239,12 +241,8 @@ def test_a_follower_whose_disk_is_full_leaves_the_in_sync_set_and_nothing_acknow
             assert "cannot be written" in full.log_path.read_text()
             owner_broker.kill()
             shutil.rmtree(owner_broker.data_dir)
-
-            async def moved() -> int | None:
-                now = await owner(store, topic)
-                return now if now != copies.owner else None
-
-            assert await wait_for(moved, "the topic on another broker", 30.0) == healthy.broker_id
+            assert await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic moved",
+                                  30.0) == healthy.broker_id
             got = await read_padded(healthy.url, topic, 512, timeout=90)
             assert got == list(range(512)), got[:10]
 
@@ -271,11 +269,8 @@ def test_an_owner_paused_past_its_lease_acknowledges_nothing_after_its_follower_
                     await stub.SendMessage(send_request(topic, pid, n), timeout=10)
                 os.kill(old.pid, signal.SIGSTOP)
                 try:
-                    async def moved() -> int | None:
-                        now = await owner(store, topic)
-                        return now if now != copies.owner else None
-
-                    assert await wait_for(moved, "the topic on the follower", 30.0) == copies.isr[1]
+                    assert await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic moved",
+                                          30.0) == copies.isr[1]
                     survivor = cluster.by_id(copies.isr[1])
                     more = await produce_n(survivor.url, topic, 50, 50, "after")
                 finally:
@@ -289,5 +284,47 @@ def test_an_owner_paused_past_its_lease_acknowledges_nothing_after_its_follower_
             assert set(range(100)) <= set(got) and 1000 not in got
             offsets = [o for n in range(100) for o in got[n]]
             assert len(offsets) == len(set(offsets)) == 100, "an offset holds two records"
+
+    run(cluster, body)
+
+
+@pytest.mark.parametrize("direction", ["to_client", "to_server"], ids=["answers-held", "requests-held"])
+def test_a_one_way_partition_between_owner_and_follower(cluster: Cluster, etcd: EtcdServer,
+                                                        direction: str) -> None:
+    """The follower's fetches reach the owner through a fault-injecting proxy in front of the owner's admin
+    port (its registered address). With only answers (or only requests) passing, the follower leaves the
+    in-sync set and sends go on with the owner alone (minInSyncReplicas 1); healed, it catches up and
+    joins again; then the owner's machine is lost and the follower serves every record acknowledged,
+    those of the partition included."""
+    brokers = [cluster.add(**HELD_UPLOADS) for _ in range(2)]
+    topic = "/default/one_way"
+
+    async def body() -> None:
+        with Proxy(f"127.0.0.1:{brokers[0].admin_port}") as proxy:
+            brokers[0].flags += ["--admin-advertised-addr", proxy.target]
+            brokers[0].start()
+            async with meta(etcd) as store:
+                await subscribe_early(brokers[0], topic)  # placed on the one broker there is: the owner
+                brokers[1].start()
+                await set_namespace_policy(brokers[0], "default", replicationFactor=2, minInSyncReplicas=1)
+                copies = await in_sync(store, topic, 2)
+                assert copies.owner == brokers[0].broker_id
+                acked = await produce_n(brokers[0].url, topic, 0, 100, "p")
+                await asyncio.to_thread(proxy.one_way, direction)
+                started = time.monotonic()
+                acked += await produce_n(brokers[0].url, topic, 100, 100, "p")
+                assert time.monotonic() - started < 15
+                alone = await replicas(store, topic)
+                assert alone is not None and alone.isr == (copies.owner,), alone
+                await asyncio.to_thread(proxy.pass_through)
+                await in_sync(store, topic, 2)
+                acked += await produce_n(brokers[0].url, topic, 200, 100, "p")
+                brokers[0].kill()
+                shutil.rmtree(brokers[0].data_dir)
+                await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic moved", 30.0)
+                got = await read_all(brokers[1].url, topic, set(acked), timeout=90)
+                assert set(acked) <= set(got)
+                offsets = [o for n in acked for o in got[n]]
+                assert len(offsets) == len(set(offsets)) == len(acked), "an offset holds two records"
 
     run(cluster, body)
