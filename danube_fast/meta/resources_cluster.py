@@ -229,7 +229,9 @@ class TopicReplicas(Resource):
     """`/cluster/replicas/{ns}/{topic}`: a replicated topic's copies (docs/REPLICATION.md), written by its
     owner only, fenced on its assignment, whose create revision is `epoch`. `followers`: the brokers that
     keep a copy of its log; `isr`: the in-sync set, the owner first, which every acknowledged record has
-    reached. The load manager gives a dead owner's topic to a live member of `isr`."""
+    reached; `eligible` (absent: none): followers that left the in-sync set when it fell below
+    minInSyncReplicas, after which nothing was acknowledged, so they too hold every acknowledged record.
+    The load manager gives a dead owner's topic to a live member of `isr`, else of `eligible`."""
 
     RESOURCE = "topic replicas"
 
@@ -237,6 +239,7 @@ class TopicReplicas(Resource):
     epoch: int
     followers: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
+    eligible: tuple[int, ...] = ()
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     @classmethod
@@ -245,12 +248,25 @@ class TopicReplicas(Resource):
         owner, epoch = f.uint("owner"), f.uint("epoch")
         followers, isr = (tuple(as_uint(v, where, f"field {name}[{i}]") for i, v in enumerate(f.array(name)))
                           for name in ("followers", "isr"))
+        eligible = tuple(as_uint(v, where, f"field eligible[{i}]")
+                         for i, v in enumerate(f.array("eligible") if f.has("eligible") else []))
         if owner in followers:
             raise bad(where, "field followers", "brokers other than the owner", list(followers))
         if any(b != owner and b not in followers for b in isr):
             raise bad(where, "field isr", "the owner and followers", list(isr))
-        return cls(owner, epoch, followers, isr, f.extra())
+        if any(b not in followers or b in isr for b in eligible):
+            raise bad(where, "field eligible", "followers out of the in-sync set", list(eligible))
+        return cls(owner, epoch, followers, isr, eligible, f.extra())
 
     def to_obj(self) -> JSON:
-        return with_extra({"owner": self.owner, "epoch": self.epoch, "followers": list(self.followers),
-                           "isr": list(self.isr)}, self.extra)
+        obj: JSONObject = {"owner": self.owner, "epoch": self.epoch, "followers": list(self.followers),
+                           "isr": list(self.isr)}
+        if self.eligible:
+            obj["eligible"] = list(self.eligible)
+        return with_extra(obj, self.extra)
+
+    @property
+    def successors(self) -> tuple[int, ...]:
+        """Who may continue the topic when its owner is gone, in order of preference: every one holds every
+        record acknowledged."""
+        return (*(b for b in self.isr if b != self.owner), *self.eligible)

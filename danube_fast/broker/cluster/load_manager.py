@@ -181,8 +181,8 @@ class LoadManager:
         return waiting
 
     def _in_sync(self, ns: str, t: str, owner: int, snap: Snapshot) -> tuple[list[int], Compare]:
-        """The live, active brokers of the in-sync set `owner` wrote for the topic (none if it is not
-        replicated), and the compare that keeps the move to that set as read."""
+        """The live, active brokers of the in-sync set `owner` wrote for the topic, else of its eligible
+        followers (none if it is not replicated), and the compare that keeps the move to them as read."""
         key = keys.replicas(ns, t)
         kv = self._cache.get(key)
         if kv is None:
@@ -194,7 +194,9 @@ class LoadManager:
             return [], compare
         if replicas.owner != owner:
             return [], compare
-        return [b for b in replicas.isr if b != owner and b in snap.live and b in snap.active], compare
+        live = [b for b in replicas.successors if b in snap.live and b in snap.active]
+        in_sync = [b for b in live if b in replicas.isr]
+        return in_sync or live, compare
 
     async def _sealed_by(self, ns: str, t: str, source: int) -> bool:
         """The old owner has let go: its reservation under `state` is gone (sealed, or deleted when nothing

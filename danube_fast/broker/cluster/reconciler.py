@@ -213,8 +213,8 @@ class Reconciler:
         replicas = None if kv is None else TopicReplicas.from_json(kv.value, key=kv.key)
         dead = copy.owner
         if state is None or state.sealed or state.broker_id != dead or replicas is None \
-                or (replicas.owner, replicas.epoch) != (dead, copy.epoch) or self.me not in replicas.isr \
-                or copy.end <= point.uploaded:
+                or (replicas.owner, replicas.epoch) != (dead, copy.epoch) \
+                or self.me not in replicas.successors or copy.end <= point.uploaded:
             log.info("%s: the copy of broker %d's term %d (to %d) is not taken over", name, dead, copy.epoch,
                      copy.end)
             return None

@@ -4,8 +4,9 @@
 what each follower holds from the follower's fetches (asking from an offset says it holds every record
 below it), and keeps the in-sync set (ISR) by the rules that make a failover lose nothing acknowledged:
 
-- An acknowledgement of a record waits until every follower of the in-memory ISR holds it; with fewer
-  copies in sync than `minInSyncReplicas` (the owner counts) the send is refused, UNAVAILABLE.
+- An acknowledgement of a record waits until every follower of the in-memory ISR holds it, and until the
+  ISR as written counts `minInSyncReplicas` copies (the owner counts); with fewer in sync in memory the
+  send is refused, UNAVAILABLE.
 - Readers see records only once every ISR follower holds them: the WAL's line (Wal.hold_visible) is the
   lowest of their ends, so no reader sees a record that a failover to one of them could give to another.
   With no follower in sync the line is lifted: readers see what is durable here.
@@ -16,6 +17,11 @@ below it), and keeps the in-sync set (ISR) by the rules that make a failover los
   first, and acknowledgements stop waiting for it after.
 - A follower leaves the ISR when it has not caught up within `[cluster] replica_lag_ms`, or its broker's
   registration is gone; it joins when a fetch finds it holding everything sent to it before.
+- Followers that leave a written ISR and take it below `minInSyncReplicas` are written as `eligible`:
+  nothing is acknowledged until the written ISR is back at the minimum (the write that brings it back
+  clears them), so they hold every acknowledged record and may continue the topic too (Kafka's eligible
+  leader replicas). Without them, an owner lost after its last follower was partitioned away would leave
+  the acknowledged records only on that follower, and no one to take them over.
 
 Owner: the topic's owner broker, on the event loop (`Replication` in manager.py holds one per replicated
 topic it serves).
@@ -94,9 +100,12 @@ class ReplicaSet:
     async def replicated(self, last: int) -> None:
         if not self._ready.is_set():
             await self._ready.wait()
-        while not self._closed and self._line() <= last:
+        while not self._closed:
             if 1 + len(self.isr) < self.needed:
                 raise self._too_few()
+            written = self.written
+            if self._line() > last and written is not None and len(written.isr) >= self.needed:
+                return
             changed = self._changed
             await changed.wait()
 
@@ -265,10 +274,16 @@ class ReplicaSet:
         async with self._writing:
             followers = sorted({*self.followers, *adding} - (gone or set()))
             isr = [self.me, *sorted(b for b in self.isr - out if self.followers[b].joined_at is None)]
-            value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr))
+            before = self.written
+            eligible: set[int] = set()
+            if len(isr) < self.needed and before is not None:  # nothing is acknowledged from here on
+                eligible = (set(before.eligible) | (out & set(before.isr))) & set(followers)
+            value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr),
+                                  tuple(sorted(eligible - set(isr))))
             if value != self.written:
                 await self._write([Put(keys.replicas(self._ns, self._t), value.to_json())])
                 self.written = value
+                self._wake()  # acknowledgements wait for the written ISR to count enough copies
             self.isr -= out
             for b in gone or ():
                 self.followers.pop(b, None)
@@ -284,4 +299,6 @@ class ReplicaSet:
     def describe(self) -> TopicReplicas:
         """The copies as this owner sees them now."""
         isr = [self.me, *sorted(b for b in self.isr if self.followers[b].joined_at is None)]
-        return TopicReplicas(self.me, self.epoch, tuple(sorted(self.followers)), tuple(isr))
+        eligible = self.written.eligible if self.written is not None else ()
+        return TopicReplicas(self.me, self.epoch, tuple(sorted(self.followers)), tuple(isr),
+                             tuple(b for b in eligible if b in self.followers and b not in isr))

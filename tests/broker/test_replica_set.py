@@ -1,0 +1,136 @@
+"""The owner's side of a replicated topic (broker/cluster/replication/owner.py, docs/REPLICATION.md) on a
+real WAL, its metadata writes recorded: the order of its steps is what makes a failover lose nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from danube_fast.broker.cluster.replication.owner import ReplicaSet
+from danube_fast.codec import frames
+from danube_fast.errors import ApiError
+from danube_fast.meta.resources import TopicReplicas
+from danube_fast.meta.store import Op, Put, TxnResult
+from danube_fast.names import TopicName
+from danube_fast.proto import Replication_pb2 as pb
+from danube_fast.storage import Wal
+
+Run = Callable[..., Any]
+ME, F = 1, 2
+
+
+class Topic(SimpleNamespace):
+    def replicate(self, replicas: Any) -> None:
+        self.replicas = replicas
+
+
+async def replica_set(tmp_path: Path, needed: int, lag_s: float = 60.0
+                      ) -> tuple[ReplicaSet, Wal, list[TopicReplicas]]:
+    wal = await Wal.open(tmp_path)
+    name = TopicName("default", "t")
+    topic = Topic(wal=wal, name=name, full=name.full, uploader=None, replicas=None)
+    written: list[TopicReplicas] = []
+
+    async def write(ops: Sequence[Op]) -> TxnResult:
+        for op in ops:
+            assert isinstance(op, Put)
+            written.append(TopicReplicas.from_json(op.value))
+        return TxnResult(True, 1, [])
+
+    rs = ReplicaSet(topic, ME, 7, write, 2, needed, lag_s)  # type: ignore[arg-type]
+    await rs.start([F])
+    return rs, wal, written
+
+
+async def settle() -> None:
+    """Let the write a fetch scheduled land."""
+    await asyncio.sleep(0.01)
+
+
+def batch(n: int) -> bytes:
+    return frames.encode_payloads([b"r%d" % i for i in range(n)])
+
+
+async def fetch(rs: ReplicaSet, low: int) -> pb.FetchResponse:
+    return await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=F, epoch=7, from_offset=low))
+
+
+def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_what_was_acknowledged(
+        tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        rs, wal, written = await replica_set(tmp_path, needed=2)
+        assert written == [TopicReplicas(ME, 7, (F,), (ME,))]  # the owner alone in sync at first
+        with pytest.raises(ApiError, match="1 copies in sync, fewer than its minInSyncReplicas 2"):
+            rs.admit()
+        await wal.append(batch(3))
+        assert wal.committed_offset == 3  # no follower in sync: readers see what is durable here
+        start = await fetch(rs, -1)
+        assert (start.start_offset, start.data) == (0, b"")
+        got = await fetch(rs, 0)  # it joins in memory at 3: acknowledgements wait for it from here
+        assert got.next_offset == 3 and F in rs.isr and rs.written == written[-1] == written[0]
+        rs.admit()
+        await wal.append(batch(2))
+        waiting = asyncio.create_task(rs.replicated(4))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and wal.committed_offset == 3  # readers held at what F may hold
+        await fetch(rs, 3)  # F holds 0..2, all it joined at: written in sync
+        await settle()
+        assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F)) and not waiting.done()
+        await fetch(rs, 5)  # F holds 3..4 too: the acknowledgement goes, readers see them
+        await asyncio.wait_for(waiting, 1)
+        assert wal.committed_offset == 5
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_a_lagging_follower_is_written_out_first_and_stays_eligible_when_below_the_minimum(
+        tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        rs, wal, written = await replica_set(tmp_path, needed=2, lag_s=0.05)
+        await wal.append(batch(2))
+        await fetch(rs, 0)
+        await fetch(rs, 2)
+        await settle()
+        assert written[-1].isr == (ME, F)
+        await wal.append(batch(2))
+        waiting = asyncio.create_task(rs.replicated(3))
+        await asyncio.sleep(0.1)  # F fetches nothing: past the lag
+        await rs.maintain({ME, F}, lambda n, taken: [])
+        assert written[-1] == TopicReplicas(ME, 7, (F,), (ME,), (F,))  # written out, before memory
+        assert F not in rs.isr
+        with pytest.raises(ApiError, match="fewer than its minInSyncReplicas 2"):
+            await asyncio.wait_for(waiting, 1)
+        assert wal.committed_offset == 4  # no follower in sync: readers see what is durable here
+        await fetch(rs, 2)  # caught up with what it was sent: joins in memory at 4
+        assert F in rs.isr and written[-1].eligible == (F,)
+        await fetch(rs, 4)
+        await settle()
+        assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F))  # back at the minimum: none eligible
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_a_dead_follower_is_replaced_and_a_fetch_that_does_not_fit_resets(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        rs, wal, written = await replica_set(tmp_path, needed=1)
+        await wal.append(batch(2))
+        await fetch(rs, 0)
+        await rs.maintain({ME, 3}, lambda n, taken: [3][:n])  # F's registration is gone
+        assert written[-1] == TopicReplicas(ME, 7, (3,), (ME,)) and set(rs.followers) == {3}
+        rs.followers[F] = type(rs.followers[3])()  # as if F came back and were named again
+        reset = await fetch(rs, 5)  # past the owner's end: another log's copy
+        assert reset.reset and reset.start_offset == 0
+        await rs.replicated(1)  # needed 1: the owner alone acknowledges
+        rs.close()
+        await wal.close()
+
+    run(main())
