@@ -458,6 +458,7 @@ def parse_schema_by_id(key: str) -> int:
 _OBJECT: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "objects", _ANY)
 _SEALED: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "state")
 _REPLACED: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "replaced", _ANY)
+_SUCCESSORS: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "successors", _ANY)
 _RETENTION: _Shape = ("danube-data", "storage", "topics", _ANY, _ANY, "retention")
 _CUR = "cur"
 
@@ -545,6 +546,18 @@ def replaced_log(namespace: str, topic: str, broker_id: int) -> str:
 
 def parse_replaced_log(key: str) -> tuple[str, str, int]:
     namespace, topic, broker_id = _match(key, _REPLACED, "replaced log")
+    return namespace, topic, _decimal(broker_id, "broker_id", key)
+
+
+def term_successors(namespace: str, topic: str, broker_id: int) -> str:
+    """`/danube-data/storage/topics/{namespace}/{topic}/successors/{broker_id}`: {epoch, brokers}: that dead
+    broker's replicated term went to a broker without a copy; these followers hold every record it
+    acknowledged (docs/REPLICATION.md)."""
+    return _key(*_storage(namespace, topic), "successors", str(_uint(broker_id, "broker_id")))
+
+
+def parse_term_successors(key: str) -> tuple[str, str, int]:
+    namespace, topic, broker_id = _match(key, _SUCCESSORS, "term successors")
     return namespace, topic, _decimal(broker_id, "broker_id", key)
 
 

@@ -31,6 +31,7 @@ Which key holds what:
 | sealed_state                                 | SealedState                           |
 | retention_state                              | RetentionState                        |
 | replaced_log                                 | ReplacedLog                           |
+| term_successors                              | TermSuccessors                        |
 | tables_catalog                               | TableCatalog                          |
 | table_pointer                                | TablePointer                          |
 | security_revoked_token                       | RevokedToken                          |
@@ -75,6 +76,7 @@ from danube_fast.meta.resources_storage import (
     SealedState,
     TableCatalog,
     TablePointer,
+    TermSuccessors,
 )
 from danube_fast.meta.resources_topics import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -134,6 +136,7 @@ __all__ = [
     "SystemLoad",
     "TableCatalog",
     "TablePointer",
+    "TermSuccessors",
     "TopicDelivery",
     "TopicReplicas",
     "TopicRoot",

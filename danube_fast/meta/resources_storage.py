@@ -202,3 +202,26 @@ class ReplacedLog(Resource):
 
     def to_obj(self) -> JSON:
         return with_extra({"through": self.through}, self.extra)
+
+
+@dataclass(frozen=True)
+class TermSuccessors(Resource):
+    """`.../successors/{broker_id}`: that broker died owning a replicated term (`epoch`) and the topic went
+    to a broker without a copy (no successor was alive); `brokers` are the followers that held every record
+    it acknowledged. When one of them comes back, its copy fills the dead broker's gap and declares the
+    rest of it empty (docs/REPLICATION.md)."""
+
+    RESOURCE = "term successors"
+
+    epoch: int
+    brokers: tuple[int, ...] = ()
+    extra: JSONObject = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_obj(cls, value: JSON, where: str) -> Self:
+        f = Fields(value, where)
+        brokers = tuple(as_uint(v, where, f"field brokers[{i}]") for i, v in enumerate(f.array("brokers")))
+        return cls(f.uint("epoch"), brokers, f.extra())
+
+    def to_obj(self) -> JSON:
+        return with_extra({"epoch": self.epoch, "brokers": list(self.brokers)}, self.extra)

@@ -159,13 +159,14 @@ class Uploader:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    async def drain(self, timeout: float = 60.0) -> int:
-        """Upload everything committed now; return the last uploaded offset. Retries a retriable failure with
-        backoff until `timeout` seconds have passed, then raises it (ObjectStoreUnavailable when the store
-        is down); raises a non-retriable one at once, and the stop reason if the uploader stopped."""
+    async def drain(self, timeout: float = 60.0, until: int | None = None) -> int:
+        """Upload everything committed now (below `until`, when given); return the last uploaded offset.
+        Retries a retriable failure with backoff until `timeout` seconds have passed, then raises it
+        (ObjectStoreUnavailable when the store is down); raises a non-retriable one at once, and the stop
+        reason if the uploader stopped."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        target = self._wal.committed_offset
+        target = self._wal.committed_offset if until is None else min(until, self._wal.committed_offset)
         backoff = self.config.backoff_initial
         while True:
             if self._stopped is not None:

@@ -328,3 +328,41 @@ def test_a_one_way_partition_between_owner_and_follower(cluster: Cluster, etcd: 
                 assert len(offsets) == len(set(offsets)) == len(acked), "an offset holds two records"
 
     run(cluster, body)
+
+
+def test_a_follower_down_when_its_owner_was_lost_fills_the_gap_from_its_copy_when_it_returns(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """replicationFactor 2, minInSyncReplicas 2: the follower is killed and the owner's machine lost right
+    after, before the follower left the in-sync set. No successor is alive, so the topic goes to the third
+    broker with the dead owner's range a gap; the follower, started again, fills the gap from its copy and
+    closes it (it held every acknowledged record), and readers get everything."""
+    brokers = [cluster.add(**HELD_UPLOADS) for _ in range(3)]
+    topic = "/default/late_follower"
+
+    async def body() -> None:
+        brokers[0].start()
+        async with meta(etcd) as store:
+            await subscribe_early(brokers[0], topic)  # owned by broker 0
+            brokers[1].start()
+            await set_namespace_policy(brokers[0], "default", replicationFactor=2, minInSyncReplicas=2)
+            copies = await in_sync(store, topic, 2)
+            assert copies.owner == brokers[0].broker_id
+            brokers[2].start()
+            acked = await produce_n(brokers[0].url, topic, 0, 100, "p")
+            follower = cluster.by_id(copies.isr[1])
+            follower.kill()
+            brokers[0].kill()
+            shutil.rmtree(brokers[0].data_dir)
+            assert await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic moved",
+                                  30.0) == brokers[2].broker_id
+            follower.start()
+            got = await read_all(brokers[2].url, topic, set(acked), timeout=90)
+            assert set(acked) <= set(got)
+            offsets = [o for n in acked for o in got[n]]
+            assert len(offsets) == len(set(offsets)) == len(acked)
+            more = await produce_n(brokers[2].url, topic, 100, 10, "p2")
+            got = await read_all(brokers[2].url, topic, set(more), timeout=60)
+            assert set(more) <= set(got)
+            assert "declared empty" in follower.log_path.read_text()
+
+    run(cluster, body)

@@ -55,6 +55,7 @@ from danube_fast.meta.resources import (
     SubscriptionRecord,
     SubscriptionType,
     SystemLoad,
+    TermSuccessors,
     TopicDelivery,
     TopicReplicas,
     TopicRoot,
@@ -732,6 +733,10 @@ REPLICATION = [
             lambda: keys.replicas("default", "orders"), keys.parse_replicas, ("default", "orders")),
     Example("replication", "/danube-data/storage/topics/default/orders/replaced/11", '{"through": 1041}',
             ReplacedLog, lambda: keys.replaced_log("default", "orders", 11), keys.parse_replaced_log,
+            ("default", "orders", 11)),
+    Example("replication", "/danube-data/storage/topics/default/orders/successors/11",
+            '{"epoch": 4711, "brokers": [33]}', TermSuccessors,
+            lambda: keys.term_successors("default", "orders", 11), keys.parse_term_successors,
             ("default", "orders", 11)),
 ]
 

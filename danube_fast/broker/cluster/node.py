@@ -60,12 +60,12 @@ class ClusterNode:
         self.replication: Replication | None = None
         self.copies: Copies | None = None
         if placement is not None:
-            recover = Orphans(config, store, tier, topics.broker_id).recover
+            orphans = Orphans(config, store, tier, topics.broker_id)
             view = ClusterView(cache)
             self.replication = Replication(config.cluster, topics, namespaces, view)
-            self.copies = Copies(config, cache, view, forwarder, topics.broker_id)
+            self.copies = Copies(config, store, cache, view, forwarder, orphans)
             self.reconciler = Reconciler(config, store, cache, topics, logs, self.membership, placement, tier,
-                                         recover, on_loaded, self.replication, self.copies)
+                                         orphans.recover, on_loaded, self.replication, self.copies)
             self.load_manager = LoadManager(store, cache, self.membership.election, config.cluster)
 
     async def start(self) -> None:

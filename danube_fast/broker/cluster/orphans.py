@@ -42,35 +42,54 @@ class Orphans:
         self.broker_id = broker_id
 
     async def recover(self, name: TopicName, directory: str) -> None:
+        """This broker's own WAL of a topic it no longer owns."""
+        await self._recover(name, directory, self.broker_id, complete=True)
+
+    async def recover_copy(self, name: TopicName, directory: str, of: int, complete: bool) -> None:
+        """A follower's copy of dead broker `of`'s term of a replicated topic, after the topic went to a
+        broker that holds no copy (docs/REPLICATION.md): its records fill the gap `of` left. `complete`: the
+        copy holds every record `of` acknowledged (this broker was a successor of that term), so the rest of
+        the gap is declared empty; else it stays, for `of`'s own WAL."""
+        await self._recover(name, directory, of, complete)
+
+    async def _recover(self, name: TopicName, directory: str, of: int, complete: bool) -> None:
         ns, t = name.namespace, name.topic
-        me = self.broker_id
-        replaced = await self._store.get(keys.replaced_log(ns, t, me))
+        own = of == self.broker_id
+        what = "orphan WAL" if own else f"copy of broker {of}'s log"
+        replaced = await self._store.get(keys.replaced_log(ns, t, of))
         if replaced is not None:
             through = ReplacedLog.from_json(replaced.value, key=replaced.key).through
-            log.info("%s: a follower took the topic over with every record through %d; the orphan WAL goes",
-                     name, through)
+            log.info("%s: a follower took the topic over with every record through %d; the %s goes",
+                     name, through, what)
             await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
             return
         wal = await Wal.open(directory, self._config.wal)
         try:
             state = await handoff.read_state(self._store, ns, t)
             found = await load_descriptors(self._store, ns, t)
-            bound = self._bound(state, me)
-            uncovered = open_gaps([(wal.start_offset, wal.committed_offset - 1, me)], found)
+            bound = self._bound(state, of)
+            uncovered = open_gaps([(wal.start_offset, wal.committed_offset - 1, of)], found)
             first = uncovered[0][0] if uncovered else None
             if first is None:
                 last = wal.committed_offset - 1  # every record is in the object tier already
             elif bound is None or first > bound:
+                if not own:  # no gap of that broker's waits: sealed, taken over or recovered already
+                    log.info("%s: nothing of the %s is missing; it goes", name, what)
+                    await wal.close()
+                    await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+                    return
                 log.warning("%s: orphan WAL holds offsets from %d that no reservation of broker %d covers; "
-                            "kept in %s for an operator", name, first, me, directory)
+                            "kept in %s for an operator", name, first, of, directory)
                 return
             else:
-                last = await self._upload_from(wal, ns, t, first)
-            if bound is not None and last < bound:
-                empty = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
-                await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), empty.to_json())])
-            log.info("%s: orphan WAL recovered: records through %d in the object tier%s", name, last,
-                     f", {last + 1}..{bound} declared empty" if bound is not None and last < bound else "")
+                last = await self._upload_from(wal, ns, t, first, min(bound + 1, wal.committed_offset))
+            empty = complete and bound is not None and last < bound
+            if empty:
+                assert bound is not None
+                descriptor = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
+                await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), descriptor.to_json())])
+            log.info("%s: %s recovered: records through %d in the object tier%s", name, what, last,
+                     f", {last + 1}..{bound} declared empty" if empty else "")
         finally:
             await wal.close()
         await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
@@ -88,15 +107,16 @@ class Orphans:
                 return last
         return None
 
-    async def _upload_from(self, wal: Wal, ns: str, t: str, first: int) -> int:
-        if wal.committed_offset <= first:
+    async def _upload_from(self, wal: Wal, ns: str, t: str, first: int, end: int) -> int:
+        """Upload the records of [first, end) the log holds; the last offset uploaded."""
+        if end <= first:
             return first - 1
         uploader = Uploader(wal, self._tier.objects, self._store, ns, t, checkpoint=first - 1,
                             write_meta=self._create_only,
                             config=replace(self._tier.uploader_config, delete_local=False))
         await uploader.start()
         try:
-            return await uploader.drain(DRAIN_TIMEOUT)
+            return await uploader.drain(DRAIN_TIMEOUT, end)
         finally:
             await uploader.close()
 

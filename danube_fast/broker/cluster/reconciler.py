@@ -38,7 +38,7 @@ from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import UNLOAD, ReplacedLog, TopicReplicas, Unassigned
+from danube_fast.meta.resources import UNLOAD, ReplacedLog, TermSuccessors, TopicReplicas, Unassigned
 from danube_fast.meta.store import MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.storage.log_manager import LogManager
@@ -176,12 +176,15 @@ class Reconciler:
         directory = self._logs.directory(name)
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
+        taken = None
         if copy is not None:
             taken = await self._takeover(name, ownership, point, copy)
             if taken is None:
                 await self._copies.discard(name)
             else:
                 point = taken
+        if taken is None:
+            await self._note_successors(name, ownership)
         m = self._membership
         block = self._config.cluster.reserve_offsets
         guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused,
@@ -200,6 +203,24 @@ class Reconciler:
             await self._replication.attach(reliable, guard)
             crashpoints.reach(crashpoints.MID_LOAD)
             await self._tier.attach(reliable, None if point.keep_local else point.start - 1)
+
+    async def _note_successors(self, name: TopicName, ownership: Ownership) -> None:
+        """The topic comes here from a dead owner whose term was replicated, but without a copy here (no
+        successor was alive): write which followers held every record it acknowledged, before this broker
+        overwrites the copies' key, so that such a follower, coming back, fills the dead owner's gap from
+        its copy and closes it (follower.py, orphans.py `recover_copy`)."""
+        ns, t = name.namespace, name.topic
+        state = await handoff.read_state(self._store, ns, t)
+        kv = await self._store.get(keys.replicas(ns, t))
+        if state is None or state.sealed or state.broker_id == self.me or kv is None:
+            return
+        replicas = TopicReplicas.from_json(kv.value, key=kv.key)
+        if replicas.owner != state.broker_id or not replicas.successors:
+            return
+        record = TermSuccessors(replicas.epoch, replicas.successors).to_json()
+        await ownership.write_fenced([Put(keys.term_successors(ns, t, replicas.owner), record)])
+        log.info("%s: broker %d's term %d went on without its copies; %s hold all it acknowledged", name,
+                 replicas.owner, replicas.epoch, list(replicas.successors))
 
     async def _takeover(self, name: TopicName, ownership: Ownership, point: handoff.LoadPoint,
                         copy: TakenCopy) -> handoff.LoadPoint | None:

@@ -26,14 +26,15 @@ import shutil
 import time
 from dataclasses import dataclass
 
+from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
 from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import TopicReplicas
-from danube_fast.meta.store import BadValue, InvalidKey
+from danube_fast.meta.resources import TermSuccessors, TopicReplicas
+from danube_fast.meta.store import BadValue, InvalidKey, MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.proto import Replication_pb2 as pb
 from danube_fast.storage.io_pool import IoPool
@@ -62,9 +63,13 @@ class TakenCopy:
 
 
 class Copies:
-    def __init__(self, config: BrokerConfig, cache: LocalCache, view: ClusterView, forwarder: Forwarder,
-                 broker_id: int) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, cache: LocalCache, view: ClusterView,
+                 forwarder: Forwarder, orphans: Orphans) -> None:
+        """`orphans`: how a retired copy's records reach the object tier."""
         self._config = config
+        self._store = store
+        self._orphans = orphans
+        broker_id = orphans.broker_id
         self._cache = cache
         self._view = view
         self._forwarder = forwarder
@@ -129,17 +134,37 @@ class Copies:
     async def _drop_after(self, task: asyncio.Task[None], ns: str, t: str) -> None:
         await asyncio.gather(task, return_exceptions=True)
         if (ns, t) not in self._fetchers and (ns, t) not in self._taken:
-            await self._remove(ns, t)
+            await self._retire(ns, t)
 
     async def _drop_strays(self) -> None:
-        """Copies on disk that no key names any more (the topic went while this broker was down)."""
+        """Copies on disk that no key names any more (the topic went on while this broker was down)."""
         if not os.path.isdir(self.root):
             return
         wanted = self._wanted()
         for ns in sorted(os.listdir(self.root)):
             for t in sorted(os.listdir(os.path.join(self.root, ns))):
                 if (ns, t) not in wanted and self._owner_now(ns, t) != self.me:
-                    await self._remove(ns, t)
+                    await self._retire(ns, t)
+
+    async def _retire(self, ns: str, t: str) -> None:
+        """The copy's term is over: its records fill what the dead owner left missing, if anything, then it
+        goes. A failure (the object store away) keeps it, for the next start or term change to try again."""
+        meta = self._meta(ns, t)
+        log_dir = os.path.join(self._dir(ns, t), "log")
+        if meta is not None and os.path.isdir(log_dir):
+            owner, epoch = meta
+            complete = False
+            kv = await self._store.get(keys.term_successors(ns, t, owner))
+            if kv is not None:
+                record = TermSuccessors.from_json(kv.value, key=kv.key)
+                complete = record.epoch == epoch and self.me in record.brokers
+            try:
+                await self._orphans.recover_copy(TopicName(ns, t), log_dir, owner, complete)
+            except Exception as e:
+                log.warning("%s: the copy of broker %d's term could not fill its gap (%s); kept",
+                            keys.topic_name(ns, t), owner, e)
+                return
+        await self._remove(ns, t)
 
     # -- one copy --------------------------------------------------------------------------------------
 
@@ -198,7 +223,7 @@ class Copies:
                     if wal is not None:
                         await wal.close()
                         wal = None
-                    await self._remove(ns, t)
+                    await self._retire(ns, t)
                     meta = None
                 registration = self._view.registration(r.owner)
                 if registration is None:
