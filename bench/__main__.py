@@ -1,5 +1,5 @@
 """`python -m bench storage|meta|broker|fast|security|subscriptions|delayed|console|spark|tables|e2e|cluster
-|topics|chaos [--json]
+|replication|topics|chaos [--json]
 [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(sp, SPARK_SECTION, f"{QUICK_SPARK_RECORDS:,} records instead of {SPARK_RECORDS:,}, and "
                                        "1 run unless --runs says otherwise", default_runs=None)
     sp.add_argument("--records", type=_positive_int, help=f"records to produce (default {SPARK_RECORDS:,})")
+    rp = suites.add_parser("replication", help="replicated topics (docs/REPLICATION.md) on 3 brokers: "
+                           "produce throughput and ack latency with 1, 2 and 3 copies, and unavailability "
+                           "when an owner is killed")
+    _common_options(rp, REPLICATION_SECTION, "200 batches per factor, 2 s paced and one kill instead of "
+                    "2,000, 8 s and 3, and 1 run unless --runs says otherwise", default_runs=None)
     ta = suites.add_parser("tables", help="what writing topic tables costs the broker (publish-ack p99, CPU "
                                           "per MB) and how fresh they are, against no tables in the same run")
     _common_options(ta, TABLES_SECTION, "200 batches instead of 10,000, and 1 run unless --runs says "
@@ -184,6 +189,7 @@ SUBSCRIPTIONS_SECTION = "Subscription operations"
 DELAYED_SECTION = "Delayed delivery"
 CONSOLE_SECTION = "Console"
 TABLES_SECTION = "Topic tables"
+REPLICATION_SECTION = "Replication"
 SPARK_RECORDS = 8_000_000  # bench/spark.py RECORDS, here so that --help needs no pyspark
 QUICK_SPARK_RECORDS = 400_000
 BROKER_SECTION = "Broker (Danube API)"
@@ -289,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
         records = args.records or (QUICK_SPARK_RECORDS if args.quick else SPARK_RECORDS)
         extra.append(spark.load_line(records))
         found = spark.run_spark(Options(args.runs, args.quick, args.dir), records)
+    elif args.suite == "replication":
+        from bench import replication
+
+        title = REPLICATION_SECTION
+        extra.append(replication.load_line(args.quick))
+        found = replication.run_replication(Options(args.runs, args.quick, args.dir))
     elif args.suite == "tables":
         from bench import tables
 

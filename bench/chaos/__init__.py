@@ -36,6 +36,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="/tmp", help="where to create the scratch directory (removed after)")
     parser.add_argument("--out", default=".", help="where the histories and plots go (default: here)")
     parser.add_argument("--plot", action="store_true", help="also draw throughput and faults per campaign")
+    parser.add_argument("--replication-factor", type=int, default=2, metavar="N",
+                        help="copies of every topic (docs/REPLICATION.md; default %(default)s, with "
+                             "minInSyncReplicas 2); with more than 1 the nemesis also wipes brokers")
+    parser.add_argument("--wipes", action=argparse.BooleanOptionalAction, default=None,
+                        help="wipe brokers (kill -9, data directory deleted, started empty); default: when "
+                             "replicated. With --replication-factor 1 it shows the loss window")
     parser.add_argument("--check", metavar="HISTORY", help="only run the checker over a saved history")
     parser.add_argument("--write-results", action="store_true",
                         help=f"also rewrite the {TITLE} section of bench/RESULTS.md from this run")
@@ -60,7 +66,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         progress(f"seed {seed}: {seconds:.0f} s of faults")
         scratch = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{seed}-", dir=args.dir))
         try:
-            outcome, history = run(scratch, seed, seconds, out)
+            outcome, history = run(scratch, seed, seconds, out, args.replication_factor, args.wipes)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         outcomes.append(outcome)

@@ -2,6 +2,10 @@
 that every topic takes writes again, then a final read until every subscription has caught up (or
 nothing was read for DRAIN_IDLE, or DRAIN_LIMIT passed), and the checker over the history.
 
+The topics are replicated (`replication` copies, docs/REPLICATION.md; minInSyncReplicas 2 with 2 or more)
+and the nemesis wipes brokers too; with one copy it does not, unless told to (`wipes`): a wiped owner
+then takes its un-uploaded records with it, the loss window replication closes.
+
 docs/CHAOS.md says what each figure means and how to replay a seed.
 """
 
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import shutil
@@ -17,6 +22,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from bench.chaos import checker, workload
 from bench.chaos.history import History, Send, payload
@@ -24,6 +32,8 @@ from bench.chaos.nemesis import Nemesis
 from bench.chaos.servers import ChaosCluster, chaos_cluster
 from bench.common import progress
 from danube_fast.client import FastProducer
+from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
+from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 
 RECOVERY_TARGET = 10.0  # seconds after the last heal within which every topic must take writes
 RECOVERY_GIVE_UP = 60.0
@@ -49,6 +59,7 @@ class Outcome:
     drain_seconds: float = 0.0  # how long the final read took to catch up (or gave up)
     history_path: str = ""
     logs_path: str = ""  # the brokers' logs
+    replication: int = 1  # copies of each topic (replicationFactor)
 
     @property
     def recovered_in_time(self) -> bool:
@@ -59,15 +70,18 @@ class Outcome:
         return self.verdict.valid and not self.errors and self.recovered_in_time
 
 
-def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcome, History]:
-    """A whole campaign in `scratch` (the servers' data); the history goes to `out_dir`."""
+def run(scratch: Path, seed: int, seconds: float, out_dir: Path, replication: int = 2,
+        wipes: bool | None = None) -> tuple[Outcome, History]:
+    """A whole campaign in `scratch` (the servers' data); the history goes to `out_dir`. `wipes`: whether the
+    nemesis wipes brokers (default: when the topics are replicated)."""
     # The official client logs every broken stream at WARNING; the history has what matters.
     logging.getLogger("danube").setLevel(logging.CRITICAL)
     with chaos_cluster(scratch) as cluster:
         try:
             import uvloop
 
-            outcome, history = uvloop.run(_campaign(cluster, seed, seconds))
+            outcome, history = uvloop.run(_campaign(cluster, seed, seconds, replication,
+                                                    replication > 1 if wipes is None else wipes))
         except asyncio.CancelledError:  # SIGTERM (_campaign): the `with` stops every server on the way out
             raise SystemExit(128 + signal.SIGTERM) from None
         except BaseException:
@@ -85,8 +99,11 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path) -> tuple[Outcom
     return outcome, history
 
 
-async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[Outcome, History]:
+async def _campaign(cluster: ChaosCluster, seed: int, seconds: float, replication: int, wipes: bool
+                    ) -> tuple[Outcome, History]:
     history = History(seed)
+    if replication > 1:
+        await _replicate(cluster, replication)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     # SIGTERM cancels the campaign. bench's own handler raises SystemExit inside the loop, and a campaign
@@ -98,7 +115,7 @@ async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[O
                              f"127.0.0.1:{cluster.nodes[0].broker.admin_port}", seed)
     await load.start()
     progress(f"seed {seed}: clients running; faults for {seconds:.0f} s")
-    nemesis = Nemesis(cluster, history, workload.partitions(), seed)
+    nemesis = Nemesis(cluster, history, workload.partitions(), seed, wipes)
     try:
         await nemesis.run(seconds)
     finally:
@@ -127,8 +144,18 @@ async def _campaign(cluster: ChaosCluster, seed: int, seconds: float) -> tuple[O
     verdict = checker.check(history, workload.subscriptions())
     outcome = Outcome(seed, seconds, verdict, len(history.faults), kinds, recovery, list(nemesis.errors),
                       watchdog_restarts=load.watchdog_restarts, open_failures=load.open_failures,
-                      last_open_error=load.last_open_error, drain_seconds=drain_seconds)
+                      last_open_error=load.last_open_error, drain_seconds=drain_seconds,
+                      replication=replication)
     return outcome, history
+
+
+async def _replicate(cluster: ChaosCluster, copies: int) -> None:
+    """Every topic of the namespace the workload uses keeps `copies` copies, 2 of them in sync at least."""
+    changes = json.dumps({"replicationFactor": copies, "minInSyncReplicas": 2})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cluster.nodes[0].broker.admin_port}") as channel:
+        stub: Any = policy_grpc.PolicyAdminStub(channel)  # type: ignore[no-untyped-call]
+        await stub.SetNamespacePolicy(policy_pb.SetNamespacePolicyRequest(
+            namespace="default", changes=changes), timeout=30)
 
 
 def _our_tracebacks(log: str) -> int:

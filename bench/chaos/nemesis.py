@@ -5,7 +5,9 @@ MAX_ACTIVE are under way. The schedule (which fault, on what, for how long, when
 what the cluster does in between does not (timing), so a seed replays the same faults, not the same
 interleaving. heal_all() ends every fault at once: the campaign calls it before its final read.
 
-Faults: kill -9 and restart of a broker; SIGSTOP past the lease and SIGCONT; etcd stopped and restarted;
+Faults: kill -9 and restart of a broker; a wipe (kill -9, its data directory deleted, started again empty:
+a machine replaced, which comes back as a new broker); SIGSTOP past the lease and SIGCONT; etcd stopped and
+restarted;
 S3 cut off; a topic unloaded; a broker drained (UnloadBroker, ActivateBroker when healed); and through the
 proxy in front of a broker, etcd or S3: a partition (bytes held, not lost: docs/CHAOS.md), a one-way
 partition (requests or answers held), a slow link (delay with jitter), connection resets.
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,11 +57,14 @@ KINDS = (
     Kind("partition", 2, "proxy"), Kind("one-way", 2, "proxy"), Kind("slow-link", 2, "proxy"),
     Kind("reset", 2, "proxy"),
 )
+WIPE = Kind("wipe", 2, "broker")  # with replicated topics: without copies it loses the un-uploaded tail
 
 
 class Nemesis:
-    def __init__(self, cluster: ChaosCluster, history: History, topics: list[str], seed: int) -> None:
+    def __init__(self, cluster: ChaosCluster, history: History, topics: list[str], seed: int,
+                 wipes: bool = False) -> None:
         self.cluster = cluster
+        self.kinds = (*KINDS, WIPE) if wipes else KINDS
         self.history = history
         self.topics = topics  # topics (partitions) that unload-topic picks from
         self.random = random.Random(seed)
@@ -92,7 +98,7 @@ class Nemesis:
     # -- choosing -------------------------------------------------------------------------------------
 
     async def _start_one(self) -> None:
-        kind = self.random.choices(KINDS, [k.weight for k in KINDS])[0]
+        kind = self.random.choices(self.kinds, [k.weight for k in self.kinds])[0]
         target = self._pick_target(kind)
         duration = self.random.uniform(*DURATION)
         if target is None:
@@ -140,10 +146,12 @@ class Nemesis:
             topic = target.removeprefix("topic ")
             await self._admin("TopicAdmin", "UnloadTopic", admin_pb.TopicRequest(name=topic))
             return None, ""
-        if target.startswith("broker") and kind in ("kill", "pause", "drain-broker"):
+        if target.startswith("broker") and kind in ("kill", "wipe", "pause", "drain-broker"):
             node = self._node(target)
-            if kind == "kill":
+            if kind in ("kill", "wipe"):
                 node.broker.kill()
+                if kind == "wipe":
+                    await asyncio.to_thread(shutil.rmtree, node.broker.data_dir, True)
                 return lambda: self._restart(node), ""
             if kind == "pause":
                 duration = max(duration, LEASE_TTL_S + 1.5)  # past the lease: it loses its topics

@@ -27,8 +27,8 @@ def rows(outcomes: list[Outcome]) -> list[tuple[str, ...]]:
     for o in outcomes:
         v = o.verdict
         recovery = max(o.recovery.values()) if o.recovery else float("inf")
-        table.append((str(o.seed), f"{o.seconds:.0f}", str(o.faults), f"{v.acked:,}", f"{v.unknown:,}",
-                      f"{v.recovered:,}", f"{v.reads:,}",
+        table.append((str(o.seed), f"{o.seconds:.0f}", str(o.replication), str(o.faults), f"{v.acked:,}",
+                      f"{v.unknown:,}", f"{v.recovered:,}", f"{v.reads:,}",
                       *(f"{getattr(v, c):,}" for c in CLASSES), f"{v.redelivered:,}",
                       ", ".join(f"{p} {n}" for p, n in sorted(v.stored_twice.items())) or "0",
                       f"{v.rewinds:,}", str(o.watchdog_restarts), f"{o.drain_seconds:.0f}", f"{recovery:.1f}",
@@ -36,7 +36,7 @@ def rows(outcomes: list[Outcome]) -> list[tuple[str, ...]]:
     return table
 
 
-COLUMNS = ("seed", "seconds", "faults", "acked", "unknown", "recovered", "reads", "lost", "unseen",
+COLUMNS = ("seed", "seconds", "copies", "faults", "acked", "unknown", "recovered", "reads", "lost", "unseen",
            "inconsistent", "unexpected", "poll-skips", "unexpected dup.", "redelivered", "stored twice",
            "rewinds", "watchdog", "final read s", "recovery s", "errors", "valid")
 
@@ -70,7 +70,8 @@ def section(outcomes: list[Outcome], info: dict[str, object], command: str, date
         "each broker, etcd and S3. Topics: 2 Reliable topics and one of 2 partitions; producers: ours "
         "(batches of 5, 4 in flight) and the official client; subscriptions: Exclusive, Failover, Shared "
         "(official client) and ours (bench/chaos/workload.py). Checker: bench/chaos/checker.py, "
-        "docs/CHAOS.md",
+        "docs/CHAOS.md. `copies`: each topic's replicationFactor (minInSyncReplicas 2 when above 1; "
+        "docs/REPLICATION.md); with copies the nemesis also wipes brokers (kill -9, data directory deleted)",
         "",
         "| figure | value | target | met? |",
         "|:---|---:|:---|:---:|",

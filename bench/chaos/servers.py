@@ -28,10 +28,10 @@ LEASE_TTL_S = 3  # short, so that a paused or cut-off broker loses its topics wi
 STALL_DUMP_MS = 1500  # a broker loop stalled half the lease logs where (broker/stall_dump.py)
 
 # Frequent uploads (so moves and restarts read from S3), short leases and reports; no automatic rebalancing
-# (moves are the nemesis's alone).
+# (moves are the nemesis's alone); a follower that stops copying leaves the in-sync set within 2 s.
 SETTINGS: dict[str, int | str] = {"lease_ttl_s": LEASE_TTL_S, "load_report_ms": 1000,
                                   "upload_interval_ms": 1000, "rebalance_cooldown_ms": 86_400_000,
-                                  "assign_wait_ms": 5000}
+                                  "assign_wait_ms": 5000, "replica_lag_ms": 2000, "replica_check_ms": 1000}
 
 
 @dataclass

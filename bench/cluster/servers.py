@@ -45,16 +45,18 @@ class RunningCluster:
 
 
 @contextmanager
-def running_cluster(scratch: Path, brokers: int = 3) -> Iterator[RunningCluster]:
-    """etcd, moto with a bucket, and `brokers` brokers sharing both (object store s3://bucket/cluster)."""
+def running_cluster(scratch: Path, brokers: int = 3, settings: dict[str, int | str] | None = None
+                    ) -> Iterator[RunningCluster]:
+    """etcd, moto with a bucket, and `brokers` brokers sharing both (object store s3://bucket/cluster);
+    `settings`: [cluster] settings over CLUSTER_SETTINGS."""
     with ExitStack() as stack:
         etcd = start_etcd(scratch / "etcd" / "data", name="bench")
         stack.callback(etcd.stop)
         endpoint = stack.enter_context(moto.moto_process(scratch / "moto.log"))
         moto.create_bucket(endpoint, BUCKET)
-        settings = {**CLUSTER_SETTINGS, "s3_endpoint": endpoint, "s3_region": S3_REGION,
-                    "s3_access_key": S3_KEY, "s3_secret_key": S3_KEY}
-        nodes = Cluster(scratch, f"etcd://{etcd.endpoint}", f"s3://{BUCKET}/cluster", settings, metrics=False,
+        chosen = {**CLUSTER_SETTINGS, **(settings or {}), "s3_endpoint": endpoint, "s3_region": S3_REGION,
+                  "s3_access_key": S3_KEY, "s3_secret_key": S3_KEY}
+        nodes = Cluster(scratch, f"etcd://{etcd.endpoint}", f"s3://{BUCKET}/cluster", chosen, metrics=False,
                         die_with_parent=True)
         started = [nodes.add() for _ in range(brokers)]
         for broker in started:  # all start at once; then each must be ready

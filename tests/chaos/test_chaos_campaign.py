@@ -1,6 +1,7 @@
 """The short chaos campaign (bench/chaos, docs/CHAOS.md): a 3-broker cluster on etcd and moto S3 behind
-fault-injecting proxies, our producer and the official client's, consumers of every subscription type, and
-the nemesis for CAMPAIGN_SECONDS; then every fault healed, a final read, and the checker. Fails on any lost,
+fault-injecting proxies, our producer and the official client's, consumers of every subscription type, the
+topics replicated twice (docs/REPLICATION.md), and the nemesis, wipes of brokers included, for
+CAMPAIGN_SECONDS; then every fault healed, a final read, and the checker. Fails on any lost,
 unseen, inconsistent or unexpected message, a broker that did not restart, or a topic that did not take writes
 within 10 s of the last heal. Ordering (poll-skips) and unexplained duplicates are printed, not asserted here:
 they are targets of the 5-minute campaigns (bench/RESULTS.md, "Chaos"), and one interleaving of faults in a

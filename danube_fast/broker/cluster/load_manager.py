@@ -6,7 +6,8 @@ Each pass reads the LocalCache mirror of `/cluster/` and, while this broker lead
    record it acknowledged (docs/REPLICATION.md), the others to the least-loaded broker;
 2. assigns `/cluster/unassigned/` topics to the least-loaded active broker. An unload marker
    (`{reason: "unload", from_broker: A}`) waits until A has sealed the topic (its reservation under `state`
-   is gone, see handoff.py) or A is dead, so the next owner never starts before the old one stopped;
+   is gone, see handoff.py), A is dead, or A registered again since the marker (it restarted: it serves
+   nothing it had), so the next owner never starts before the old one stopped;
    then it goes to a broker other than A when there is one;
 3. when the busiest active broker has `rebalance_threshold` more topics than the idlest, unloads topics from
    it (at most one automatic round per cooldown); `rebalance()` does the same on demand (admin API).
@@ -155,7 +156,8 @@ class LoadManager:
             if (ns, t) in snap.owners:
                 continue  # an admin or a racing pass assigned it; the marker is stale, left alone
             source = marker.from_broker
-            if source is not None and source in snap.live and not await self._sealed_by(ns, t, source):
+            if source is not None and source in snap.live and not self._registered_since(source, ns, t) \
+                    and not await self._sealed_by(ns, t, source):
                 waiting = True
                 continue
             self._waiting_since.pop((ns, t), None)
@@ -197,6 +199,15 @@ class LoadManager:
         live = [b for b in replicas.successors if b in snap.live and b in snap.active]
         in_sync = [b for b in live if b in replicas.isr]
         return in_sync or live, compare
+
+    def _registered_since(self, source: int, ns: str, t: str) -> bool:
+        """The old owner registered again after the unload was asked for (it restarted, or its lease
+        lapsed): it serves none of its earlier topics until they are assigned to it again, so no seal is
+        coming, and its WAL is recovered as an orphan (cluster/orphans.py) like a dead owner's."""
+        registration = self._cache.get(keys.broker_register(source))
+        marker = self._cache.get(keys.unassigned(ns, t))
+        return registration is not None and marker is not None and \
+            registration.mod_revision > marker.create_revision
 
     async def _sealed_by(self, ns: str, t: str, source: int) -> bool:
         """The old owner has let go: its reservation under `state` is gone (sealed, or deleted when nothing
