@@ -80,6 +80,7 @@ class FastConsumer:
         self.consumer_id = 0
         self.reconnects = 0
         self._target = target
+        self._bootstrap = target  # asked too when the broker last known says nothing (lookup.follow)
         self._window = window_bytes
         self._position = POSITIONS[initial_position]
         self._reconnect_tries = reconnect_tries
@@ -226,7 +227,7 @@ class FastConsumer:
                 raise ProduceRejected("CANCELLED", "the consumer is closed")
             try:
                 self._channel, self._target = await follow(self._channel, self._target, self.topic,
-                                                           self._credentials)
+                                                           self._credentials, self._bootstrap)
                 async with self._write_lock:
                     await self._subscribe()
                 return

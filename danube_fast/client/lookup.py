@@ -32,11 +32,19 @@ async def lookup(channel: grpc.aio.Channel, topic: str) -> str | None:
     return url.removeprefix("http://").removeprefix("https://") or None
 
 
-async def follow(channel: grpc.aio.Channel, target: str, topic: str, credentials: Credentials | None = None
-                 ) -> tuple[grpc.aio.Channel, str]:
+async def follow(channel: grpc.aio.Channel, target: str, topic: str, credentials: Credentials | None = None,
+                 bootstrap: str | None = None) -> tuple[grpc.aio.Channel, str]:
     """(channel, target) for the broker serving `topic`: the ones given when the lookup names `target` or
-    says nothing, else a new channel to the broker it names (the old channel is closed)."""
+    says nothing, else a new channel to the broker it names (the old channel is closed). When the broker at
+    `target` says nothing (it may be gone for good: a machine lost) the lookup is asked of `bootstrap`, the
+    address the client was opened with, too."""
     found = await lookup(channel, topic)
+    if found is None and bootstrap is not None and bootstrap != target:
+        asked = open_channel(bootstrap, CHANNEL_OPTIONS, credentials)
+        try:
+            found = await lookup(asked, topic)
+        finally:
+            await asked.close()
     if found is None or found == target:
         return channel, target
     new = open_channel(found, CHANNEL_OPTIONS, credentials)

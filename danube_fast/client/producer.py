@@ -99,6 +99,7 @@ class FastProducer:
         self.reliable = reliable
         self.producer_id = 0
         self._target = target
+        self._bootstrap = target  # asked too when the broker last known says nothing (lookup.follow)
         self._batch_records = batch_records
         self._batch_bytes = batch_bytes
         self._linger = linger_ms / 1000
@@ -403,7 +404,8 @@ class FastProducer:
 
     async def _locate(self) -> None:
         """Follow the topic to the broker that serves it (a new channel when that is another broker)."""
-        channel, self._target = await follow(self._channel, self._target, self.topic, self._credentials)
+        channel, self._target = await follow(self._channel, self._target, self.topic, self._credentials,
+                                             self._bootstrap)
         if channel is not self._channel:
             self._channel = channel
             self._produce = produce_method(channel)

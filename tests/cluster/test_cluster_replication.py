@@ -25,6 +25,7 @@ from danube import DanubeClientBuilder, SubType
 from test_cluster_faults import create_producer, send_request
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early
 
+from danube_fast.client import FastProducer
 from danube_fast.meta import keys
 from danube_fast.meta.resources import TopicReplicas
 from danube_fast.meta.store import MetadataStore
@@ -90,10 +91,14 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
             dead = await owner(store, topic)
             assert dead == copies.owner
             victim = cluster.by_id(dead)
+            survivor = next(b for b in brokers if b is not victim)
+            # Our producer, opened on the survivor, talks to the owner: when the owner is gone for good it
+            # asks the survivor again where the topic went.
+            fast = await FastProducer.connect(survivor.target, topic, "fast", reconnect_tries=200)
+            await (await fast.send_batch([b"m1000"]))
             victim.kill()
             shutil.rmtree(victim.data_dir)  # the machine is gone: nothing of its WAL comes back
             lost_at = time.monotonic()
-            survivor = next(b for b in brokers if b is not victim)
             await wait_for(lambda: moved_from(store, topic, dead), "the topic on another broker", 30.0)
             got = await read_all(survivor.url, topic, set(acked), timeout=60)
             took = time.monotonic() - lost_at
@@ -105,9 +110,11 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
             assert took < 20, f"read everything {took:.1f} s after the owner was lost"
             after = await replicas(store, topic)
             assert after is not None and after.owner == copies.isr[1]
+            await asyncio.wait_for(await fast.send_batch([b"m1001"]), 30)
+            await fast.close()
             more = await produce_n(survivor.url, topic, 300, 20, "p2")
-            got = await read_all(survivor.url, topic, set(more), timeout=60)
-            assert set(more) <= set(got)
+            got = await read_all(survivor.url, topic, {*more, 1001}, timeout=60)
+            assert {*more, 1001} <= set(got)
 
     run(cluster, body)
 
