@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11Replication.proto\x12\x1a\x64\x61nube_fast.replication.v1\"z\n\x0c\x46\x65tchRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x66ollower_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rom_offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x0f\n\x07wait_ms\x18\x06 \x01(\r\"q\n\rFetchResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x18\n\x10uploaded_through\x18\x04 \x01(\x03\x12\r\n\x05reset\x18\x05 \x01(\x08\"\x1e\n\rCopiesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"I\n\x04\x43opy\x12\x11\n\tbroker_id\x18\x01 \x01(\x04\x12\x0f\n\x07in_sync\x18\x02 \x01(\x08\x12\r\n\x05holds\x18\x03 \x01(\x03\x12\x0e\n\x06\x62\x65hind\x18\x04 \x01(\x03\"\xcc\x01\n\x0e\x43opiesResponse\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\x1a\n\x12replication_factor\x18\x02 \x01(\r\x12\x1b\n\x13min_insync_replicas\x18\x03 \x01(\r\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x33\n\tfollowers\x18\x05 \x03(\x0b\x32 .danube_fast.replication.v1.Copy\x12\x0f\n\x07in_sync\x18\x06 \x01(\r\x12\x18\n\x10under_replicated\x18\x07 \x01(\x08\x32\xcc\x01\n\x0bReplication\x12\\\n\x05\x46\x65tch\x12(.danube_fast.replication.v1.FetchRequest\x1a).danube_fast.replication.v1.FetchResponse\x12_\n\x06\x43opies\x12).danube_fast.replication.v1.CopiesRequest\x1a*.danube_fast.replication.v1.CopiesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11Replication.proto\x12\x1a\x64\x61nube_fast.replication.v1\"\x92\x01\n\x0c\x46\x65tchRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x66ollower_id\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rom_offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x0f\n\x07wait_ms\x18\x06 \x01(\r\x12\x16\n\x0e\x64urable_offset\x18\x07 \x01(\x03\"q\n\rFetchResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x18\n\x10uploaded_through\x18\x04 \x01(\x03\x12\r\n\x05reset\x18\x05 \x01(\x08\"\x1e\n\rCopiesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"I\n\x04\x43opy\x12\x11\n\tbroker_id\x18\x01 \x01(\x04\x12\x0f\n\x07in_sync\x18\x02 \x01(\x08\x12\r\n\x05holds\x18\x03 \x01(\x03\x12\x0e\n\x06\x62\x65hind\x18\x04 \x01(\x03\"\xcc\x01\n\x0e\x43opiesResponse\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\x1a\n\x12replication_factor\x18\x02 \x01(\r\x12\x1b\n\x13min_insync_replicas\x18\x03 \x01(\r\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x33\n\tfollowers\x18\x05 \x03(\x0b\x32 .danube_fast.replication.v1.Copy\x12\x0f\n\x07in_sync\x18\x06 \x01(\r\x12\x18\n\x10under_replicated\x18\x07 \x01(\x08\x32\xcc\x01\n\x0bReplication\x12\\\n\x05\x46\x65tch\x12(.danube_fast.replication.v1.FetchRequest\x1a).danube_fast.replication.v1.FetchResponse\x12_\n\x06\x43opies\x12).danube_fast.replication.v1.CopiesRequest\x1a*.danube_fast.replication.v1.CopiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'Replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FETCHREQUEST']._serialized_start=49
-  _globals['_FETCHREQUEST']._serialized_end=171
-  _globals['_FETCHRESPONSE']._serialized_start=173
-  _globals['_FETCHRESPONSE']._serialized_end=286
-  _globals['_COPIESREQUEST']._serialized_start=288
-  _globals['_COPIESREQUEST']._serialized_end=318
-  _globals['_COPY']._serialized_start=320
-  _globals['_COPY']._serialized_end=393
-  _globals['_COPIESRESPONSE']._serialized_start=396
-  _globals['_COPIESRESPONSE']._serialized_end=600
-  _globals['_REPLICATION']._serialized_start=603
-  _globals['_REPLICATION']._serialized_end=807
+  _globals['_FETCHREQUEST']._serialized_start=50
+  _globals['_FETCHREQUEST']._serialized_end=196
+  _globals['_FETCHRESPONSE']._serialized_start=198
+  _globals['_FETCHRESPONSE']._serialized_end=311
+  _globals['_COPIESREQUEST']._serialized_start=313
+  _globals['_COPIESREQUEST']._serialized_end=343
+  _globals['_COPY']._serialized_start=345
+  _globals['_COPY']._serialized_end=418
+  _globals['_COPIESRESPONSE']._serialized_start=421
+  _globals['_COPIESRESPONSE']._serialized_end=625
+  _globals['_REPLICATION']._serialized_start=628
+  _globals['_REPLICATION']._serialized_end=832
 # @@protoc_insertion_point(module_scope)

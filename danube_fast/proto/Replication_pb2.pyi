@@ -9,20 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FetchRequest(_message.Message):
-    __slots__ = ("topic", "follower_id", "epoch", "from_offset", "max_bytes", "wait_ms")
+    __slots__ = ("topic", "follower_id", "epoch", "from_offset", "max_bytes", "wait_ms", "durable_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     follower_id: int
     epoch: int
     from_offset: int
     max_bytes: int
     wait_ms: int
-    def __init__(self, topic: _Optional[str] = ..., follower_id: _Optional[int] = ..., epoch: _Optional[int] = ..., from_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    durable_offset: int
+    def __init__(self, topic: _Optional[str] = ..., follower_id: _Optional[int] = ..., epoch: _Optional[int] = ..., from_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., durable_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("data", "next_offset", "start_offset", "uploaded_through", "reset")

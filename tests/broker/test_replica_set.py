@@ -56,8 +56,10 @@ def batch(n: int) -> bytes:
     return frames.encode_payloads([b"r%d" % i for i in range(n)])
 
 
-async def fetch(rs: ReplicaSet, low: int) -> pb.FetchResponse:
-    return await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=F, epoch=7, from_offset=low))
+async def fetch(rs: ReplicaSet, low: int, durable: int | None = None) -> pb.FetchResponse:
+    """F's fetch from `low`, holding durably what it has (or up to `durable`: appends still being made)."""
+    return await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=F, epoch=7, from_offset=low,
+                                          durable_offset=low if durable is None else durable))
 
 
 def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_what_was_acknowledged(
@@ -71,19 +73,30 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
         assert wal.committed_offset == 3  # no follower in sync: readers see what is durable here
         start = await fetch(rs, -1)
         assert (start.start_offset, start.data) == (0, b"")
-        got = await fetch(rs, 0)  # it joins in memory at 3: acknowledgements wait for it from here
-        assert got.next_offset == 3 and F in rs.isr and rs.written == written[-1] == written[0]
+        got = await fetch(rs, 0)  # it holds nothing of the 3 records yet: not caught up
+        assert got.next_offset == 3 and F not in rs.isr
+        await wal.append(batch(2))  # 5 here now
+        await fetch(rs, 3)  # it holds what was durable here when it was sent 0..2: caught up, joins in memory
+        assert F in rs.isr and rs.written == written[-1] == written[0]  # not written: it lacks 3..4
         rs.admit()
-        await wal.append(batch(2))
-        waiting = asyncio.create_task(rs.replicated(4))
+        await wal.append(batch(1))  # offset 5, after it joined
+        waiting = asyncio.create_task(rs.replicated(5))
         await asyncio.sleep(0.05)
-        assert not waiting.done() and wal.committed_offset == 3  # readers held at what F may hold
-        await fetch(rs, 3)  # F holds 0..2, all it joined at: written in sync
+        # Readers keep what they saw (0..4) and are held there: no follower has 5 yet.
+        assert not waiting.done() and wal.committed_offset == 5
+        await fetch(rs, 6, durable=4)  # it has 3..5, durably 3 alone (appends pipelined)
+        await settle()
+        assert rs.written == written[0] and not waiting.done()
+        await fetch(rs, 6, durable=5)  # it holds 0..4, all that was here when it joined: written in sync
         await settle()
         assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F)) and not waiting.done()
-        await fetch(rs, 5)  # F holds 3..4 too: the acknowledgement goes, readers see them
+        await fetch(rs, 6)  # and 5: the ack goes, readers see it
         await asyncio.wait_for(waiting, 1)
-        assert wal.committed_offset == 5
+        assert wal.committed_offset == 6
+        await fetch(rs, 0)  # its copy started again: it holds less than it said
+        assert wal.committed_offset == 6  # readers are not moved back
+        await rs.maintain({ME, F}, lambda n, taken: [])
+        assert written[-1] == TopicReplicas(ME, 7, (F,), (ME,)) and F not in rs.isr  # out, and not eligible
         rs.close()
         await wal.close()
 
@@ -108,9 +121,9 @@ def test_a_lagging_follower_is_written_out_first_and_stays_eligible_when_below_t
         with pytest.raises(ApiError, match="fewer than its minInSyncReplicas 2"):
             await asyncio.wait_for(waiting, 1)
         assert wal.committed_offset == 4  # no follower in sync: readers see what is durable here
-        await fetch(rs, 2)  # caught up with what it was sent: joins in memory at 4
-        assert F in rs.isr and written[-1].eligible == (F,)
-        await fetch(rs, 4)
+        await fetch(rs, 2)  # what it was sent long ago (past a quarter of the lag): not caught up
+        assert F not in rs.isr and written[-1].eligible == (F,)
+        await fetch(rs, 4)  # all that is here: joins, and holding it, is written in sync
         await settle()
         assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F))  # back at the minimum: none eligible
         rs.close()

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from danube_fast.broker.cluster.orphans import Orphans
@@ -44,6 +45,8 @@ from danube_fast.storage.wal import Wal
 log = logging.getLogger("danube_fast.replication")
 
 WAIT_MS = 1000  # a fetch at the owner's end waits this long for a record
+FETCH_BYTES = 8 * 1024 * 1024  # records per fetch, at most (at least one batch)
+MAX_PENDING = 4  # appends of fetched records being made durable at once
 RETRY = 0.2  # seconds before a fetch is tried again after a failure
 WRITE_RETRY = 1.0  # seconds before a copy that could not be written is opened again
 TRIM_EVERY = 1.0  # seconds between deletions of segments the objects hold
@@ -210,9 +213,37 @@ class Copies:
                 await asyncio.sleep(WRITE_RETRY)
 
     async def _copy(self, ns: str, t: str) -> None:
+        """Fetch and append, pipelined: the next fetch goes out while earlier appends are being made
+        durable (each fetch says how far it has appended, to read on from, and how far that is durable, for
+        the owner's acknowledgements); at most MAX_PENDING appends wait, and a fetch that finds nothing new
+        waits for them rather than for the owner (which waits for this copy to acknowledge)."""
         topic = keys.topic_name(ns, t)
         wal: Wal | None = None
+        pending: deque[tuple[asyncio.Future[tuple[int, int]], int]] = deque()  # (append, its first offset)
+        appended = 0  # the offset after the last record handed to the WAL
         trimmed = 0.0
+
+        async def settle(keep: int) -> bool:
+            """Check the finished appends, waiting for the oldest until at most `keep` wait; False when one
+            landed at another offset than the owner's."""
+            while pending and (len(pending) > keep or pending[0][0].done()):
+                future, expected = pending.popleft()
+                first, _ = await future
+                if first != expected:
+                    log.warning("%s: the copy took offset %d where the owner sent %d; starting it again",
+                                topic, first, expected)
+                    return False
+            return True
+
+        async def drop(retire: bool) -> None:
+            nonlocal wal
+            await asyncio.gather(*(f for f, _ in pending), return_exceptions=True)
+            pending.clear()
+            if wal is not None:
+                await wal.close()
+                wal = None
+            await (self._retire(ns, t) if retire else self._remove(ns, t))
+
         try:
             while True:
                 r = self._wanted().get((ns, t))
@@ -220,10 +251,7 @@ class Copies:
                     return
                 meta = self._meta(ns, t)
                 if meta is not None and meta != (r.owner, r.epoch):
-                    if wal is not None:
-                        await wal.close()
-                        wal = None
-                    await self._retire(ns, t)
+                    await drop(retire=True)
                     meta = None
                 registration = self._view.registration(r.owner)
                 if registration is None:
@@ -231,9 +259,15 @@ class Copies:
                     continue
                 if wal is None and meta is not None:
                     wal = await self._open(ns, t, 0)  # this term's copy, from an earlier run
+                    appended = wal.committed_offset
+                if not await settle(keep=MAX_PENDING - 1):
+                    await drop(retire=False)
+                    continue
                 request = pb.FetchRequest(topic=topic, follower_id=self.me, epoch=r.epoch,
-                                          from_offset=-1 if wal is None else wal.committed_offset,
-                                          wait_ms=0 if wal is None else WAIT_MS)
+                                          from_offset=-1 if wal is None else appended,
+                                          durable_offset=-1 if wal is None else wal.committed_offset,
+                                          max_bytes=FETCH_BYTES,
+                                          wait_ms=0 if wal is None or pending else WAIT_MS)
                 try:
                     got = await self._forwarder.call(registration.admin_addr, "Replication", "Fetch", request,
                                                      pb.FetchResponse)
@@ -244,29 +278,24 @@ class Copies:
                 if wal is None:
                     os.makedirs(self._dir(ns, t), exist_ok=True)
                     wal = await self._open(ns, t, got.start_offset)
+                    appended = wal.committed_offset
                     self._write_meta(ns, t, r.owner, r.epoch)
                     log.info("%s: copying from broker %d from offset %d", topic, r.owner, got.start_offset)
                     continue
                 if got.reset:
-                    await wal.close()
-                    wal = None
-                    await self._remove(ns, t)
+                    await drop(retire=False)
                     continue
                 if got.data:
-                    expected = wal.committed_offset
-                    first, _ = await wal.append(got.data)
-                    if first != expected or wal.committed_offset != got.next_offset:
-                        log.warning("%s: the copy took offsets %d..%d where the owner sent %d..%d; "
-                                    "starting it again", topic, first, wal.committed_offset, expected,
-                                    got.next_offset)
-                        await wal.close()
-                        wal = None
-                        await self._remove(ns, t)
-                        continue
+                    pending.append((wal.submit(got.data), appended))
+                    appended = got.next_offset
+                elif pending and not await settle(keep=0):  # nothing new: say what is durable now
+                    await drop(retire=False)
+                    continue
                 if got.uploaded_through + 1 > wal.start_offset and time.monotonic() - trimmed > TRIM_EVERY:
                     trimmed = time.monotonic()
                     await wal.delete_before(got.uploaded_through + 1)
         finally:
+            await asyncio.gather(*(f for f, _ in pending), return_exceptions=True)
             if wal is not None:
                 await wal.close()
 

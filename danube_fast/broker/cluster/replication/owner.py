@@ -1,8 +1,8 @@
 """A replicated topic's copies, as its owner keeps track of them (docs/REPLICATION.md).
 
 `ReplicaSet` is the topic's `Replicas` (broker/replicas.py): what its acknowledgements wait for. It learns
-what each follower holds from the follower's fetches (asking from an offset says it holds every record
-below it), and keeps the in-sync set (ISR) by the rules that make a failover lose nothing acknowledged:
+what each follower holds from the follower's fetches (each says how far its copy is durable), and keeps
+the in-sync set (ISR) by the rules that make a failover lose nothing acknowledged:
 
 - An acknowledgement of a record waits until every follower of the in-memory ISR holds it, and until the
   ISR as written counts `minInSyncReplicas` copies (the owner counts); with fewer in sync in memory the
@@ -15,8 +15,10 @@ below it), and keeps the in-sync set (ISR) by the rules that make a failover los
   acknowledged: a follower joins in memory first (acknowledgements start waiting for it), and is written
   as in sync only once it holds everything durable here when it joined; a follower leaves by a write
   first, and acknowledgements stop waiting for it after.
-- A follower leaves the ISR when it has not caught up within `[cluster] replica_lag_ms`, or its broker's
-  registration is gone; it joins when a fetch finds it holding everything sent to it before.
+- A follower has caught up to a moment once it holds durably what was durable here then (each response
+  remembers that). It leaves the ISR when it has not caught up to any moment within `[cluster]
+  replica_lag_ms`, or its broker's registration is gone, or it says it holds less than before; it joins
+  when it has caught up to a moment within a quarter of that.
 - Followers that leave a written ISR and take it below `minInSyncReplicas` are written as `eligible`:
   nothing is acknowledged until the written ISR is back at the minimum (the write that brings it back
   clears them), so they hold every acknowledged record and may continue the topic too (Kafka's eligible
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,16 +52,20 @@ log = logging.getLogger("danube_fast.replication")
 FETCH_BYTES = 4 * 1024 * 1024  # a fetch that names no size
 MAX_FETCH_BYTES = 16 * 1024 * 1024
 MAX_WAIT_MS = 5000
+MAX_SENT = 256  # responses remembered per follower (caught_up_at)
 
 Write = Callable[[Sequence[Op]], Awaitable[TxnResult]]
 
 
 @dataclass
 class _Follower:
-    durable: int = -1  # it holds every record below this (its last fetch's from_offset); -1: unknown
-    sent_end: int = -1  # this WAL's durable end when its last response was made
-    caught_up_at: float = field(default_factory=time.monotonic)  # its last fetch at or past sent_end
+    durable: int = -1  # it holds every record below this durably (as its last fetch said); -1: unknown
+    # (when, this WAL's durable end then) of its recent responses: it has caught up to a moment once it
+    # holds durably what was durable here then
+    sent: deque[tuple[float, int]] = field(default_factory=deque)
+    caught_up_at: float = float("-inf")  # the latest such moment
     joined_at: int | None = None  # in the ISR in memory, written as in sync once it holds this much
+    regressed: bool = False  # said it holds less than before: it leaves the ISR at the next pass
 
 
 class ReplicaSet:
@@ -166,13 +173,16 @@ class ReplicaSet:
                      self.topic.full, request.follower_id, low, wal.start_offset, wal.durable_offset, start)
             return pb.FetchResponse(next_offset=start, start_offset=start, uploaded_through=self._uploaded(),
                                     reset=True)
-        self._progress(request.follower_id, f, low)
+        self._progress(request.follower_id, f, low, min(request.durable_offset, low))
         wait = min(request.wait_ms, MAX_WAIT_MS) / 1000
         if low >= wal.durable_offset and wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wal.wait_durable(low), wait)
         data, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
-        f.sent_end = wal.durable_offset
+        now = time.monotonic()
+        f.sent.append((now, wal.durable_offset))
+        while f.sent and (len(f.sent) > MAX_SENT or f.sent[0][0] < now - 2 * self._lag_s):
+            f.sent.popleft()
         return pb.FetchResponse(data=data, next_offset=next_offset, start_offset=start,
                                 uploaded_through=self._uploaded())
 
@@ -204,15 +214,26 @@ class ReplicaSet:
             next_offset = after
         return b"".join(chunks), next_offset
 
-    def _progress(self, broker: int, f: _Follower, low: int) -> None:
-        """The follower holds every record below `low`."""
-        f.durable = low
-        if low >= f.sent_end:
-            f.caught_up_at = time.monotonic()
-            if broker not in self.isr and not self._closed:
-                self._join(broker, f)
+    def _progress(self, broker: int, f: _Follower, low: int, durable: int) -> None:
+        """The follower has every record below `low`, durably those below `durable`."""
+        if durable < f.durable and broker in self.isr:
+            # Less than it said before (its copy started again): out of the ISR at the next pass, written
+            # first; until then the line stays where it was, never lowered under a reader.
+            log.warning("%s: broker %d now holds less than it did (%d < %d)", self.topic.full, broker,
+                        durable, f.durable)
+            f.regressed = True
+            return
+        f.durable = durable
+        now = time.monotonic()
+        if durable >= self._wal.durable_offset:
+            f.caught_up_at = now
+        while f.sent and f.sent[0][1] <= durable:
+            f.caught_up_at = max(f.caught_up_at, f.sent.popleft()[0])
+        # Caught up within a quarter of the lag allowed (a pipelined copy trails by a few fetches): it joins.
+        if broker not in self.isr and not self._closed and now - f.caught_up_at <= self._lag_s / 4:
+            self._join(broker, f)
         if broker in self.isr:
-            if f.joined_at is not None and low >= f.joined_at:
+            if f.joined_at is not None and f.durable >= f.joined_at:
                 f.joined_at = None
                 self._schedule_persist()
             self._show()
@@ -240,8 +261,9 @@ class ReplicaSet:
             return
         now = time.monotonic()
         leaving = {b for b in self.isr
-                   if b not in live or (now - self.followers[b].caught_up_at > self._lag_s
-                                        and self.followers[b].durable < self._wal.durable_offset)}
+                   if b not in live or self.followers[b].regressed
+                   or (now - self.followers[b].caught_up_at > self._lag_s
+                       and self.followers[b].durable < self._wal.durable_offset)}
         gone = {b for b in self.followers if b not in live}
         wanted = self.copies - 1 - (len(self.followers) - len(gone))
         added = pick(wanted, {self.me, *self.followers}) if wanted > 0 else []
@@ -250,6 +272,7 @@ class ReplicaSet:
         for b in leaving:
             log.warning("%s: broker %d leaves the in-sync copies (%s)", self.topic.full, b,
                         "its registration is gone" if b not in live else
+                        "its copy started again" if self.followers[b].regressed else
                         f"not caught up for {self._lag_s:.1f} s")
         await self._persist(leaving=leaving, gone=gone, adding=added)
 
@@ -277,7 +300,8 @@ class ReplicaSet:
             before = self.written
             eligible: set[int] = set()
             if len(isr) < self.needed and before is not None:  # nothing is acknowledged from here on
-                eligible = (set(before.eligible) | (out & set(before.isr))) & set(followers)
+                whole = {b for b in out & set(before.isr) if not self.followers[b].regressed}
+                eligible = (set(before.eligible) | whole) & set(followers)
             value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr),
                                   tuple(sorted(eligible - set(isr))))
             if value != self.written:
@@ -285,6 +309,9 @@ class ReplicaSet:
                 self.written = value
                 self._wake()  # acknowledgements wait for the written ISR to count enough copies
             self.isr -= out
+            for b in out & set(self.followers):
+                self.followers[b].regressed = False
+                self.followers[b].joined_at = None
             for b in gone or ():
                 self.followers.pop(b, None)
             for b in adding:
