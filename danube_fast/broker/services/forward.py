@@ -19,6 +19,8 @@ from danube_fast.errors import ApiError
 
 FORWARDED = "x-danube-fast-forwarded"
 CALL_TIMEOUT = 10.0  # seconds, when the caller set no deadline
+# Answers up to a replication fetch's 8 MiB of records and its framing (gRPC's own default is 4 MiB).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
@@ -45,8 +47,8 @@ class Forwarder:
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = (
-                grpc.aio.secure_channel(target, self._credentials) if self._credentials is not None
-                else grpc.aio.insecure_channel(target))
+                grpc.aio.secure_channel(target, self._credentials, CHANNEL_OPTIONS)
+                if self._credentials is not None else grpc.aio.insecure_channel(target, CHANNEL_OPTIONS))
         stub = channel.unary_unary(method_path(service, method),
                                    request_serializer=type(request).SerializeToString,
                                    response_deserializer=reply.FromString)
