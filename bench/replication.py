@@ -25,6 +25,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ async def _replicated_topic(cluster: RunningCluster, store: MetadataStore, topic
     """A Reliable topic with `factor` copies, each in sync."""
     async with await _admin(cluster) as channel:
         topics: Any = admin_grpc.TopicAdminStub(channel)  # type: ignore[no-untyped-call]
-        await topics.CreateTopic(admin_pb.NewTopicRequest(name=topic, dispatch_strategy=1), timeout=30)
+        await topics.CreateTopic(admin_pb.NewTopicRequest(name=topic, dispatch_strategy=admin_pb.Reliable),
+                                 timeout=30)
         if factor > 1:
             policies: Any = policy_grpc.PolicyAdminStub(channel)  # type: ignore[no-untyped-call]
             changes = json.dumps({"replicationFactor": factor, "minInSyncReplicas": 2})
@@ -143,12 +145,19 @@ async def _produce(cluster: RunningCluster, topic: str, count: int, rate: float 
                 if (wait := due - time.perf_counter()) > 0:
                     await asyncio.sleep(wait)
             future = await producer.send_batch(payloads)
-            future.add_done_callback(lambda _, due=due: acks.append(time.perf_counter() - due))
+            future.add_done_callback(_timer(acks, due))
         await producer.flush()
         elapsed = time.perf_counter() - start
     finally:
         await producer.close()
     return count * BATCH_RECORDS / elapsed, sorted(acks)
+
+
+def _timer(acks: list[float], due: float) -> Callable[[object], None]:
+    """A done-callback that records the seconds since `due`."""
+    def record(_: object) -> None:
+        acks.append(time.perf_counter() - due)
+    return record
 
 
 async def _failover(cluster: RunningCluster, store: MetadataStore, topic: str) -> tuple[float, int]:

@@ -20,9 +20,8 @@ from typing import Any
 
 import grpc
 import pytest
-import uvloop
 from danube import DanubeClientBuilder, SubType
-from test_cluster_faults import create_producer, send_request
+from test_cluster_faults import create_producer, run, send_request
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early
 
 from danube_fast.client import FastProducer
@@ -38,14 +37,6 @@ from danube_fast.testing.proxy import Proxy
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 HELD_UPLOADS = {"upload_interval_ms": 3_600_000, "replica_lag_ms": 2000}
-
-
-def run(cluster: Cluster, body: Any) -> None:
-    try:
-        uvloop.run(asyncio.wait_for(body(), 200))
-    except BaseException:
-        print(cluster.logs())
-        raise
 
 
 async def set_namespace_policy(broker: Any, namespace: str, **changes: int) -> None:
