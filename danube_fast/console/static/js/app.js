@@ -29,7 +29,12 @@ function who() {
   } }, "Sign out"));
 }
 
+// Each render has a number: one that a newer render overtook (the session ended while its page loaded, and
+// the sign-in page was drawn meanwhile) leaves the page alone.
+let renders = 0;
+
 async function render() {
+  const mine = ++renders;
   if (current && current.stop) current.stop();
   current = null;
   const main = document.getElementById("main");
@@ -50,8 +55,10 @@ async function render() {
   try {
     await page.show(main, params, name);
   } catch (e) {
+    if (mine !== renders) return;
     replace(main, h("div", { class: "error", "data-test": "error" }, `${e.code || "ERROR"}: ${e.message}`));
   }
+  if (mine !== renders) return;
   main.setAttribute("data-rendered", name);
 }
 
