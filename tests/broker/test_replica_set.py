@@ -47,9 +47,9 @@ async def replica_set(tmp_path: Path, needed: int, lag_s: float = 60.0
     return rs, wal, written
 
 
-async def settle() -> None:
-    """Let the write a fetch scheduled land."""
-    await asyncio.sleep(0.01)
+async def settle(rs: ReplicaSet) -> None:
+    """Wait for the writes fetches scheduled to land."""
+    await asyncio.gather(*rs._tasks)
 
 
 def batch(n: int) -> bytes:
@@ -85,10 +85,10 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
         # Readers keep what they saw (0..4) and are held there: no follower has 5 yet.
         assert not waiting.done() and wal.committed_offset == 5
         await fetch(rs, 6, durable=4)  # it has 3..5, durably 3 alone (appends pipelined)
-        await settle()
+        await settle(rs)
         assert rs.written == written[0] and not waiting.done()
         await fetch(rs, 6, durable=5)  # it holds 0..4, all that was here when it joined: written in sync
-        await settle()
+        await settle(rs)
         assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F)) and not waiting.done()
         await fetch(rs, 6)  # and 5: the ack goes, readers see it
         await asyncio.wait_for(waiting, 1)
@@ -110,7 +110,7 @@ def test_a_lagging_follower_is_written_out_first_and_stays_eligible_when_below_t
         await wal.append(batch(2))
         await fetch(rs, 0)
         await fetch(rs, 2)
-        await settle()
+        await settle(rs)
         assert written[-1].isr == (ME, F)
         await wal.append(batch(2))
         waiting = asyncio.create_task(rs.replicated(3))
@@ -124,7 +124,7 @@ def test_a_lagging_follower_is_written_out_first_and_stays_eligible_when_below_t
         await fetch(rs, 2)  # what it was sent long ago (past a quarter of the lag): not caught up
         assert F not in rs.isr and written[-1].eligible == (F,)
         await fetch(rs, 4)  # all that is here: joins, and holding it, is written in sync
-        await settle()
+        await settle(rs)
         assert written[-1] == TopicReplicas(ME, 7, (F,), (ME, F))  # back at the minimum: none eligible
         rs.close()
         await wal.close()

@@ -61,7 +61,7 @@ class Orphans:
             through = ReplacedLog.from_json(replaced.value, key=replaced.key).through
             log.info("%s: a follower took the topic over with every record through %d; the %s goes",
                      name, through, what)
-            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+            await _delete(directory)
             return
         wal = await Wal.open(directory, self._config.wal)
         try:
@@ -76,7 +76,7 @@ class Orphans:
                 if not own:  # no gap of that broker's waits: sealed, taken over or recovered already
                     log.info("%s: nothing of the %s is missing; it goes", name, what)
                     await wal.close()
-                    await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+                    await _delete(directory)
                     return
                 log.warning("%s: orphan WAL holds offsets from %d that no reservation of broker %d covers; "
                             "kept in %s for an operator", name, first, of, directory)
@@ -92,7 +92,7 @@ class Orphans:
                      f", {last + 1}..{bound} declared empty" if empty else "")
         finally:
             await wal.close()
-        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)
+        await _delete(directory)
 
     @staticmethod
     def _bound(state: SealedState | None, me: int) -> int | None:
@@ -125,3 +125,7 @@ class Orphans:
         puts = [op for op in ops if isinstance(op, Put) and not op.key.endswith("/objects/cur")]
         return await self._store.transaction([Compare(p.key, "version", "==", 0) for p in puts], puts, [])
 
+
+async def _delete(directory: str) -> None:
+    """A recovered WAL's (or copy's) directory, off the event loop."""
+    await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, directory)

@@ -125,14 +125,11 @@ class Copies:
             if topic not in wanted:
                 del self._fetchers[topic]
                 task.cancel()
-                owned = self._owner_now(*topic) == self.me
+                owned = self._view.owner(*topic) == self.me
                 if not owned:  # this broker owns it now: the reconciler takes the copy, not deletes it
                     drop = asyncio.create_task(self._drop_after(task, *topic))
                     self._drops.add(drop)
                     drop.add_done_callback(self._drops.discard)
-
-    def _owner_now(self, ns: str, t: str) -> int | None:
-        return self._view.owner(ns, t)
 
     async def _drop_after(self, task: asyncio.Task[None], ns: str, t: str) -> None:
         await asyncio.gather(task, return_exceptions=True)
@@ -146,7 +143,7 @@ class Copies:
         wanted = self._wanted()
         for ns in sorted(os.listdir(self.root)):
             for t in sorted(os.listdir(os.path.join(self.root, ns))):
-                if (ns, t) not in wanted and self._owner_now(ns, t) != self.me:
+                if (ns, t) not in wanted and self._view.owner(ns, t) != self.me:
                     await self._retire(ns, t)
 
     async def _retire(self, ns: str, t: str) -> None:
