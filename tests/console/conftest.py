@@ -92,6 +92,10 @@ class Console:
         """`what(element)` of the element `data-test=name`, read again if the page redraws meanwhile."""
         return self._wait().until(lambda d: what(d.find_element(By.CSS_SELECTOR, f'[data-test="{name}"]')))
 
+    def click(self, name: str) -> None:
+        """Click the element `data-test=name`, found again if the page redrew it meanwhile."""
+        self.read(name, lambda el: el.click() or True)
+
     def text(self, name: str) -> str:
         return str(self.read(name, lambda el: el.text))
 

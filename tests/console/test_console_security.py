@@ -80,7 +80,7 @@ def driver() -> Iterator[object]:
 def _sign_in(console: Console, token: str) -> None:
     console.open("login")
     if console.all("sign-out"):
-        console.test("sign-out").click()
+        console.click("sign-out")
         console.rendered("login")
     console.driver.find_element(By.ID, "token").send_keys(token)
     console.test("sign-in").click()
@@ -164,7 +164,7 @@ def test_a_user_without_permissions_sees_refusals_and_changes_nothing(driver, se
 def test_signing_out_and_expiry_end_the_session(driver, secured: Secured) -> None:  # type: ignore[no-untyped-def]
     console = Console(driver, secured.broker.console_url("https"), "expiry")
     _sign_in(console, secured.token("admin"))
-    console.test("sign-out").click()
+    console.click("sign-out")
     console.rendered("login")
     console.open("topics", "login")  # signed out: back to the sign-in page
 

@@ -18,8 +18,13 @@ function parse() {
   return { name, params: Object.fromEntries(new URLSearchParams(query || "")) };
 }
 
+// Draws who is signed in; a render that changes nothing leaves the element alone (a click on the sign-out
+// button must not land on one that a refresh just replaced).
 function who() {
   const el = document.getElementById("who");
+  const state = !session.security ? "off" : session.signedIn ? `in:${session.principal}` : "out";
+  if (el.dataset.state === state) return;
+  el.dataset.state = state;
   if (!session.security) return replace(el, "security off");
   if (!session.signedIn) return replace(el, h("a", { href: "#/login" }, "Sign in"));
   replace(el, session.principal, h("button", { "data-test": "sign-out", onclick: async () => {
