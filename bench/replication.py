@@ -13,6 +13,11 @@ Per run, in one cluster:
   (SIGKILL); the longest stretch without an acknowledgement around the kill, lease expiry included (the
   brokers' lease is LEASE_S), KILLS times per run (the killed broker starts again between kills). Target:
   p99 <= 2 s. And `failover_lost`: acknowledged records the new owner does not hold (must be 0).
+- `move_unavailable_rf{1,2}`: a producer paced at FAILOVER_RATE while its topic is unloaded MOVES times
+  (bench/cluster/moves.py: unload, wait for an ack from the next owner, pause); per move the longest
+  stretch without an acknowledgement. With factor 1 the old owner uploads the tail first; with factor 2
+  it hands the topic to its in-sync follower (docs/REPLICATION.md, "A planned move"). Target for factor
+  2: p99 <= 100 ms. `move_ack_errors`: acknowledgements lost, failed or out of sequence over both (0).
 
 The 2-core machine runs the producer and all three brokers: copies cost CPU there that a real cluster
 spreads over machines.
@@ -33,6 +38,7 @@ import grpc
 import uvloop
 
 from bench.broker import percentile
+from bench.cluster.moves import PAUSE, fast_sender, moves_under_traffic
 from bench.cluster.servers import RunningCluster, running_cluster
 from bench.common import Options, Result, Target, median, paired_ratio, progress
 from danube_fast.client import FastProducer
@@ -56,6 +62,7 @@ PACED_S, QUICK_PACED_S = 8.0, 2.0
 FAILOVER_RATE = 20_000  # records/s, in batches of FAILOVER_BATCH
 FAILOVER_BATCH = 100
 KILLS, QUICK_KILLS = 3, 1
+MOVES, QUICK_MOVES = 10, 3
 LEASE_S = 2
 FACTORS = (1, 2, 3)
 SETTINGS: dict[str, int | str] = {"lease_ttl_s": LEASE_S, "replica_lag_ms": 2000, "replica_check_ms": 500,
@@ -63,6 +70,7 @@ SETTINGS: dict[str, int | str] = {"lease_ttl_s": LEASE_S, "replica_lag_ms": 2000
 THROUGHPUT_TARGET = Target(">= 0.7x factor 1", ">=", 0.7, of="ratio")
 P99_TARGET = Target("<= 2x factor 1", "<=", 2.0, of="ratio")
 FAILOVER_TARGET = Target("<= 2 s", "<=", 2.0)
+MOVE_TARGET = Target("<= 100 ms", "<=", 100.0)
 
 
 def load_line(quick: bool) -> str:
@@ -71,7 +79,8 @@ def load_line(quick: bool) -> str:
             f"S3; per factor {count * BATCH_RECORDS:,} records of {RECORD_BYTES} B in batches of "
             f"{BATCH_RECORDS} through FastProducer at full speed, then {PACED_RATE:,} records/s paced; the "
             f"failover: {FAILOVER_RATE:,} records/s in batches of {FAILOVER_BATCH} to a factor-2 topic, its "
-            f"owner killed {QUICK_KILLS if quick else KILLS} times per run")
+            f"owner killed {QUICK_KILLS if quick else KILLS} times per run; the moves: the same rate in "
+            f"batches of 100, the topic unloaded {QUICK_MOVES if quick else MOVES} times per run and factor")
 
 
 def run_replication(options: Options) -> list[Result]:
@@ -98,6 +107,9 @@ async def _run(cluster: RunningCluster, r: int, quick: bool) -> dict[str, Any]:
             paced = int((QUICK_PACED_S if quick else PACED_S) * PACED_RATE / BATCH_RECORDS)
             got[f"paced{factor}"] = await _produce(cluster, topic, paced, PACED_RATE)
             progress(f"  factor {factor}: {got[f'full{factor}'][0]:,.0f} records/s")
+        for factor in (1, 2):
+            got[f"moves{factor}"] = await _moves(cluster, store, f"/default/bench-moves-rf{factor}-{r}",
+                                                 factor, QUICK_MOVES if quick else MOVES)
         got["failover"] = [await _failover(cluster, store, f"/default/bench-failover-{r}-{k}")
                            for k in range(QUICK_KILLS if quick else KILLS)]
     finally:
@@ -158,6 +170,17 @@ def _timer(acks: list[float], due: float) -> Callable[[object], None]:
     def record(_: object) -> None:
         acks.append(time.perf_counter() - due)
     return record
+
+
+async def _moves(cluster: RunningCluster, store: MetadataStore, topic: str, factor: int, n: int
+                 ) -> tuple[list[float], int]:
+    """(ms without an ack per move, acknowledgements lost, failed or out of sequence)."""
+    await _replicated_topic(cluster, store, topic, factor)
+    moves, acks, _ = await moves_under_traffic(store, topic, n, PAUSE, fast_sender(
+        cluster.brokers[0].target, topic, FAILOVER_RATE), progress)
+    check = acks.check()
+    progress(f"  factor {factor} moves: {check}")
+    return [m.gap_ms for m in moves], sum(check[k] for k in ("failed", "unresolved", "holes", "overlaps"))
 
 
 async def _failover(cluster: RunningCluster, store: MetadataStore, topic: str) -> tuple[float, int]:
@@ -228,6 +251,13 @@ def _summarise(runs: list[dict[str, Any]]) -> list[Result]:
         p99 = [percentile(r[f"paced{f}"][1], 0.99) * 1e3 for r in runs]
         out += [Result(f"paced_ack_p50_rf{f}", "ms", median(p50), n),
                 Result(f"paced_ack_p99_rf{f}", "ms", median(p99), n)]
+    for f in (1, 2):
+        moved = sorted(g for r in runs for g in r[f"moves{f}"][0])
+        out += [Result(f"move_unavailable_p50_rf{f}", "ms", percentile(moved, 0.5), len(moved)),
+                Result(f"move_unavailable_p99_rf{f}", "ms", percentile(moved, 0.99), len(moved),
+                       target=MOVE_TARGET if f == 2 else None)]
+    out.append(Result("move_ack_errors", "acks", float(sum(r[f"moves{f}"][1] for r in runs for f in (1, 2))),
+                      n, target=Target("0", "<=", 0.0)))
     gaps = sorted(g for r in runs for g, _ in r["failover"])
     out += [Result("failover_unavailable_p50", "s", percentile(gaps, 0.5), len(gaps)),
             Result("failover_unavailable_p99", "s", percentile(gaps, 0.99), len(gaps),

@@ -86,7 +86,8 @@ class Timeline:
                 state = SealedState.from_json(event.value, key=event.key)
                 self.events.append((time.perf_counter(), "sealed" if state.sealed else "reserved",
                                     state.broker_id))
-            elif event.type == "put" and not event.key.endswith("/cur"):
+            elif event.type == "put" and event.key.startswith(keys.objects_prefix(self.ns, self.t)) \
+                    and not event.key.endswith("/cur"):
                 size = ObjectDescriptor.from_json(event.value, key=event.key).size
                 self.events.append((time.perf_counter(), "object", size))
 

@@ -231,11 +231,12 @@ class TopicRegistry:
         self._topics[name.full] = topic
         return topic
 
-    async def unload_topic(self, topic: Topic, seal: Callable[[Topic], Awaitable[None]] | None) -> None:
+    async def unload_topic(self, topic: Topic, seal: Callable[[Topic], Awaitable[bool]] | None) -> None:
         """Stop serving `topic` here. Clients are told to look it up again: producers' sends get UNAVAILABLE,
         consumers' health checks CLOSE and their streams end. With `seal` (a graceful move), cursors are
-        flushed through the topic's fence and `seal` runs before the WAL is deleted; without it (the
-        ownership was lost) nothing is written and the WAL stays on disk for orphan recovery."""
+        flushed through the topic's fence and `seal` runs before the WAL is deleted (unless it returns
+        True: the caller keeps the closed WAL); without it (the ownership was lost) nothing is written and
+        the WAL stays on disk for orphan recovery."""
         topic.fence.close()
         await topic.fence.settle()
         self._topics.pop(topic.full, None)
@@ -244,12 +245,13 @@ class TopicRegistry:
         reliable = stored(topic)
         if reliable is not None:
             await reliable.wal.sync()
+        kept = False
         try:
             if seal is not None:
-                await seal(topic)
+                kept = await seal(topic)
         finally:
             await self._close_storage(topic)
-        if seal is not None and reliable is not None:
+        if seal is not None and reliable is not None and not kept:
             await self._logs.remove(topic.name)
         log.info("unloaded %s (%s)", topic.full, "sealed" if seal is not None else "ownership lost")
 

@@ -147,3 +147,79 @@ def test_a_dead_follower_is_replaced_and_a_fetch_that_does_not_fit_resets(tmp_pa
         await wal.close()
 
     run(main())
+
+
+def test_a_planned_move_hands_over_to_a_follower_once_it_holds_every_record(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, needed=1)
+        await wal.append(batch(3))
+        await fetch(rs, 0)
+        await fetch(rs, 3)  # holds 0..2 durably: in sync, and written so
+        await settle(rs)
+        assert F in rs.isr and rs.written is not None and F in rs.written.isr
+        await wal.append(batch(2))  # appends stop here: 5 records
+        handing = asyncio.create_task(rs.hand_over(5.0))
+        await asyncio.sleep(0.05)
+        assert not handing.done()  # it holds 3 of 5: it could not continue the topic yet
+        await fetch(rs, 5)  # now it holds all 5
+        assert await asyncio.wait_for(handing, 1.0) == [F]
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_a_planned_move_hands_over_to_no_one_when_no_follower_catches_up_in_time(tmp_path: Path,
+                                                                                 run: Run) -> None:
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, needed=1)
+        await wal.append(batch(3))
+        await fetch(rs, 0)
+        await fetch(rs, 3)
+        await settle(rs)
+        await wal.append(batch(2))
+        assert await rs.hand_over(0.1) == []  # the move uploads the tail instead
+        rs.isr.clear()
+        assert await rs.hand_over(0.1) == []  # a follower out of the in-sync set is never handed to
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_a_lowered_factor_drops_the_extra_followers_out_of_sync_first_never_below_the_minimum(
+        tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        g, h = 3, 4
+        wal = await Wal.open(tmp_path)
+        name = TopicName("default", "t")
+        topic = Topic(wal=wal, name=name, full=name.full, uploader=None, replicas=None)
+        written: list[TopicReplicas] = []
+
+        async def write(ops: Sequence[Op]) -> TxnResult:
+            written.extend(TopicReplicas.from_json(op.value) for op in ops if isinstance(op, Put))
+            return TxnResult(True, 1, [])
+
+        rs = ReplicaSet(topic, ME, 7, write, 4, 3, 60.0)  # type: ignore[arg-type]
+        await rs.start([F, g, h])
+        await wal.append(batch(3))
+        for follower in (F, g):  # h never fetches: out of sync
+            for low in (0, 3):
+                await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=follower, epoch=7,
+                                               from_offset=low, durable_offset=low))
+        await settle(rs)
+        assert written[-1].isr == (ME, F, g)
+        rs.copies = 3
+        await rs.maintain({ME, F, g, h}, lambda n, taken: [])
+        assert written[-1] == TopicReplicas(ME, 7, (F, g), (ME, F, g))  # h went, out of sync
+        rs.copies = 2  # one more would go, but that leaves 2 in sync, fewer than the minimum 3
+        await rs.maintain({ME, F, g}, lambda n, taken: [])
+        assert written[-1] == TopicReplicas(ME, 7, (F, g), (ME, F, g))
+        rs.needed = 2
+        await rs.maintain({ME, F, g}, lambda n, taken: [])
+        assert len(written[-1].followers) == 1 and len(written[-1].isr) == 2
+        assert rs.followers.keys() == set(written[-1].followers) and len(rs.isr) == 1
+        rs.close()
+        await wal.close()
+
+    run(main())

@@ -17,7 +17,7 @@ from danube_fast.broker.config import ClusterConfig
 from danube_fast.meta import keys
 from danube_fast.meta.election import LeaderElection
 from danube_fast.meta.local_cache import LocalCache
-from danube_fast.meta.resources import LoadBalanceDecision, SealedState, Unassigned
+from danube_fast.meta.resources import LoadBalanceDecision, SealedState, TopicReplicas, Unassigned
 from danube_fast.meta.store import MetadataStore
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.cluster]
@@ -107,6 +107,43 @@ def test_an_unload_waits_for_the_old_owners_seal_then_goes_elsewhere(store: Any)
             await s.put(keys.sealed_state("ns", "t"), SealedState(True, 41, 2, 2).to_json())
             assert await lm.reconcile() is False
             assert (await owners(s))["/ns/t"] == LEADER, "an unloaded topic goes to another broker"
+    run(body())
+
+
+def test_a_handed_over_topic_goes_to_a_live_follower_it_was_handed_to(store: Any) -> None:
+    """docs/REPLICATION.md, "A planned move": not to the idlest broker (LEADER holds nothing), to the one
+    that holds the tail; with that one gone, to another broker (the tail a gap its copy fills)."""
+    async def body() -> None:
+        async with store() as s, manager(s) as lm:
+            for b in (LEADER, 2, 3):
+                await register(s, b)
+            await topic(s, "ns", "x", 3)
+            for name in ("t", "u"):
+                await s.put(keys.unassigned("ns", name), Unassigned.unload(2).to_json())
+            handed = SealedState(True, 41, 2, 2, extra={"handover": {"epoch": 5, "to": [3]}})
+            await s.put(keys.sealed_state("ns", "t"), handed.to_json())
+            gone = SealedState(True, 41, 2, 2, extra={"handover": {"epoch": 5, "to": [9]}})
+            await s.put(keys.sealed_state("ns", "u"), gone.to_json())
+            await settle(lm, s)
+            assert await lm.reconcile() is False
+            placed = await owners(s)
+            assert placed["/ns/t"] == 3 and placed["/ns/u"] == LEADER
+    run(body())
+
+
+def test_a_rebalance_counts_a_replicated_topic_as_going_to_its_in_sync_follower(store: Any) -> None:
+    async def body() -> None:
+        async with store() as s, manager(s, rebalance_threshold=2) as lm:
+            for b in (LEADER, 2, 3):
+                await register(s, b)
+            for i in range(4):
+                await topic(s, "ns", f"t{i}", 2)
+            await topic(s, "ns", "on3", 3)
+            # t3, the one a rebalance would take first, is followed by broker 3 (one topic already)
+            await s.put(keys.replicas("ns", "t3"), TopicReplicas(2, 1, (3,), (2, 3)).to_json())
+            await settle(lm, s)
+            planned = await lm.rebalance(dry_run=True, max_moves=None)
+            assert [(m.topic, m.to_broker) for m in planned] == [("/ns/t3", 3), ("/ns/t2", LEADER)]
     run(body())
 
 

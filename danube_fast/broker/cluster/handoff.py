@@ -7,6 +7,10 @@ forms: **no offset above `last_committed_offset` was committed by `broker_id`**,
 `last_committed_offset + 1` either way.
 - `sealed: true` is the sealed state: the old owner drained everything into the object tier first, so
   the value is exact and the next owner continues without a gap.
+  A replicated topic's owner may hand the topic to its in-sync followers instead of draining it
+  (docs/REPLICATION.md, "A planned move"): the sealed state then says so in its extra field `handover`
+  (`{epoch, to: [broker ids]}`), and the records above what the objects hold are in those followers'
+  copies of that term (and in the old owner's own, kept as a copy), not yet in the objects.
 - `sealed: false` is a reservation the owner writes (fenced) before it appends, and extends ahead of need
   (`Reservation`). If the owner dies, the next owner starts past the reservation, so no offset the dead
   broker may have acknowledged is ever reused. Offsets between what reached the object tier and the
@@ -56,6 +60,29 @@ def state_gaps(state: SealedState | None) -> list[Gap]:
     return out
 
 
+@dataclass(frozen=True)
+class Handover:
+    """A sealed state's `handover`: the followers of term `epoch` that hold every record through the sealed
+    offset, one of which continues the topic from its copy."""
+
+    epoch: int
+    to: tuple[int, ...]
+
+    def to_json(self) -> JSONObject:
+        return {"epoch": self.epoch, "to": list(self.to)}
+
+
+def handover_of(state: SealedState | None) -> Handover | None:
+    raw = state.extra.get("handover") if state is not None and state.sealed else None
+    if not isinstance(raw, dict):
+        return None
+    epoch, to = raw.get("epoch"), raw.get("to")
+    if not isinstance(epoch, int) or not isinstance(to, list):
+        return None
+    brokers = tuple(b for b in to if isinstance(b, int))
+    return Handover(epoch, brokers) if len(brokers) == len(to) else None
+
+
 async def read_state(store: MetadataStore, namespace: str, topic: str) -> SealedState | None:
     kv = await store.get(keys.sealed_state(namespace, topic))
     return None if kv is None else SealedState.from_json(kv.value, key=kv.key)
@@ -85,7 +112,9 @@ async def load_point(store: MetadataStore, namespace: str, topic: str, broker_id
     if not state.sealed and state.broker_id == broker_id:  # our own reservation: we restarted
         gaps = await _above_floor(store, namespace, topic, gaps)
         return LoadPoint(max(top, state.last_committed_offset) + 1, True, uploaded, tuple(gaps))
-    if not state.sealed:  # the owner died holding a reservation: its WAL has what the objects lack
+    if not state.sealed or handover_of(state) is not None:
+        # The owner died holding a reservation (its WAL has what the objects lack), or handed the topic over
+        # (its followers' copies have it): a gap, unless this broker continues from such a copy.
         first = max(top, -1) + 1
         if first <= state.last_committed_offset:
             gaps = open_gaps([*gaps, (first, state.last_committed_offset, state.broker_id)], found)
@@ -103,14 +132,17 @@ async def _above_floor(store: MetadataStore, namespace: str, topic: str, gaps: l
 
 
 def state_ops(namespace: str, topic: str, broker_id: int, *, sealed: bool, last: int,
-              gaps: Sequence[Gap], sequences: JSON = None) -> list[Op]:
-    """The state key's write; `sequences`, sealed only: the idempotent producers' table (next owner)."""
+              gaps: Sequence[Gap], sequences: JSON = None, handover: Handover | None = None) -> list[Op]:
+    """The state key's write; sealed only: `sequences`, the idempotent producers' table (next owner), and
+    `handover`, the followers that hold the records the objects lack."""
     key = keys.sealed_state(namespace, topic)
     if last < 0:  # nothing was ever committed: a new owner starts at 0 without being told
         return [Delete(key)] if sealed else []
     extra: JSONObject = {"gaps": [[first, last, broker] for first, last, broker in gaps]} if gaps else {}
     if sealed and sequences:
         extra["sequences"] = sequences
+    if sealed and handover is not None:
+        extra["handover"] = handover.to_json()
     value = SealedState(sealed, last, broker_id, int(time.time()), extra=extra)
     return [Put(key, value.to_json())]
 

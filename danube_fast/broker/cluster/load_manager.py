@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from danube_fast.broker.cluster.handoff import handover_of
 from danube_fast.broker.cluster.moves import Move
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import ClusterConfig
@@ -156,13 +157,16 @@ class LoadManager:
             if (ns, t) in snap.owners:
                 continue  # an admin or a racing pass assigned it; the marker is stale, left alone
             source = marker.from_broker
-            if source is not None and source in snap.live and not self._registered_since(source, ns, t) \
-                    and not await self._sealed_by(ns, t, source):
-                waiting = True
-                continue
+            handed: tuple[int, ...] = ()
+            if source is not None:
+                released, handed = await self._released_by(ns, t, source, snap)
+                if not released:
+                    waiting = True
+                    continue
             self._waiting_since.pop((ns, t), None)
             others = [b for b in snap.active if b != source] or snap.active
-            target = least_loaded(counts, others)
+            # Handed over: to a follower that holds the tail (docs/REPLICATION.md, "A planned move").
+            target = least_loaded(counts, [b for b in handed if b in others] or others)
             if target is None:
                 break
             marker_key = keys.unassigned(ns, t)
@@ -209,21 +213,25 @@ class LoadManager:
         return registration is not None and marker is not None and \
             registration.mod_revision > marker.create_revision
 
-    async def _sealed_by(self, ns: str, t: str, source: int) -> bool:
-        """The old owner has let go: its reservation under `state` is gone (sealed, or deleted when nothing
-        was committed), or it has not sealed within SEAL_TIMEOUT."""
-        since = self._waiting_since.setdefault((ns, t), time.monotonic())
+    async def _released_by(self, ns: str, t: str, source: int, snap: Snapshot
+                           ) -> tuple[bool, tuple[int, ...]]:
+        """(the old owner has let go, the followers it handed the topic to). It has let go once its
+        reservation under `state` is gone (sealed, or deleted when nothing was committed), or it is dead,
+        registered again since the unload, or has not sealed within SEAL_TIMEOUT."""
         kv = await self._store.get(keys.sealed_state(ns, t))
-        if kv is None:
-            return True
-        state = SealedState.from_json(kv.value, key=kv.key)
-        if state.sealed or state.broker_id != source:
-            return True
+        state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+        handover = handover_of(state) if state is not None and state.broker_id == source else None
+        handed = handover.to if handover is not None else ()
+        if source not in snap.live or self._registered_since(source, ns, t):
+            return True, handed
+        since = self._waiting_since.setdefault((ns, t), time.monotonic())
+        if state is None or state.sealed or state.broker_id != source:
+            return True, handed
         if time.monotonic() - since > SEAL_TIMEOUT:
             log.warning("broker %d has not sealed %s in %.0f s; assigning it anyway", source,
                         keys.topic_name(ns, t), SEAL_TIMEOUT)
-            return True
-        return False
+            return True, ()
+        return False, ()
 
     async def rebalance(self, *, dry_run: bool, max_moves: int | None) -> list[Move]:
         """Unload topics from the busiest active brokers until no two differ by `rebalance_threshold` or
@@ -243,11 +251,23 @@ class LoadManager:
             idle = min(snap.active, key=lambda b: counts[b])
             if counts[busy] - counts[idle] < threshold or not by_broker[busy]:
                 break
-            ns, t = by_broker[busy].pop()
-            moves.append(Move(keys.topic_name(ns, t), busy, idle, float(counts[busy]),
+            # A replicated topic goes to its in-sync follower (docs/REPLICATION.md, "A planned move"):
+            # only a topic whose next owner is idle enough for the move to even things out is unloaded.
+            found = None
+            for i in range(len(by_broker[busy]) - 1, -1, -1):
+                ns, t = by_broker[busy][i]
+                followers = [b for b in self._in_sync(ns, t, busy, snap)[0] if b != busy]
+                target = min(followers, key=lambda b: counts[b]) if followers else idle
+                if counts[target] + 1 < counts[busy]:
+                    found = by_broker[busy].pop(i), target
+                    break
+            if found is None:
+                break
+            (ns, t), target = found
+            moves.append(Move(keys.topic_name(ns, t), busy, target, float(counts[busy]),
                               "topic count imbalance"))
             counts[busy] -= 1
-            counts[idle] += 1
+            counts[target] += 1
         if dry_run:
             return moves
         for move in moves:

@@ -38,8 +38,15 @@ from danube_fast.errors import DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import UNLOAD, ReplacedLog, TermSuccessors, TopicReplicas, Unassigned
-from danube_fast.meta.store import MetadataError, MetadataStore, Put
+from danube_fast.meta.resources import (
+    UNLOAD,
+    ReplacedLog,
+    SealedState,
+    TermSuccessors,
+    TopicReplicas,
+    Unassigned,
+)
+from danube_fast.meta.store import Delete, KeyValue, MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.storage.log_manager import LogManager
 
@@ -51,6 +58,9 @@ ORPHAN_RETRY_MAX = 30.0  # seconds between tries to recover an orphan WAL, at mo
 # this long apart, before the topic counts as broken here.
 MOVED_ON_RETRIES = 3
 MOVED_ON_DELAY = 0.05
+# Seconds a planned move of a replicated topic waits for an in-sync follower to hold all of its WAL, before
+# it uploads the tail instead (a follower in sync is a fetch or two behind).
+HANDOVER_TIMEOUT = 2.0
 
 Recover = Callable[[TopicName, str], Awaitable[None]]  # an orphan WAL directory into the objects
 
@@ -158,7 +168,7 @@ class Reconciler:
             marker = None if marker_kv is None else Unassigned.from_json(marker_kv.value, key=marker_kv.key)
             if marker_kv is not None and marker is not None and marker.reason == UNLOAD \
                     and marker.from_broker == self.me:
-                await self._seal(topic, marker_kv.key, marker_kv.create_revision)
+                await self._seal(topic, marker_kv)
             else:
                 await self._lose(topic)
 
@@ -176,6 +186,10 @@ class Reconciler:
         directory = self._logs.directory(name)
         if os.path.isdir(directory) and not point.keep_local:
             await self._recover(name, directory)
+        if await self._store.get(keys.replaced_log(ns, t, self.me)) is not None:
+            # From an earlier term of this broker's: this term's log, should it be orphaned, holds records
+            # no follower has, and its recovery must upload them, not go by that key.
+            await ownership.write_fenced([Delete(keys.replaced_log(ns, t, self.me))])
         taken = None
         if copy is not None:
             taken = await self._takeover(name, ownership, point, copy)
@@ -211,16 +225,23 @@ class Reconciler:
         its copy and closes it (follower.py, orphans.py `recover_copy`)."""
         ns, t = name.namespace, name.topic
         state = await handoff.read_state(self._store, ns, t)
-        kv = await self._store.get(keys.replicas(ns, t))
-        if state is None or state.sealed or state.broker_id == self.me or kv is None:
+        if state is None or state.broker_id == self.me:
             return
-        replicas = TopicReplicas.from_json(kv.value, key=kv.key)
-        if replicas.owner != state.broker_id or not replicas.successors:
-            return
-        record = TermSuccessors(replicas.epoch, replicas.successors).to_json()
-        await ownership.write_fenced([Put(keys.term_successors(ns, t, replicas.owner), record)])
+        handover = handoff.handover_of(state)
+        if handover is not None:  # handed over, but none of those it was handed to is alive
+            epoch, successors = handover.epoch, handover.to
+        else:
+            kv = await self._store.get(keys.replicas(ns, t))
+            if state.sealed or kv is None:
+                return
+            replicas = TopicReplicas.from_json(kv.value, key=kv.key)
+            if replicas.owner != state.broker_id or not replicas.successors:
+                return
+            epoch, successors = replicas.epoch, replicas.successors
+        record = TermSuccessors(epoch, successors).to_json()
+        await ownership.write_fenced([Put(keys.term_successors(ns, t, state.broker_id), record)])
         log.info("%s: broker %d's term %d went on without its copies; %s hold all it acknowledged", name,
-                 replicas.owner, replicas.epoch, list(replicas.successors))
+                 state.broker_id, epoch, list(successors))
 
     async def _takeover(self, name: TopicName, ownership: Ownership, point: handoff.LoadPoint,
                         copy: TakenCopy) -> handoff.LoadPoint | None:
@@ -230,50 +251,83 @@ class Reconciler:
         qualify (another term, not in the written in-sync set, behind the objects): today's load then."""
         ns, t = name.namespace, name.topic
         state = await handoff.read_state(self._store, ns, t)
-        kv = await self._store.get(keys.replicas(ns, t))
-        replicas = None if kv is None else TopicReplicas.from_json(kv.value, key=kv.key)
         dead = copy.owner
-        if state is None or state.sealed or state.broker_id != dead or replicas is None \
-                or (replicas.owner, replicas.epoch) != (dead, copy.epoch) \
-                or self.me not in replicas.successors or copy.end <= point.uploaded:
+        if not await self._continues(name, state, copy) or copy.end <= point.uploaded:
             log.info("%s: the copy of broker %d's term %d (to %d) is not taken over", name, dead, copy.epoch,
                      copy.end)
             return None
         directory = self._logs.directory(name)
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         os.rename(copy.log_dir, directory)
-        replaced = ReplacedLog(copy.end - 1).to_json()
-        await ownership.write_fenced([Put(keys.replaced_log(ns, t, dead), replaced)])
+        if dead != self.me:  # (this broker's own log, handed over and now taken back, needs no mark)
+            replaced = ReplacedLog(copy.end - 1).to_json()
+            await ownership.write_fenced([Put(keys.replaced_log(ns, t, dead), replaced)])
         log.info("%s: taken over from dead broker %d with this broker's copy (offsets to %d)", name, dead,
                  copy.end - 1)
         await self._copies.discard(name)
         gaps = tuple(g for g in point.gaps if g[2] != dead)
-        return handoff.LoadPoint(copy.end, True, point.uploaded, gaps)
+        return handoff.LoadPoint(copy.end, True, point.uploaded, gaps, point.sequences)
+
+    async def _continues(self, name: TopicName, state: SealedState | None, copy: TakenCopy) -> bool:
+        """The copy holds every record its term acknowledged: the term's owner handed the topic over to
+        this broker (or it is that owner's own log, kept as a copy), or it died with this broker among the
+        in-sync (or eligible) followers it wrote."""
+        if state is None or state.broker_id != copy.owner:
+            return False
+        handover = handoff.handover_of(state)
+        if handover is not None:
+            return handover.epoch == copy.epoch and copy.end > state.last_committed_offset and \
+                (self.me in handover.to or self.me == copy.owner)
+        if state.sealed:
+            return False
+        kv = await self._store.get(keys.replicas(name.namespace, name.topic))
+        replicas = None if kv is None else TopicReplicas.from_json(kv.value, key=kv.key)
+        return replicas is not None and (replicas.owner, replicas.epoch) == (copy.owner, copy.epoch) \
+            and self.me in replicas.successors
 
     # -- unload --------------------------------------------------------------------------------------------
 
-    async def _seal(self, topic: Topic, marker_key: str, marker_revision: int) -> None:
-        """The unload (docs/TOPIC_MOVE.md), every write fenced on the unload marker that names this broker."""
+    async def _seal(self, topic: Topic, marker: KeyValue) -> None:
+        """The unload (docs/TOPIC_MOVE.md), every write fenced on the unload marker that names this broker.
+        A replicated topic whose in-sync followers hold all of its WAL is handed to them instead of
+        drained (docs/REPLICATION.md, "A planned move"): its WAL stays here as a copy."""
         guard = topic.fence
         assert isinstance(guard, TopicGuard)
-        guard.fence_on(self._ownership(marker_key, marker_revision))
-        reliable = stored(topic)
-        if reliable is not None:
-            self._replication.detach(reliable)  # the seal puts everything in the objects
+        guard.fence_on(self._ownership(marker.key, marker.create_revision))
         ns, t = topic.name.namespace, topic.name.topic
 
-        async def seal(topic: Topic) -> None:
+        async def seal(topic: Topic) -> bool:
             reliable = stored(topic)
             if reliable is None:
-                return  # nothing stored: nothing to hand over
-            await self._tier.drain(reliable)
+                return False  # nothing stored: nothing to hand over
+            epoch, to = await self._replication.hand_over(reliable, HANDOVER_TIMEOUT)
+            handover = handoff.Handover(epoch, tuple(to)) if to else None
+            if handover is None:
+                await self._tier.drain(reliable)
+            else:  # the tail stays in the followers' copies, and in this WAL, kept as a copy
+                await self._tier.detach(reliable)
+                await self._logs.close(reliable.wal)
+                await self._copies.keep_handed(topic.name, reliable.wal.directory, handover.epoch,
+                                               handover.to)
             gaps = guard.reservation.gaps if guard.reservation is not None else []
-            await guard.write(handoff.state_ops(ns, t, self.me, sealed=True,
-                                                last=reliable.wal.committed_offset - 1, gaps=gaps,
-                                                sequences=reliable.sequences.snapshot()))
+            # The marker is written again, unchanged, with the sealed state: the leader's load manager, which
+            # follows /cluster/ and not the state key, hears of the seal at once.
+            await guard.write([*handoff.state_ops(ns, t, self.me, sealed=True,
+                                                  last=reliable.wal.committed_offset - 1, gaps=gaps,
+                                                  sequences=reliable.sequences.snapshot(), handover=handover),
+                               Put(marker.key, marker.value)])
             crashpoints.reach(crashpoints.AFTER_SEAL)
+            if handover is not None:
+                log.info("%s: handed over to in-sync broker(s) %s at offset %d", topic.full, list(to),
+                         reliable.wal.committed_offset)
+            return handover is not None
 
-        await self._topics.unload_topic(topic, seal)
+        try:
+            await self._topics.unload_topic(topic, seal)
+        finally:
+            reliable = stored(topic)
+            if reliable is not None:
+                self._replication.detach(reliable)
 
     async def _lose(self, topic: Topic) -> None:
         reliable = stored(topic)

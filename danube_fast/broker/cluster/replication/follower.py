@@ -9,8 +9,15 @@ the topic it copies). A copy of another term is dropped and fetched again from t
 (the first offset its objects lack); segments the objects hold are deleted as the owner reports them
 uploaded. A key that no longer names this broker drops the copy.
 
-When the load manager gives this broker a topic it follows (its owner died), the reconciler `take`s the
-copy: the task stops and the reconciler decides whether the copy becomes the topic's WAL.
+When the load manager gives this broker a topic it follows (its owner died, or handed the topic over), the
+reconciler `take`s the copy: the task stops and the reconciler decides whether the copy becomes the topic's
+WAL.
+
+An owner that hands a topic over in a planned move keeps its own WAL here as a *handed* copy (`copy.json`
+names this broker as owner and the brokers it was handed to): when the next owner (one of those) names this
+broker among its followers, the copy goes on as a copy of the new term from its end, since the new owner's
+log continues this one; otherwise, once the new term has two copies in sync (or is not replicated), it is
+retired like any copy of a term that is over.
 
 Owner: the broker's event loop.
 """
@@ -25,8 +32,11 @@ import os
 import shutil
 import time
 from collections import deque
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from danube_fast.broker.cluster.handoff import state_gaps
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
@@ -34,7 +44,7 @@ from danube_fast.broker.services.forward import Forwarder
 from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import TermSuccessors, TopicReplicas
+from danube_fast.meta.resources import SealedState, TermSuccessors, TopicReplicas
 from danube_fast.meta.store import BadValue, InvalidKey, MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.proto import Replication_pb2 as pb
@@ -82,6 +92,7 @@ class Copies:
         self._budget = CacheBudget(CACHE_BYTES)
         self._fetchers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._taken: set[tuple[str, str]] = set()  # handed to the reconciler: not fetched again here
+        self._handed: dict[tuple[str, str], int] = {}  # this broker's own logs it handed over, by term
         self._drops: set[asyncio.Task[None]] = set()  # copies being deleted
         self._follower: asyncio.Task[None] | None = None
 
@@ -115,6 +126,12 @@ class Copies:
 
     def _reconcile(self) -> None:
         wanted = self._wanted()
+        for topic, epoch in list(self._handed.items()):
+            if topic in wanted:  # copied on as a follower of the next term (_copy adopts it, or starts anew)
+                del self._handed[topic]
+            elif self._term_over(topic, epoch):
+                del self._handed[topic]
+                self._later(self._retire(*topic))
         for topic in list(self._taken):
             if topic not in wanted:  # the copies' key moved on (this broker owns it now, or it went)
                 self._taken.discard(topic)
@@ -127,9 +144,24 @@ class Copies:
                 task.cancel()
                 owned = self._view.owner(*topic) == self.me
                 if not owned:  # this broker owns it now: the reconciler takes the copy, not deletes it
-                    drop = asyncio.create_task(self._drop_after(task, *topic))
-                    self._drops.add(drop)
-                    drop.add_done_callback(self._drops.discard)
+                    self._later(self._drop_after(task, *topic))
+
+    def _term_over(self, topic: tuple[str, str], epoch: int) -> bool:
+        """A handed copy of this broker's term `epoch` is no longer needed: the topic's copies' key is gone
+        (not replicated any more), or names a later term with two copies in sync (which hold the tail)."""
+        kv = self._cache.get(keys.replicas(*topic))
+        if kv is None:
+            return True
+        try:
+            r = TopicReplicas.from_json(kv.value, key=kv.key)
+        except BadValue:
+            return True
+        return (r.owner, r.epoch) != (self.me, epoch) and len(r.isr) >= 2
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
 
     async def _drop_after(self, task: asyncio.Task[None], ns: str, t: str) -> None:
         await asyncio.gather(task, return_exceptions=True)
@@ -143,7 +175,10 @@ class Copies:
         wanted = self._wanted()
         for ns in sorted(os.listdir(self.root)):
             for t in sorted(os.listdir(os.path.join(self.root, ns))):
-                if (ns, t) not in wanted and self._view.owner(ns, t) != self.me:
+                meta = self._meta(ns, t)
+                if meta is not None and meta[0] == self.me and not self._term_over((ns, t), meta[1]):
+                    self._handed[ns, t] = meta[1]  # handed over before a restart; the next term decides
+                elif (ns, t) not in wanted and self._view.owner(ns, t) != self.me:
                     await self._retire(ns, t)
 
     async def _retire(self, ns: str, t: str) -> None:
@@ -153,8 +188,8 @@ class Copies:
         log_dir = os.path.join(self._dir(ns, t), "log")
         if meta is not None and os.path.isdir(log_dir):
             owner, epoch = meta
-            complete = False
-            kv = await self._store.get(keys.term_successors(ns, t, owner))
+            complete = owner == self.me  # this broker's own log, handed over: it holds all of its term
+            kv = None if complete else await self._store.get(keys.term_successors(ns, t, owner))
             if kv is not None:
                 record = TermSuccessors.from_json(kv.value, key=kv.key)
                 complete = record.epoch == epoch and self.me in record.brokers
@@ -179,10 +214,22 @@ class Copies:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _write_meta(self, ns: str, t: str, owner: int, epoch: int) -> None:
+    def _handed_to(self, ns: str, t: str) -> list[int]:
+        """The brokers this broker handed its own log (kept as this copy) to; [] for a copy of another's."""
+        try:
+            with open(os.path.join(self._dir(ns, t), META), encoding="utf-8") as f:
+                to = json.load(f).get("handed_to", [])
+            return [int(b) for b in to]
+        except (OSError, ValueError, TypeError, AttributeError):
+            return []
+
+    def _write_meta(self, ns: str, t: str, owner: int, epoch: int, handed_to: Sequence[int] = ()) -> None:
         path = os.path.join(self._dir(ns, t), META)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"owner": owner, "epoch": epoch}, f)
+            meta: dict[str, object] = {"owner": owner, "epoch": epoch}
+            if handed_to:
+                meta["handed_to"] = list(handed_to)
+            json.dump(meta, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
@@ -247,6 +294,11 @@ class Copies:
                 if r is None:
                     return
                 meta = self._meta(ns, t)
+                if meta is not None and meta != (r.owner, r.epoch) and await self._adopts(ns, t, meta, r):
+                    self._write_meta(ns, t, r.owner, r.epoch)
+                    meta = (r.owner, r.epoch)
+                    log.info("%s: this broker's log, handed to broker %d, goes on as its copy", topic,
+                             r.owner)
                 if meta is not None and meta != (r.owner, r.epoch):
                     await drop(retire=True)
                     meta = None
@@ -296,10 +348,32 @@ class Copies:
             if wal is not None:
                 await wal.close()
 
+    async def _adopts(self, ns: str, t: str, meta: tuple[int, int], r: TopicReplicas) -> bool:
+        """This copy is this broker's own log, handed over to `r`'s owner, which continued it: it took its
+        copy over (no gap of this broker's waits in the state key, which a load that did not would have
+        recorded; this log fills it instead, when retired)."""
+        if meta[0] != self.me or r.owner not in self._handed_to(ns, t):
+            return False
+        kv = await self._store.get(keys.sealed_state(ns, t))
+        state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+        if state is None or state.broker_id != r.owner or state.sealed:
+            return False  # the next owner has not written its reservation yet: ask again at the next fetch
+        return all(broker != self.me for _, _, broker in state_gaps(state))
+
+    async def keep_handed(self, name: TopicName, log_dir: str, epoch: int, to: Sequence[int]) -> None:
+        """This broker's closed WAL of `name`, whose term `epoch` it handed to `to`, kept as a copy."""
+        ns, t = name.namespace, name.topic
+        await self._remove(ns, t)
+        os.makedirs(self._dir(ns, t))
+        os.rename(log_dir, os.path.join(self._dir(ns, t), "log"))
+        self._write_meta(ns, t, self.me, epoch, to)
+        self._handed[ns, t] = epoch
+
     async def take(self, name: TopicName) -> TakenCopy | None:
         """Stop copying `name` (this broker is to own it) and hand over the copy, if it holds one."""
         topic = (name.namespace, name.topic)
         self._taken.add(topic)
+        self._handed.pop(topic, None)
         task = self._fetchers.pop(topic, None)
         if task is not None:
             task.cancel()

@@ -29,7 +29,7 @@ from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topic_registry import TopicRegistry
 from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerMode, Policy, TopicReplicas
-from danube_fast.meta.store import BadValue, InvalidKey, MetadataError
+from danube_fast.meta.store import BadValue, Delete, InvalidKey, MetadataError
 
 log = logging.getLogger("danube_fast.replication")
 
@@ -47,6 +47,7 @@ class Replication:
         self._view = view
         self.me = topics.broker_id
         self._sets: dict[str, ReplicaSet] = {}  # by stored topic
+        self._handing: set[str] = set()  # topics being handed over to a follower (hand_over)
         self._task: asyncio.Task[None] | None = None
         self._policies_read = time.monotonic()
 
@@ -70,6 +71,23 @@ class Replication:
         """At load, before the topic serves: replicate it if its policy says so."""
         if topic.policy.copies > 1:
             await self._replicate(topic, guard, topic.policy)
+        elif self._view.cache.get(keys.replicas(topic.name.namespace, topic.name.topic)) is not None:
+            # An earlier term's copies, of a topic no longer replicated: their followers drop them.
+            await guard.write([Delete(keys.replicas(topic.name.namespace, topic.name.topic))])
+
+    async def hand_over(self, topic: ReliableTopic, timeout: float) -> tuple[int, list[int]]:
+        """A planned move of a topic that stopped appending: (its term, the in-sync followers holding all
+        of it); no followers when it is not replicated or none caught up within `timeout`. The topic's
+        copies stop being kept here either way."""
+        rs = self._sets.get(topic.full)
+        if rs is None:
+            return 0, []
+        self._handing.add(topic.full)  # the pass leaves it alone although the registry dropped it
+        try:
+            return rs.epoch, await rs.hand_over(timeout)
+        finally:
+            self._handing.discard(topic.full)
+            self.detach(topic)
 
     def detach(self, topic: ReliableTopic) -> None:
         rs = self._sets.pop(topic.full, None)
@@ -139,6 +157,8 @@ class Replication:
             return
         live = {b.broker_id for b in self._view.brokers()}
         for full, rs in list(self._sets.items()):
+            if full in self._handing:
+                continue
             if self._topics.find(full) is not rs.topic:
                 self._sets.pop(full, None)
                 rs.close()

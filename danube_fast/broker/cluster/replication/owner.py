@@ -156,6 +156,24 @@ class ReplicaSet:
         self.close()
         await self._write([Delete(keys.replicas(self._ns, self._t))])
 
+    async def hand_over(self, timeout: float) -> list[int]:
+        """A planned move, after appends stopped: the followers written in sync that hold every record of
+        this WAL durably, waiting up to `timeout` for the first (each fetch says how far its copy is).
+        Any of them can continue the topic from its copy, with nothing uploaded first. Empty: none got
+        there (the move uploads the tail instead)."""
+        end = self._wal.durable_offset  # all of it: no append comes any more
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self._closed:
+            written = set(self.written.isr) if self.written is not None else set()
+            ready = sorted(b for b in self.isr & written if self.followers[b].durable >= end)
+            left = deadline - asyncio.get_running_loop().time()
+            if ready or left <= 0:
+                return ready
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+        return []
+
     # -- fetches ---------------------------------------------------------------------------------------
 
     async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
@@ -265,16 +283,41 @@ class ReplicaSet:
                    or (now - self.followers[b].caught_up_at > self._lag_s
                        and self.followers[b].durable < self._wal.durable_offset)}
         gone = {b for b in self.followers if b not in live}
+        surplus = self._surplus(gone, leaving)
+        gone |= surplus
+        leaving |= surplus & self.isr
         wanted = self.copies - 1 - (len(self.followers) - len(gone))
         added = pick(wanted, {self.me, *self.followers}) if wanted > 0 else []
         if not leaving and not gone and not added:
             return
+        if surplus:
+            log.info("%s: %d copies wanted now: broker(s) %s no longer follow it", self.topic.full,
+                     self.copies, sorted(surplus))
         for b in leaving:
             log.warning("%s: broker %d leaves the in-sync copies (%s)", self.topic.full, b,
                         "its registration is gone" if b not in live else
                         "its copy started again" if self.followers[b].regressed else
                         f"not caught up for {self._lag_s:.1f} s")
         await self._persist(leaving=leaving, gone=gone, adding=added)
+
+    def _surplus(self, gone: set[int], leaving: set[int]) -> set[int]:
+        """Followers beyond what replicationFactor asks for now (it was lowered): those out of sync first,
+        then those holding least, never taking the in-sync copies below minInSyncReplicas."""
+        staying = [b for b in self.followers if b not in gone]
+        extra = len(staying) - (self.copies - 1)
+        if extra <= 0:
+            return set()
+        in_sync = len(self.isr - leaving)
+        out: set[int] = set()
+        for b in sorted(staying, key=lambda b: (b in self.isr, self.followers[b].durable)):
+            if len(out) == extra:
+                break
+            if b in self.isr and b not in leaving:
+                if in_sync < self.needed:  # without it: the owner and in_sync - 1 followers
+                    break
+                in_sync -= 1
+            out.add(b)
+        return out
 
     def _schedule_persist(self) -> None:
         task = asyncio.create_task(self._persist_quietly())
