@@ -24,9 +24,11 @@ class Replicas(Protocol):
         """Copies in sync now, the owner's included."""
         ...
 
-    def admit(self) -> None:
+    async def admit(self) -> None:
         """Before an append: raises (UNAVAILABLE, retriable) when fewer copies are in sync than the policy
-        needs, so that nothing is stored for a send that cannot be acknowledged."""
+        needs (after a short wait for them), so that nothing is stored for a send that cannot be
+        acknowledged."""
+        ...
 
     async def replicated(self, last: int) -> None:
         """After `last` is durable here: returns once every in-sync copy holds it too; raises UNAVAILABLE when

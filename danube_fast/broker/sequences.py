@@ -10,6 +10,14 @@ was stored (our producer never has that many unacknowledged: client/producer.py)
 afresh. Sequences may arrive out of order within the window (a client may ship batches in a different order
 than it numbered them). A topic keeps the MAX_PRODUCERS producers used last.
 
+Order: a batch refused as retriable before anything of it was stored (too few copies in sync, the topic
+moving) makes the later sequences of its session refused the same way until it comes again (for
+REFUSED_HOLD_S at most), so that a batch sent after it cannot be stored before it: the client resends from
+the refused one, in order. Without this, a copy that came back in sync between two batches of one stream
+stored the second and refused the first (Kafka's producer relies on the broker's sequence check likewise).
+The check and the refusal both happen in the first step of the append's task, which the loop runs in the
+order the batches arrived.
+
 The table is rebuilt once per topic, before its first producer of the fast API is answered (`ready`), from the
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
 there. Topics that only the Danube API publishes to never read them. A topic moved in cluster mode takes its
@@ -35,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeGuard
 
 from danube_fast.codec import frames
-from danube_fast.errors import ApiError, StorageError
+from danube_fast.errors import ApiError, DanubeError, StorageError, unavailable
 from danube_fast.meta.resources import JSON
 from danube_fast.storage.gaps import RecoveryPending, open_gaps
 from danube_fast.storage.tiered import TopicLog
@@ -52,6 +60,7 @@ CARRY = 64  # outcomes per producer a move carries: what one producer stream may
 MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
 GAP_POLL_S = 0.5  # how often `ready` looks whether a dead owner recovered its gap
 TIER_SCAN_BYTES = 16 * 1024 * 1024  # of the object tier's tail `ready` learns (a retry comes soon after)
+REFUSED_HOLD_S = 60.0  # longer than our producer retries a batch (client/producer.py: about 25 s)
 
 
 class _Producer:
@@ -65,6 +74,7 @@ class _Producer:
         self.sequences = array("Q", bytes(8 * WINDOW))
         self.outcomes = array("Q", bytes(24 * WINDOW))  # first, last, records per slot
         self.pending: dict[int, asyncio.Future[Outcome]] = {}
+        self.refused: tuple[int, float] | None = None  # (sequence, when): refused with nothing stored
 
     def known(self, sequence: int) -> asyncio.Future[Outcome] | Outcome | None:
         if sequence in self.pending:
@@ -139,12 +149,31 @@ class ProducerSequences:
                 f"batch {sequence} of producer {name!r} (session {session}) is too old to tell whether it "
                 f"was stored: the topic remembers sequences above {producer.highest - WINDOW}"))
             return failed
-        future = asyncio.ensure_future(append(lambda first, last: producer.remember(
-            sequence, (first, last, last - first + 1))))
+        future = asyncio.ensure_future(self._in_order(name, producer, sequence, append))
         producer.pending[sequence] = future
         producer.highest = max(producer.highest, sequence)
         future.add_done_callback(lambda f: self._settled(producer, sequence, f))
         return future
+
+    @staticmethod
+    async def _in_order(name: str, producer: _Producer, sequence: int, append: Append) -> Outcome:
+        """`append`, unless an earlier sequence of the session was refused and has not come again."""
+        if producer.refused is not None:
+            first, since = producer.refused
+            if sequence > first and time.monotonic() - since < REFUSED_HOLD_S:
+                raise unavailable(f"batch {first} of producer {name!r} was refused: the batches after it are "
+                                  f"refused too until it is sent again, so that they are stored in order")
+            producer.refused = None  # it came again (or an earlier one did), or the client gave it up
+        def stored(first: int, last: int) -> None:
+            producer.remember(sequence, (first, last, last - first + 1))
+
+        try:
+            return await append(stored)
+        except DanubeError as e:
+            if e.retriable and producer.outcome(sequence) is None and \
+                    (producer.refused is None or sequence < producer.refused[0]):
+                producer.refused = (sequence, time.monotonic())
+            raise
 
     @staticmethod
     def _settled(producer: _Producer, sequence: int, future: asyncio.Future[Outcome]) -> None:

@@ -214,7 +214,7 @@ class ReliableTopic(Topic):
             await self.publish_rate.acquire()
         fence, replicas = self.fence, self.replicas
         if replicas is not None:
-            replicas.admit()
+            await replicas.admit()
         await fence.admit(1)
         try:
             last = (await self.wal.append(messages.encode(msg)))[1]
@@ -235,7 +235,7 @@ class ReliableTopic(Topic):
             await self.publish_rate.acquire(records)
         fence, replicas = self.fence, self.replicas
         if replicas is not None:
-            replicas.admit()
+            await replicas.admit()
         await fence.admit(records)
         try:
             first, last = await self.wal.submit(data)

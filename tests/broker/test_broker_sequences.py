@@ -113,6 +113,49 @@ def test_a_failed_append_is_forgotten_so_its_retry_is_stored(run: Run) -> None:
     run(main())
 
 
+def test_a_batch_refused_before_storing_holds_back_the_later_ones_until_it_comes_again(run: Run) -> None:
+    """A copy back in sync between two batches of one stream must not let the second be stored before the
+    first: batches after a refused one are refused too, until the client resends from it."""
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        assert await table.publish("p", 7, 1, append(), ok) == (0, 9, 10)
+        append.fail = True
+        second = table.publish("p", 7, 2, append(), ok)  # refused before anything is stored
+        await asyncio.sleep(0)
+        append.fail = False  # the cause went away at once: the next would be stored, out of order
+        third = table.publish("p", 7, 3, append(), ok)
+        fourth = table.publish("p", 7, 4, append(), ok)
+        for refused in (second, third, fourth):
+            with pytest.raises(ApiError) as info:
+                await refused
+            assert info.value.grpc_code == "UNAVAILABLE" and info.value.retriable
+        assert append.calls == 2, "only 2 reached the log, and stored nothing"
+        # The client resends from 2, in order: stored in order.
+        got = [await table.publish("p", 7, n, append(), ok) for n in (2, 3, 4)]
+        assert got == [(10, 19, 10), (20, 29, 10), (30, 39, 10)]
+        # Another producer, or a new session, is not held back by this one's refusal.
+        append.fail = True
+        with pytest.raises(ApiError):
+            await table.publish("p", 7, 5, append(), ok)
+        append.fail = False
+        assert await table.publish("q", 1, 1, append(), ok) == (40, 49, 10)
+        assert await table.publish("p", 8, 1, append(), ok) == (50, 59, 10)
+
+    run(main())
+
+
+def test_a_refusal_after_storing_holds_nothing_back(run: Run) -> None:
+    async def main() -> None:
+        table, append = ProducerSequences(), Appender()
+        append.fail_after_store = True  # stored, then the ack failed: the retry finds it
+        with pytest.raises(ApiError):
+            await table.publish("p", 7, 1, append(), ok)
+        append.fail_after_store = False
+        assert await table.publish("p", 7, 2, append(), ok) == (10, 19, 10)
+
+    run(main())
+
+
 def test_out_of_order_sequences_within_the_window_and_too_old_ones(run: Run) -> None:
     async def main() -> None:
         table, append = ProducerSequences(), Appender()

@@ -4,6 +4,7 @@ real WAL, its metadata writes recorded: the order of its steps is what makes a f
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,8 +68,10 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
     async def main() -> None:
         rs, wal, written = await replica_set(tmp_path, needed=2)
         assert written == [TopicReplicas(ME, 7, (F,), (ME,))]  # the owner alone in sync at first
+        refused = time.monotonic()
         with pytest.raises(ApiError, match="1 copies in sync, fewer than its minInSyncReplicas 2"):
-            rs.admit()
+            await rs.admit()  # after waiting a quarter of the lag (at most 1 s) for a copy to come
+        assert time.monotonic() - refused >= 0.9
         await wal.append(batch(3))
         assert wal.committed_offset == 3  # no follower in sync: readers see what is durable here
         start = await fetch(rs, -1)
@@ -78,7 +81,7 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
         await wal.append(batch(2))  # 5 here now
         await fetch(rs, 3)  # it holds what was durable here when it was sent 0..2: caught up, joins in memory
         assert F in rs.isr and rs.written == written[-1] == written[0]  # not written: it lacks 3..4
-        rs.admit()
+        await rs.admit()
         await wal.append(batch(1))  # offset 5, after it joined
         waiting = asyncio.create_task(rs.replicated(5))
         await asyncio.sleep(0.05)
@@ -97,6 +100,54 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
         assert wal.committed_offset == 6  # readers are not moved back
         await rs.maintain({ME, F}, lambda n, taken: [])
         assert written[-1] == TopicReplicas(ME, 7, (F,), (ME,)) and F not in rs.isr  # out, and not eligible
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_sends_waiting_for_copies_pass_together_in_order_once_a_follower_is_back(tmp_path: Path,
+                                                                               run: Run) -> None:
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, needed=2)
+        passed: list[int] = []
+
+        async def send(n: int) -> None:
+            await rs.admit()
+            passed.append(n)
+
+        sends = [asyncio.create_task(send(n)) for n in range(5)]
+        await asyncio.sleep(0.05)
+        assert passed == []  # waiting, not refused: a follower may be a moment away
+        await fetch(rs, 0)  # it holds all there is (nothing): joins
+        sends.append(asyncio.create_task(send(5)))  # arrives before the waiting ones resumed: after them
+        await asyncio.wait_for(asyncio.gather(*sends), 1)
+        assert passed == [0, 1, 2, 3, 4, 5]
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_sends_queued_behind_a_refused_one_are_refused_even_if_a_follower_joins_meanwhile(
+        tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, needed=2, lag_s=0.04)  # waits 10 ms for copies
+
+        async def send() -> str:
+            try:
+                await rs.admit()
+                return "in"
+            except ApiError:
+                return "refused"
+
+        sends = [asyncio.create_task(send()) for _ in range(4)]
+        # The moment the first is refused, the follower is back: the three queued behind it must not
+        # overtake it (they arrived before the refusal).
+        sends[0].add_done_callback(lambda _: rs._progress(F, rs.followers[F], 0, 0))
+        assert await asyncio.wait_for(asyncio.gather(*sends), 1) == ["refused"] * 4
+        assert F in rs.isr
+        assert await send() == "in"  # one sent after the refusal, with the copies in sync
         rs.close()
         await wal.close()
 

@@ -93,6 +93,7 @@ class Copies:
         self._fetchers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._taken: set[tuple[str, str]] = set()  # handed to the reconciler: not fetched again here
         self._handed: dict[tuple[str, str], int] = {}  # this broker's own logs it handed over, by term
+        self._ends: dict[tuple[str, str], int] = {}  # where a copy closed by its task ended
         self._drops: set[asyncio.Task[None]] = set()  # copies being deleted
         self._follower: asyncio.Task[None] | None = None
 
@@ -235,6 +236,7 @@ class Copies:
         os.replace(path + ".tmp", path)
 
     async def _remove(self, ns: str, t: str) -> None:
+        self._ends.pop((ns, t), None)
         directory = self._dir(ns, t)
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: shutil.rmtree(directory, ignore_errors=True))
@@ -347,6 +349,7 @@ class Copies:
             await asyncio.gather(*(f for f, _ in pending), return_exceptions=True)
             if wal is not None:
                 await wal.close()
+                self._ends[ns, t] = wal.committed_offset  # for `take`, which then need not open it again
 
     async def _adopts(self, ns: str, t: str, meta: tuple[int, int], r: TopicReplicas) -> bool:
         """This copy is this broker's own log, handed over to `r`'s owner, which continued it: it took its
@@ -380,11 +383,13 @@ class Copies:
             await asyncio.gather(task, return_exceptions=True)
         meta = self._meta(*topic)
         log_dir = os.path.join(self._dir(*topic), "log")
+        end = self._ends.pop(topic, None)
         if meta is None or not os.path.isdir(log_dir):
             return None
-        wal = await self._open(*topic, 0)
-        end = wal.committed_offset
-        await wal.close()
+        if end is None:  # not copied since this broker started (or a handed copy): its WAL says
+            wal = await self._open(*topic, 0)
+            end = wal.committed_offset
+            await wal.close()
         return TakenCopy(log_dir, meta[0], meta[1], end)
 
     async def discard(self, name: TopicName) -> None:

@@ -36,8 +36,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.errors import unavailable
@@ -53,6 +54,10 @@ FETCH_BYTES = 4 * 1024 * 1024  # a fetch that names no size
 MAX_FETCH_BYTES = 16 * 1024 * 1024
 MAX_WAIT_MS = 5000
 MAX_SENT = 256  # responses remembered per follower (caught_up_at)
+# A send finding too few copies in sync waits this share of replica_lag_ms (at most MAX_ADMIT_WAIT s) for
+# them before it is refused: a planned move's new owner has its old owner back in sync in milliseconds.
+ADMIT_WAIT = 0.25
+MAX_ADMIT_WAIT = 1.0
 
 Write = Callable[[Sequence[Op]], Awaitable[TxnResult]]
 
@@ -89,6 +94,13 @@ class ReplicaSet:
         self._closed = False
         self._writing = asyncio.Lock()  # one write of the copies at a time, with the memory change it makes
         self._tasks: set[asyncio.Task[None]] = set()
+        # The admission of sends (admit): arrival tickets, those waiting, the first ticket not refused
+        # with the last refusal, and since when too few copies are in sync.
+        self._gate = asyncio.Lock()
+        self._arrivals = 0
+        self._queued = 0
+        self._refused_upto = 0
+        self._short_since: float | None = None
 
     # -- the topic's Replicas ----------------------------------------------------------------------------
 
@@ -100,9 +112,41 @@ class ReplicaSet:
     def in_sync(self) -> int:
         return 1 + len(self.isr)
 
-    def admit(self) -> None:
-        if 1 + len(self.isr) < self.needed:
-            raise self._too_few()
+    async def admit(self) -> None:
+        """Sends are admitted first come, first served: one that finds too few copies in sync waits (up to
+        ADMIT_WAIT of the lag from when they fell short) and holds back those after it; when it is refused,
+        so is every send that arrived before that, so that none of them overtakes a refused one (a follower
+        back in sync between two sends of one stream must not let the second be stored and the first
+        refused: the client resends from the first, and sequences.py holds back what comes after)."""
+        ticket = self._arrivals
+        self._arrivals += 1
+        if not self._queued and (1 + len(self.isr) >= self.needed or self._closed):
+            return
+        self._queued += 1
+        try:
+            async with self._gate:
+                if ticket < self._refused_upto:
+                    raise self._too_few()
+                await self._await_copies()
+                if 1 + len(self.isr) < self.needed and not self._closed:
+                    self._refused_upto = self._arrivals
+                    raise self._too_few()
+        finally:
+            self._queued -= 1
+
+    async def _await_copies(self) -> None:
+        """Until enough copies are in sync, or ADMIT_WAIT of the lag (at most MAX_ADMIT_WAIT) after they
+        fell short: a follower that just joined a new term, or blinked, is back by then."""
+        loop = asyncio.get_running_loop()
+        if self._short_since is None:
+            self._short_since = loop.time()
+        deadline = self._short_since + min(self._lag_s * ADMIT_WAIT, MAX_ADMIT_WAIT)
+        while 1 + len(self.isr) < self.needed and not self._closed and loop.time() < deadline:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), deadline - loop.time())
+        if 1 + len(self.isr) >= self.needed:
+            self._short_since = None
 
     async def replicated(self, last: int) -> None:
         if not self._ready.is_set():
@@ -320,7 +364,10 @@ class ReplicaSet:
         return out
 
     def _schedule_persist(self) -> None:
-        task = asyncio.create_task(self._persist_quietly())
+        self._spawn(self._persist_quietly())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
