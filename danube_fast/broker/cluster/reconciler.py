@@ -322,6 +322,7 @@ class Reconciler:
                          reliable.wal.committed_offset)
             return handover is not None
 
+        self._replication.sealing(topic.full)
         try:
             await self._topics.unload_topic(topic, seal)
         finally:

@@ -47,7 +47,7 @@ class Replication:
         self._view = view
         self.me = topics.broker_id
         self._sets: dict[str, ReplicaSet] = {}  # by stored topic
-        self._handing: set[str] = set()  # topics being handed over to a follower (hand_over)
+        self._handing: set[str] = set()  # topics being unloaded, maybe handed over (sealing, hand_over)
         self._task: asyncio.Task[None] | None = None
         self._policies_read = time.monotonic()
 
@@ -82,14 +82,20 @@ class Replication:
         rs = self._sets.get(topic.full)
         if rs is None:
             return 0, []
-        self._handing.add(topic.full)  # the pass leaves it alone although the registry dropped it
         try:
             return rs.epoch, await rs.hand_over(timeout)
         finally:
             self._handing.discard(topic.full)
             self.detach(topic)
 
+    def sealing(self, topic: str) -> None:
+        """The topic is being unloaded: the pass leaves its copies alone (the registry drops the topic
+        before the seal hands it over) until `hand_over` or `detach`."""
+        if topic in self._sets:
+            self._handing.add(topic)
+
     def detach(self, topic: ReliableTopic) -> None:
+        self._handing.discard(topic.full)
         rs = self._sets.pop(topic.full, None)
         if rs is not None:
             rs.close()
