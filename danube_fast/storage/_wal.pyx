@@ -563,6 +563,20 @@ cdef class Segment:
         self.idx_count = count
         self.last_indexed = self.entry_pos(count - 1) if count else 0
 
+    def resume_index(self, Py_ssize_t count, Py_ssize_t capacity):
+        """Map the index of the active segment as a clean close left it (storage/segments.py `take_clean`):
+        writable at `capacity` entries, the first `count` valid; appends reserve disk blocks again from the
+        start (reserving blocks already held costs nothing)."""
+        self._map(capacity, True)
+        self.idx_count = count
+        self.idx_reserved = 0
+        self.last_indexed = self.entry_pos(count - 1) if count else 0
+
+    def sync_index(self):
+        """msync the index's entries (a clean close vouches for them)."""
+        if self.idx != NULL and msync(self.idx, self.idx_capacity * ENTRY, MS_SYNC) != 0:
+            raise _os_error("cannot msync", self.idx_path)
+
     def seal_index(self):
         """msync the entries and cut the file to them (which gives back the reservation past them), durably.
         The mapping stays valid for the entries; load_index(idx_count) then maps them read-only."""

@@ -360,6 +360,19 @@ class Segment:
         self.idx_count = count
         self.last_indexed = self.entry(count - 1)[1] if count else 0
 
+    def resume_index(self, count: int, capacity: int) -> None:
+        self._map(capacity, writable=True)
+        self.idx_count = count
+        self._idx_reserved = 0
+        self.last_indexed = self.entry(count - 1)[1] if count else 0
+
+    def sync_index(self) -> None:
+        if self._idx is not None:
+            try:
+                self._idx.flush()
+            except OSError as e:
+                raise _os_error("cannot msync", self.idx_path, e) from e
+
     def seal_index(self) -> None:
         if self._idx is not None:
             try:

@@ -9,7 +9,9 @@ reads each segment's file header and footer (storage/segments.py has the layout)
   whole batch;
 - scans the last segment batch by batch with CRCs and offset continuity, cuts it at the first torn or
   corrupt batch, and rebuilds its index. A footer after its last batch (sealed, then a crash before the next
-  segment was made) and the zero padding of a direct append are cut without calling them damage.
+  segment was made) and the zero padding of a direct append are cut without calling them damage. After a
+  clean close (segments.py `write_clean`: the segment and its index were durable and the mark says how far)
+  the last segment is trusted as the mark describes it, and not scanned.
 A cut is logged and reported (`RecoveryReport`).
 """
 
@@ -25,7 +27,7 @@ from danube_fast.codec import frames
 from danube_fast.errors import ObjectCorrupt, WalCorrupt, WalWriteError
 from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX
 from danube_fast.storage.objects import format as object_format
-from danube_fast.storage.segments import FILE_HEADER, SegmentFiles, Segments, headless
+from danube_fast.storage.segments import FILE_HEADER, CleanClose, SegmentFiles, Segments, headless
 
 if TYPE_CHECKING:
     from danube_fast.storage._wal import Segment
@@ -94,6 +96,7 @@ class LogLoader:
 
     def _recover(self, initial_offset: int) -> LoadedLog:
         report = RecoveryReport()
+        clean = self._files.read_clean()
         names = os.listdir(self._directory)
         bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in names
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
@@ -115,7 +118,7 @@ class LogLoader:
                 if seg.next_offset != bases[i + 1]:
                     raise WalCorrupt(f"segment {seg.log_path} ends at offset {seg.next_offset} but the next "
                                      f"segment starts at {bases[i + 1]}")
-            else:
+            elif not self._resume_clean(seg, clean):
                 self._scan_active(seg, report)
         if not self._segments:
             seg = self._files.create(initial_offset)
@@ -126,6 +129,7 @@ class LogLoader:
         if self._files.direct:
             active.direct(True)
         report.next_offset = active.next_offset
+        self._files.drop_clean()  # recovered: the directory is no longer as the close left it
         segments = Segments(self._segments, self._footers)
         return LoadedLog(segments, self._header_due, active.next_offset, report)
 
@@ -232,6 +236,26 @@ class LogLoader:
         os.replace(tmp, seg.idx_path)
         self._files.fsync_dir()
         seg.load_index(len(entries) // ENTRY)
+
+    def _resume_clean(self, seg: Segment, clean: CleanClose | None) -> bool:
+        """Take the last segment as the clean close left it, when the mark describes it as found: the same
+        file size and base, an index file of the mapped capacity whose entries increase within the file."""
+        if clean is None or clean.base != seg.base or clean.size != seg.size or seg.size <= seg.start or \
+                clean.entries > clean.capacity or clean.next_offset <= seg.base:
+            return False
+        try:
+            if os.stat(seg.idx_path).st_size != clean.capacity * ENTRY or \
+                    os.stat(seg.log_path).st_mtime_ns != clean.mtime_ns:
+                return False
+        except FileNotFoundError:
+            return False
+        seg.resume_index(clean.entries, clean.capacity)
+        if not seg.entries_increasing() or (clean.entries and seg.entry(clean.entries - 1)[1] >= seg.size) \
+                or (clean.entries and seg.entry(0) != (0, seg.start)):
+            return False  # the scan builds it afresh
+        seg.next_offset = clean.next_offset
+        seg.batches, seg.min_time, seg.max_time = clean.batches, clean.min_time, clean.max_time
+        return True
 
     def _scan_active(self, seg: Segment, report: RecoveryReport) -> None:
         """Verify every batch of the last segment, cut at the first bad one, rebuild its index."""

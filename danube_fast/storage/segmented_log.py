@@ -308,13 +308,16 @@ class SegmentedLog:
             return deleted
 
     def close(self) -> None:
-        """fdatasync what is unsynced, then close the files once no read or sync is running."""
+        """fdatasync, close the files once no read or sync runs, leave the clean-close mark (segments.py)."""
         with self._writer:
             if self._closed:
                 return
+            clean = None
             try:
                 if self._failed is None and self._written > self._synced:
                     self.sync()
+                if self._failed is None and not self._released:  # (released: the next open scans)
+                    clean = self._files.clean_index(self._segments.active)
             finally:
                 with self._lock:
                     self._closed = True
@@ -323,6 +326,7 @@ class SegmentedLog:
                     segments = self._segments.clear()
                 for seg in segments:
                     seg.close()
+            self._files.write_clean(clean)  # the files closed: a direct append's padding is cut
 
     @property
     def released(self) -> bool:

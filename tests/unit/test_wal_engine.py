@@ -12,6 +12,7 @@ import bisect
 import errno
 import importlib
 import itertools
+import json
 import mmap
 import os
 import random
@@ -227,7 +228,13 @@ def assert_lookups(log: Any, model: Model, exact: bool) -> None:
 
 
 def files(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+    """Every file's bytes; the clean-close mark without the time it names (two engines' differ)."""
+    out = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+    if "clean" in out:
+        mark = json.loads(out["clean"])
+        mark.pop("mtime_ns")
+        out["clean"] = json.dumps(mark).encode()
+    return out
 
 
 def restore(directory: Path, snapshot: dict[str, bytes]) -> None:
@@ -360,19 +367,64 @@ def test_reopen_after_close_keeps_offsets_bytes_and_index(
     bases = log.segment_bases
     log.close()
     before = files(d)
+    assert "clean" in before  # the clean close's mark: the next open need not scan the last segment
     (d / f"{bases[-1] + 10**6:020d}.idx").write_bytes(b"\0" * 16)  # an index whose log is gone
     log = open_log(segment_bytes=SEGMENT, index_interval_bytes=300)
     report = log.recovery
     assert (report.segments, report.next_offset, report.truncated_segment, report.truncated_bytes) == (
         len(bases), model.end, None, 0)
-    assert (report.cut_reason, report.rebuilt_indexes) == (None, [])
-    assert report.scanned_bytes == log_path(d, bases[-1]).stat().st_size
+    assert (report.cut_reason, report.rebuilt_indexes, report.scanned_bytes) == (None, [], 0)
     assert (log.next_offset, log.segment_bases) == (model.end, bases)
-    assert files(d) == before  # the orphan index is gone, the active index rebuilt identically
+    del before["clean"]  # taken by the open
+    assert files(d) == before  # the orphan index is gone, the active index as the close left it
     assert_all_readable(log, model)
     assert_lookups(log, model, exact=False)
     model.add(log.append([gen.batch()]).data)
     assert_all_readable(log, model)
+
+
+def test_a_clean_close_spares_the_next_open_the_scan_and_nothing_else_changes(
+        frames: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
+    """The mark of a clean close (storage/segments.py): the next open trusts the last segment instead of
+    scanning it, and the log is the same as a scanned one: reads, lookups, appends, the footer its roll
+    writes. A segment written since the close, or no close at all (a crash), is scanned."""
+    d, options = tmp_path / "wal", {"segment_bytes": 1 << 20, "index_interval_bytes": 300}
+    gen, model = Batches(frames, 7), Model(frames)
+    log = open_log(**options)
+    fill(log, gen, model, 40)
+    log.close()
+    mark = json.loads((d / "clean").read_text())
+    snapshot = {name: (d / name).read_bytes() for name in os.listdir(d) if name != "clean"}
+    footers = {}
+    for trusted in (True, False):
+        restore(d, snapshot)
+        if trusted:  # the mark as the close wrote it (restoring rewrote the files: its time is theirs now)
+            mark["mtime_ns"] = log_path(d, 0).stat().st_mtime_ns
+            (d / "clean").write_text(json.dumps(mark))
+        log = open_log(**options)
+        assert log.recovery.scanned_bytes == (0 if trusted else log_path(d, 0).stat().st_size)
+        assert not (d / "clean").exists()  # taken: a crash from here on is scanned
+        assert_all_readable(log, model)
+        assert_lookups(log, model, exact=False)
+        more = Model(frames)
+        more.batches, more.bases = list(model.batches), list(model.bases)
+        more.add(log.append([Batches(frames, 8).batch()]).data)
+        assert_all_readable(log, more)
+        log.roll()
+        footers[trusted] = log.sealed_object(0)[1]  # type: ignore[index]
+        log.close()
+    assert footers[True] == footers[False]
+    # Written after the close (same size): scanned, and the damage found.
+    restore(d, snapshot)
+    mark["mtime_ns"] = log_path(d, 0).stat().st_mtime_ns
+    (d / "clean").write_text(json.dumps(mark))
+    data = bytearray(log_path(d, 0).read_bytes())
+    data[-5] ^= 0xFF
+    time.sleep(0.01)
+    log_path(d, 0).write_bytes(data)
+    log = open_log(**options)
+    assert log.recovery.scanned_bytes > 0 and log.recovery.truncated_bytes > 0
+    log.close()
 
 
 def test_initial_offset_applies_only_to_an_empty_directory(
@@ -994,6 +1046,7 @@ def test_index_without_disk_space_refuses_the_append_pure(
             log.append([gen.batch()])
     fill(log, gen, model, 3)  # space is back: the same log goes on
     log.close()
+    (tmp_path / "wal" / "clean").unlink()  # as after a crash: the open scans, and rebuilds the index
     with monkeypatch.context() as patch:
         patch.setattr(os, "posix_fallocate", enospc)  # recovery rebuilds the active index
         with pytest.raises(WalWriteError, match=r"cannot open the WAL .*: cannot reserve index space"):
