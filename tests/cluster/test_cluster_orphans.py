@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 
 from danube_fast.broker.cluster import reconciler as reconciler_module
+from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.reconciler import Reconciler
 from danube_fast.meta import keys
+from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog
+from danube_fast.meta.store import Put
 from danube_fast.names import TopicName
 from danube_fast.storage import WalConfig
 from danube_fast.storage.log_manager import LogManager
@@ -85,3 +88,24 @@ def test_an_assignment_gone_after_the_start_recovers_the_wal_left_behind(
         await r.close()
 
     run(main())
+
+
+def test_a_recovery_writes_no_descriptor_once_a_successor_took_the_topic_over(store: Any, run: Run) -> None:
+    """A dead owner back before its in-sync follower took its topic over recovers its WAL; the takeover
+    continues the topic below the dead owner's reservation, so from its `replaced/{owner}` key on the
+    recovery's descriptors (an empty one declaring the reservation's rest among them) are refused, and the
+    takeover checks the descriptors again after it wrote that key (reconciler.py `_takeover`). The chaos
+    campaign caught the two overlapping: a takeover at offset 48 with 48..9999999 declared empty."""
+    async def body() -> None:
+        async with store() as s:
+            orphans = Orphans(SimpleNamespace(), s, None, ME)  # type: ignore[arg-type]
+            empty = Put(keys.object_descriptor("ns", "t", 48),
+                        ObjectDescriptor("", 48, 9_999_999, 0, True, 1).to_json())
+            await s.put(keys.replaced_log("ns", "t", ME), ReplacedLog(47).to_json())
+            assert not (await orphans._create_only("ns", "t", ME, [empty])).succeeded
+            assert await s.get(empty.key) is None
+            await s.delete(keys.replaced_log("ns", "t", ME))  # a takeover that gave up: the recovery goes on
+            assert (await orphans._create_only("ns", "t", ME, [empty])).succeeded
+            assert not (await orphans._create_only("ns", "t", ME, [empty])).succeeded  # create-only
+
+    run(body())

@@ -13,6 +13,7 @@ Owner: the broker's event loop; the reconciler (reconciler.py) calls `recover` f
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import time
@@ -24,7 +25,7 @@ from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.tiering import DRAIN_TIMEOUT, Tier
 from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog, SealedState
-from danube_fast.meta.store import Compare, MetadataStore, Op, Put, TxnResult
+from danube_fast.meta.store import Compare, MetadataError, MetadataStore, Op, Put, TxnResult
 from danube_fast.names import TopicName
 from danube_fast.storage.gaps import open_gaps
 from danube_fast.storage.objects.catalog import load_descriptors
@@ -82,12 +83,15 @@ class Orphans:
                             "kept in %s for an operator", name, first, of, directory)
                 return
             else:
-                last = await self._upload_from(wal, ns, t, first, min(bound + 1, wal.committed_offset))
+                last = await self._upload_from(wal, ns, t, of, first, min(bound + 1, wal.committed_offset))
             empty = complete and bound is not None and last < bound
             if empty:
                 assert bound is not None
                 descriptor = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
-                await self._create_only([Put(keys.object_descriptor(ns, t, last + 1), descriptor.to_json())])
+                done = await self._create_only(ns, t, of, [Put(keys.object_descriptor(ns, t, last + 1),
+                                                                descriptor.to_json())])
+                if not done.succeeded:
+                    raise MetadataError(f"{name}: the {what} was replaced, or recovered, meanwhile")
             log.info("%s: %s recovered: records through %d in the object tier%s", name, what, last,
                      f", {last + 1}..{bound} declared empty" if empty else "")
         finally:
@@ -107,12 +111,12 @@ class Orphans:
                 return last
         return None
 
-    async def _upload_from(self, wal: Wal, ns: str, t: str, first: int, end: int) -> int:
+    async def _upload_from(self, wal: Wal, ns: str, t: str, of: int, first: int, end: int) -> int:
         """Upload the records of [first, end) the log holds; the last offset uploaded."""
         if end <= first:
             return first - 1
         uploader = Uploader(wal, self._tier.objects, self._store, ns, t, checkpoint=first - 1,
-                            write_meta=self._create_only,
+                            write_meta=functools.partial(self._create_only, ns, t, of),
                             config=replace(self._tier.uploader_config, delete_local=False))
         await uploader.start()
         try:
@@ -120,10 +124,15 @@ class Orphans:
         finally:
             await uploader.close()
 
-    async def _create_only(self, ops: Sequence[Op]) -> TxnResult:
-        """Descriptor puts that only create keys; objects/cur stays the current owner's."""
+    async def _create_only(self, ns: str, t: str, of: int, ops: Sequence[Op]) -> TxnResult:
+        """Descriptor puts that only create keys (objects/cur stays the current owner's), and only while no
+        successor has taken the topic over from broker `of` (`replaced/{of}`): a takeover continues the
+        topic below `of`'s reservation, where these would otherwise land (reconciler.py `_takeover`
+        checks the descriptors again after it wrote that key)."""
         puts = [op for op in ops if isinstance(op, Put) and not op.key.endswith("/objects/cur")]
-        return await self._store.transaction([Compare(p.key, "version", "==", 0) for p in puts], puts, [])
+        compares = [Compare(p.key, "version", "==", 0) for p in puts]
+        compares.append(Compare(keys.replaced_log(ns, t, of), "version", "==", 0))
+        return await self._store.transaction(compares, puts, [])
 
 
 async def _delete(directory: str) -> None:

@@ -49,6 +49,7 @@ from danube_fast.meta.resources import (
 from danube_fast.meta.store import Delete, KeyValue, MetadataError, MetadataStore, Put
 from danube_fast.names import TopicName
 from danube_fast.storage.log_manager import LogManager
+from danube_fast.storage.objects.catalog import load_descriptors
 
 log = logging.getLogger("danube_fast.cluster")
 
@@ -262,6 +263,14 @@ class Reconciler:
         if dead != self.me:  # (this broker's own log, handed over and now taken back, needs no mark)
             replaced = ReplacedLog(copy.end - 1).to_json()
             await ownership.write_fenced([Put(keys.replaced_log(ns, t, dead), replaced)])
+            # The dead owner, back already, may have recovered its WAL first (orphans.py: its descriptors are
+            # refused from that key on): if they reach this copy's end, the topic goes on past them instead.
+            found = await load_descriptors(self._store, ns, t)
+            if any(d.end_offset >= copy.end for d in found):
+                log.info("%s: broker %d recovered its log before the takeover; not taken over", name, dead)
+                await ownership.write_fenced([Delete(keys.replaced_log(ns, t, dead))])  # let it finish
+                os.rename(directory, copy.log_dir)  # back where it was: discarded with the copy
+                return None
         log.info("%s: taken over from dead broker %d with this broker's copy (offsets to %d)", name, dead,
                  copy.end - 1)
         await self._copies.discard(name)
