@@ -1,12 +1,15 @@
 """The nemesis: faults at random, each healed after a random while, recorded in the history.
 
 Every `gap` seconds (drawn from GAP) it starts one fault on a target that no fault holds, while fewer than
-MAX_ACTIVE are under way. The schedule (which fault, on what, for how long, when) comes from the seed alone;
-what the cluster does in between does not (timing), so a seed replays the same faults, not the same
-interleaving. heal_all() ends every fault at once: the campaign calls it before its final read.
+MAX_ACTIVE are under way. The schedule (which fault, on what, for how long, when) comes from the seed alone
+(except that a wipe drawn too soon after the last one, by the clock, is skipped); what the cluster does in
+between does not (timing), so a seed replays the same faults, not the same interleaving. heal_all() ends
+every fault at once: the campaign calls it before its final read.
 
 Faults: kill -9 and restart of a broker; a wipe (kill -9, its data directory deleted, started again empty:
-a machine replaced, which comes back as a new broker); SIGSTOP past the lease and SIGCONT; etcd stopped and
+a machine replaced, which comes back as a new broker; one at a time, and not within WIPE_SPACING_S of the
+last one's heal: factor 2 promises to survive one lost machine, not two before the copies are whole again);
+SIGSTOP past the lease and SIGCONT; etcd stopped and
 restarted;
 S3 cut off; a topic unloaded; a broker drained (UnloadBroker, ActivateBroker when healed); and through the
 proxy in front of a broker, etcd or S3: a partition (bytes held, not lost: docs/CHAOS.md), a one-way
@@ -37,6 +40,7 @@ from danube_fast.testing.process import ServerFailed
 GAP = (0.5, 3.0)  # seconds between the starts of two faults
 DURATION = (1.5, 6.0)  # seconds a fault lasts
 MAX_ACTIVE = 2
+WIPE_SPACING_S = 15.0  # after a wipe's heal: the new broker is made a follower and catches up meanwhile
 ADMIN_TIMEOUT = 30.0
 RESTART_TRIES = 5
 ACTIVATE_TRIES = 20  # a second apart: longer than any etcd fault lasts
@@ -72,6 +76,7 @@ class Nemesis:
         self.restart_retries = 0  # broker starts that failed and were tried again
         self.heal_retries = 0  # ActivateBroker calls refused (etcd away) and tried again
         self._active: dict[str, asyncio.Task[None]] = {}  # target -> the task that heals it
+        self._wipes_after = 0.0  # loop time before which no wipe starts (one under way, or just healed)
         self._healing = asyncio.Event()
 
     async def run(self, seconds: float) -> None:
@@ -101,8 +106,10 @@ class Nemesis:
         kind = self.random.choices(self.kinds, [k.weight for k in self.kinds])[0]
         target = self._pick_target(kind)
         duration = self.random.uniform(*DURATION)
-        if target is None:
+        if target is None or (kind is WIPE and asyncio.get_running_loop().time() < self._wipes_after):
             return
+        if kind is WIPE:
+            self._wipes_after = float("inf")  # until this one is healed, then WIPE_SPACING_S more
         try:
             heal, detail = await self._inject(kind.name, target, duration)
         except Exception as e:  # a fault that could not be started (an admin call refused): recorded
@@ -137,6 +144,8 @@ class Nemesis:
             f = self.history.faults[index]
             self.history.faults[index] = Fault(f.kind, f.target, f.started, self.history.now(), f.detail)
             self._active.pop(target, None)
+            if f.kind == WIPE.name:
+                self._wipes_after = asyncio.get_running_loop().time() + WIPE_SPACING_S
 
     # -- the faults -----------------------------------------------------------------------------------
 
