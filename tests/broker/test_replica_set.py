@@ -106,6 +106,28 @@ def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_w
     run(main())
 
 
+def test_an_acknowledgement_waiting_when_the_copies_stop_being_kept_fails(tmp_path: Path, run: Run) -> None:
+    """The topic lost or unloaded while an acknowledgement waits for its follower: it must not go out with
+    one copy (the fence alone may still pass)."""
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, needed=2)
+        await wal.append(batch(3))
+        await fetch(rs, 0)
+        await fetch(rs, 3)
+        await settle(rs)
+        await wal.append(batch(2))
+        held = asyncio.create_task(rs.replicated(2))  # on the follower already
+        waiting = asyncio.create_task(rs.replicated(4))  # not yet
+        await asyncio.sleep(0.02)
+        rs.close()
+        await asyncio.wait_for(held, 1)
+        with pytest.raises(ApiError, match="stopped being replicated here before offset 4"):
+            await asyncio.wait_for(waiting, 1)
+        await wal.close()
+
+    run(main())
+
+
 def test_sends_waiting_for_copies_pass_together_in_order_once_a_follower_is_back(tmp_path: Path,
                                                                                run: Run) -> None:
     async def main() -> None:

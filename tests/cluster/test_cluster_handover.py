@@ -11,11 +11,11 @@ import signal
 import pytest
 from test_cluster_faults import run
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early
-from test_cluster_replication import HELD_UPLOADS, in_sync, replicas, set_namespace_policy
+from test_cluster_replication import HELD_UPLOADS, in_sync, moved_from, replicas, set_namespace_policy
 
 from danube_fast.meta import keys
 from danube_fast.meta.store import MetadataStore
-from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
+from danube_fast.testing.cluster import Cluster, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
@@ -25,11 +25,6 @@ async def objects(store: MetadataStore, topic: str) -> int:
     """The topic's object descriptors (what the tier holds)."""
     found = await store.get_prefix(keys.objects_prefix(*keys.split_topic_name(topic)))
     return sum(1 for kv in found if not kv.key.endswith("/cur"))
-
-
-async def moved(store: MetadataStore, topic: str, source: int) -> int | None:
-    now = await owner(store, topic)
-    return now if now is not None and now != source else None
 
 
 def test_a_planned_move_hands_the_topic_to_its_in_sync_follower_without_uploading(
@@ -46,7 +41,7 @@ def test_a_planned_move_hands_the_topic_to_its_in_sync_follower_without_uploadin
             acked = await produce_n(brokers[0].url, topic, 0, 300, "p")
             source = await unload(store, topic)
             assert source == first.owner
-            target = await wait_for(lambda: moved(store, topic, source), "the topic on another broker", 30.0)
+            target = await wait_for(lambda: moved_from(store, topic, source), "the topic elsewhere", 30.0)
             assert target == first.followers[0]  # the follower that held the tail, not the idlest broker
             assert await objects(store, topic) == 0  # nothing was uploaded for the move
             # The new owner serves every record at once, from what was its copy.
@@ -64,7 +59,7 @@ def test_a_planned_move_hands_the_topic_to_its_in_sync_follower_without_uploadin
             more = await produce_n(brokers[0].url, topic, 300, 50, "p2")
             # And back: the old owner, in sync again, takes it over from its copy.
             assert await unload(store, topic) == target
-            back = await wait_for(lambda: moved(store, topic, target), "the topic back", 30.0)
+            back = await wait_for(lambda: moved_from(store, topic, target), "the topic back", 30.0)
             assert back == source and await objects(store, topic) == 0
             later = await read_all(brokers[0].url, topic, set(more), timeout=60)  # the subscription goes on
             assert set(more) <= set(later)
@@ -96,7 +91,7 @@ def test_a_planned_move_with_its_follower_out_of_sync_uploads_the_tail_and_loses
                 now = await replicas(store, topic)
                 assert now is not None and now.isr == (first.owner,), now
                 source = await unload(store, topic)
-                await wait_for(lambda: moved(store, topic, source), "the topic on another broker", 30.0)
+                await wait_for(lambda: moved_from(store, topic, source), "the topic on another broker", 30.0)
                 assert await objects(store, topic) > 0  # the tail went to the objects
                 assert "handed over" not in cluster.by_id(source).log_tail(200_000)
             finally:

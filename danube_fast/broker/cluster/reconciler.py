@@ -208,14 +208,17 @@ class Reconciler:
                                               sequences=point.sequences)
         if topic is None:
             return
-        await self._on_loaded(topic)
         reliable = stored(topic)
+        if reliable is not None:
+            # First, before anything can be published (the topic is served from here): attach sets the
+            # topic's copies before its first await, so no send is acknowledged with one copy meanwhile.
+            await self._replication.attach(reliable, guard)
+        await self._on_loaded(topic)
         if reliable is None:
             guard.stores_nothing()
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
-            await self._replication.attach(reliable, guard)
             crashpoints.reach(crashpoints.MID_LOAD)
             await self._tier.attach(reliable, None if point.keep_local else point.start - 1)
 

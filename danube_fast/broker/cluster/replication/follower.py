@@ -296,11 +296,16 @@ class Copies:
                 if r is None:
                     return
                 meta = self._meta(ns, t)
-                if meta is not None and meta != (r.owner, r.epoch) and await self._adopts(ns, t, meta, r):
-                    self._write_meta(ns, t, r.owner, r.epoch)
-                    meta = (r.owner, r.epoch)
-                    log.info("%s: this broker's log, handed to broker %d, goes on as its copy", topic,
-                             r.owner)
+                if meta is not None and meta != (r.owner, r.epoch):
+                    adopt = await self._adopts(ns, t, meta, r)
+                    if adopt is None:  # the next owner is still loading: ask again
+                        await asyncio.sleep(RETRY)
+                        continue
+                    if adopt:
+                        self._write_meta(ns, t, r.owner, r.epoch)
+                        meta = (r.owner, r.epoch)
+                        log.info("%s: this broker's log, handed to broker %d, goes on as its copy", topic,
+                                 r.owner)
                 if meta is not None and meta != (r.owner, r.epoch):
                     await drop(retire=True)
                     meta = None
@@ -351,16 +356,19 @@ class Copies:
                 await wal.close()
                 self._ends[ns, t] = wal.committed_offset  # for `take`, which then need not open it again
 
-    async def _adopts(self, ns: str, t: str, meta: tuple[int, int], r: TopicReplicas) -> bool:
+    async def _adopts(self, ns: str, t: str, meta: tuple[int, int], r: TopicReplicas) -> bool | None:
         """This copy is this broker's own log, handed over to `r`'s owner, which continued it: it took its
         copy over (no gap of this broker's waits in the state key, which a load that did not would have
-        recorded; this log fills it instead, when retired)."""
+        recorded; this log fills it instead, when retired). None: not known yet (the next owner names its
+        followers before it writes its reservation)."""
         if meta[0] != self.me or r.owner not in self._handed_to(ns, t):
             return False
         kv = await self._store.get(keys.sealed_state(ns, t))
         state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+        if state is not None and state.sealed and state.broker_id == self.me:
+            return None  # still this broker's handover
         if state is None or state.broker_id != r.owner or state.sealed:
-            return False  # the next owner has not written its reservation yet: ask again at the next fetch
+            return False
         return all(broker != self.me for _, _, broker in state_gaps(state))
 
     async def keep_handed(self, name: TopicName, log_dir: str, epoch: int, to: Sequence[int]) -> None:

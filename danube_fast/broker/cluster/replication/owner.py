@@ -151,12 +151,18 @@ class ReplicaSet:
     async def replicated(self, last: int) -> None:
         if not self._ready.is_set():
             await self._ready.wait()
-        while not self._closed:
-            if 1 + len(self.isr) < self.needed:
-                raise self._too_few()
+        while True:
             written = self.written
             if self._line() > last and written is not None and len(written.isr) >= self.needed:
                 return
+            if self._closed:
+                # Unloaded, lost, or no longer replicated while it waited: never acknowledged with fewer
+                # copies than promised (the topic's fence alone may still pass: a chaos campaign caught an
+                # owner back from a pause acknowledging what its follower, taking over, never got).
+                raise unavailable(f"{self.topic.full} stopped being replicated here before offset {last} "
+                                  f"was on enough copies: send again")
+            if 1 + len(self.isr) < self.needed:
+                raise self._too_few()
             changed = self._changed
             await changed.wait()
 
@@ -186,7 +192,8 @@ class ReplicaSet:
 
     def close(self) -> None:
         """The topic stops being replicated here (unloaded, or its policy asks for one copy): waiting
-        acknowledgements go on, the topic's own checks decide them."""
+        acknowledgements of records not yet on enough copies fail (UNAVAILABLE: the client sends them
+        again, and finds them stored)."""
         self._closed = True
         if self.topic.replicas is self:
             self.topic.replicate(None)
