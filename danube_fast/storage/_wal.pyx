@@ -580,8 +580,7 @@ cdef class Segment:
     def seal_index(self):
         """msync the entries and cut the file to them (which gives back the reservation past them), durably.
         The mapping stays valid for the entries; load_index(idx_count) then maps them read-only."""
-        if self.idx != NULL and msync(self.idx, self.idx_capacity * ENTRY, MS_SYNC) != 0:
-            raise _os_error("cannot msync", self.idx_path)
+        self.sync_index()
         with open(self.idx_path, "r+b") as f:
             f.truncate(self.idx_count * ENTRY)
             os.fsync(f.fileno())

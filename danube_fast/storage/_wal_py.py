@@ -374,11 +374,7 @@ class Segment:
                 raise _os_error("cannot msync", self.idx_path, e) from e
 
     def seal_index(self) -> None:
-        if self._idx is not None:
-            try:
-                self._idx.flush()
-            except OSError as e:
-                raise _os_error("cannot msync", self.idx_path, e) from e
+        self.sync_index()
         with open(self.idx_path, "r+b") as f:
             f.truncate(self.idx_count * ENTRY)
             os.fsync(f.fileno())

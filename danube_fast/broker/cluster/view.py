@@ -31,6 +31,7 @@ from danube_fast.meta.resources import (
     ClusterLeader,
     LoadReport,
     Resource,
+    TopicReplicas,
     Unassigned,
 )
 from danube_fast.meta.store import BadValue, InvalidKey, KeyValue
@@ -131,6 +132,11 @@ class ClusterView:
                 _, namespace, topic = keys.parse_broker_topic(kv.key)
                 found.append((namespace, topic))
         return found
+
+    def replicas(self, namespace: str, topic: str) -> TopicReplicas | None:
+        """The copies' key of a replicated topic (docs/REPLICATION.md); None without one, or unreadable."""
+        kv = self._cache.get(keys.replicas(namespace, topic))
+        return None if kv is None else self._value(kv, TopicReplicas)
 
     def owner(self, namespace: str, topic: str) -> int | None:
         """The broker the topic is assigned to; None while it is unassigned (or does not exist)."""

@@ -150,14 +150,8 @@ class Copies:
     def _term_over(self, topic: tuple[str, str], epoch: int) -> bool:
         """A handed copy of this broker's term `epoch` is no longer needed: the topic's copies' key is gone
         (not replicated any more), or names a later term with two copies in sync (which hold the tail)."""
-        kv = self._cache.get(keys.replicas(*topic))
-        if kv is None:
-            return True
-        try:
-            r = TopicReplicas.from_json(kv.value, key=kv.key)
-        except BadValue:
-            return True
-        return (r.owner, r.epoch) != (self.me, epoch) and len(r.isr) >= 2
+        r = self._view.replicas(*topic)
+        return r is None or ((r.owner, r.epoch) != (self.me, epoch) and len(r.isr) >= 2)
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -207,21 +201,27 @@ class Copies:
     def _dir(self, ns: str, t: str) -> str:
         return os.path.join(self.root, ns, t)
 
-    def _meta(self, ns: str, t: str) -> tuple[int, int] | None:
+    def _read_meta(self, ns: str, t: str) -> Any:
+        """copy.json as written (`_write_meta`), None when missing or unreadable."""
         try:
             with open(os.path.join(self._dir(ns, t), META), encoding="utf-8") as f:
-                meta = json.load(f)
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def _meta(self, ns: str, t: str) -> tuple[int, int] | None:
+        meta = self._read_meta(ns, t)
+        try:
             return int(meta["owner"]), int(meta["epoch"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return None
 
     def _handed_to(self, ns: str, t: str) -> list[int]:
         """The brokers this broker handed its own log (kept as this copy) to; [] for a copy of another's."""
+        meta = self._read_meta(ns, t)
         try:
-            with open(os.path.join(self._dir(ns, t), META), encoding="utf-8") as f:
-                to = json.load(f).get("handed_to", [])
-            return [int(b) for b in to]
-        except (OSError, ValueError, TypeError, AttributeError):
+            return [int(b) for b in meta.get("handed_to", [])]
+        except (AttributeError, TypeError, ValueError):
             return []
 
     def _write_meta(self, ns: str, t: str, owner: int, epoch: int, handed_to: Sequence[int] = ()) -> None:

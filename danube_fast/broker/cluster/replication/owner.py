@@ -36,9 +36,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.errors import unavailable
@@ -120,7 +119,7 @@ class ReplicaSet:
         refused: the client resends from the first, and sequences.py holds back what comes after)."""
         ticket = self._arrivals
         self._arrivals += 1
-        if not self._queued and (1 + len(self.isr) >= self.needed or self._closed):
+        if not self._queued and (self.in_sync >= self.needed or self._closed):
             return
         self._queued += 1
         try:
@@ -128,7 +127,7 @@ class ReplicaSet:
                 if ticket < self._refused_upto:
                     raise self._too_few()
                 await self._await_copies()
-                if 1 + len(self.isr) < self.needed and not self._closed:
+                if self.in_sync < self.needed and not self._closed:
                     self._refused_upto = self._arrivals
                     raise self._too_few()
         finally:
@@ -141,12 +140,16 @@ class ReplicaSet:
         if self._short_since is None:
             self._short_since = loop.time()
         deadline = self._short_since + min(self._lag_s * ADMIT_WAIT, MAX_ADMIT_WAIT)
-        while 1 + len(self.isr) < self.needed and not self._closed and loop.time() < deadline:
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), deadline - loop.time())
-        if 1 + len(self.isr) >= self.needed:
+        while self.in_sync < self.needed and not self._closed and loop.time() < deadline:
+            await self._change(deadline)
+        if self.in_sync >= self.needed:
             self._short_since = None
+
+    async def _change(self, deadline: float) -> None:
+        """Until the next change (a fetch, a write of the copies) or the loop time `deadline`."""
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), deadline - asyncio.get_running_loop().time())
 
     async def replicated(self, last: int) -> None:
         if not self._ready.is_set():
@@ -213,16 +216,14 @@ class ReplicaSet:
         Any of them can continue the topic from its copy, with nothing uploaded first. Empty: none got
         there (the move uploads the tail instead)."""
         end = self._wal.durable_offset  # all of it: no append comes any more
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while not self._closed:
             written = set(self.written.isr) if self.written is not None else set()
             ready = sorted(b for b in self.isr & written if self.followers[b].durable >= end)
-            left = deadline - asyncio.get_running_loop().time()
-            if ready or left <= 0:
+            if ready or loop.time() >= deadline:
                 return ready
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+            await self._change(deadline)
         return []
 
     # -- fetches ---------------------------------------------------------------------------------------
@@ -371,10 +372,7 @@ class ReplicaSet:
         return out
 
     def _schedule_persist(self) -> None:
-        self._spawn(self._persist_quietly())
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+        task = asyncio.create_task(self._persist_quietly())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
