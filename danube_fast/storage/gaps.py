@@ -38,6 +38,21 @@ def open_gaps(gaps: Sequence[Gap], found: Sequence[ObjectDescriptor]) -> list[Ga
     return still
 
 
+def uncovered(first: int, last: int, found: Sequence[ObjectDescriptor]) -> list[tuple[int, int]]:
+    """Every run of offsets in first..last that no descriptor covers (open_gaps stops at the first)."""
+    runs = []
+    at = first
+    for d in sorted(found, key=lambda d: d.start_offset):
+        if d.end_offset < at or d.start_offset > last:
+            continue
+        if d.start_offset > at:
+            runs.append((at, d.start_offset - 1))
+        at = max(at, d.end_offset + 1)
+    if at <= last:
+        runs.append((at, last))
+    return runs
+
+
 def gaps_from(gaps: Sequence[Gap], floor: int) -> list[Gap]:
     """`gaps` cut at `floor`, below which retention deleted everything (nothing there is pending)."""
     return [(max(first, floor), last, broker) for first, last, broker in gaps if last >= floor]

@@ -15,6 +15,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.fencing import Ownership, OwnershipLost
 from danube_fast.meta.resources import ObjectDescriptor, RetentionState, SealedState
 from danube_fast.meta.store import MetadataStore, Op, Put, TxnResult
+from danube_fast.storage.gaps import uncovered
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.cluster]
 
@@ -45,6 +46,9 @@ def test_contiguous_end_and_open_gaps() -> None:
     assert handoff.open_gaps([(20, 29, 7)], found) == [(20, 29, 7)]
     assert handoff.open_gaps([(15, 29, 7)], found) == [(20, 29, 7)]  # partly covered
     assert handoff.open_gaps([(20, 29, 7)], [*found, descriptor(20, 29)]) == []
+    # open_gaps stops at the first offset missing; uncovered lists every run no object covers
+    assert uncovered(5, 50, found) == [(20, 29), (40, 50)]
+    assert uncovered(20, 29, found) == [(20, 29)] and uncovered(0, 19, found) == []
 
 
 def test_a_new_topic_starts_at_zero_and_keeps_a_local_wal(store: Any) -> None:

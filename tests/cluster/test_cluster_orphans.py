@@ -21,12 +21,15 @@ import pytest
 from danube_fast.broker.cluster import reconciler as reconciler_module
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.reconciler import Reconciler
+from danube_fast.codec import frames
 from danube_fast.meta import keys
-from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog
+from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog, SealedState
 from danube_fast.meta.store import Put
 from danube_fast.names import TopicName
 from danube_fast.storage import WalConfig
 from danube_fast.storage.log_manager import LogManager
+from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.wal import Wal
 
 Run = Callable[..., Any]
 ME = 7
@@ -107,5 +110,45 @@ def test_a_recovery_writes_no_descriptor_once_a_successor_took_the_topic_over(st
             await s.delete(keys.replaced_log("ns", "t", ME))  # a takeover that gave up: the recovery goes on
             assert (await orphans._create_only("ns", "t", ME, [empty])).succeeded
             assert not (await orphans._create_only("ns", "t", ME, [empty])).succeeded  # create-only
+
+    run(body())
+
+
+def test_a_copy_fills_only_a_gap_a_later_owner_recorded_and_declares_only_uncovered_runs_empty(
+        store: Any, run: Run, tmp_path: Path) -> None:
+    """A follower's copy of broker OF's term, retired (follower.py): while the state key is still OF's own
+    reservation (its term goes on, or the next owner has not begun), the copy goes without writing
+    anything: its records may lie above what every in-sync copy holds, and uploading them would show
+    readers offsets a failover reuses (the chaos campaign caught a follower restarting with such a copy).
+    Once a later owner recorded OF's gap, a copy of a successor fills it and declares the rest empty, but
+    only where no object is: OF may have uploaded records past the copy's end before it died."""
+    of = 9
+
+    async def copy_of(directory: Path) -> None:
+        wal = await Wal.open(str(directory))
+        await wal.append(frames.encode_payloads([b"r%d" % i for i in range(10)]))  # 0..9
+        await wal.close()
+
+    async def body() -> None:
+        async with store() as s:
+            orphans = Orphans(SimpleNamespace(wal=WalConfig()), s, None, ME)  # type: ignore[arg-type]
+            for start, end in ((0, 9), (12, 20)):
+                await s.put(keys.object_descriptor("ns", "t", start),
+                            ObjectDescriptor(f"data-{start}", start, end, 10, True, 1).to_json())
+            name = TopicName("ns", "t")
+            await s.put(keys.sealed_state("ns", "t"), SealedState(False, 10_000_019, of, 1).to_json())
+            await copy_of(tmp_path / "a")
+            await orphans.recover_copy(name, str(tmp_path / "a"), of, complete=True)
+            assert not (tmp_path / "a").exists()
+            assert [d.start_offset for d in await load_descriptors(s, "ns", "t")] == [0, 12]  # none written
+
+            gaps = {"gaps": [[10, 10_000_019, of]]}  # the next owner's reservation records OF's gap
+            later = SealedState(False, 20_000_019, ME, 1, extra=gaps)
+            await s.put(keys.sealed_state("ns", "t"), later.to_json())
+            await copy_of(tmp_path / "b")
+            await orphans.recover_copy(name, str(tmp_path / "b"), of, complete=True)
+            found = await load_descriptors(s, "ns", "t")
+            assert [(d.start_offset, d.end_offset, d.size) for d in found] == \
+                [(0, 9, 10), (10, 11, 0), (12, 20, 10), (21, 10_000_019, 0)]
 
     run(body())

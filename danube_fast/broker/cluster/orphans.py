@@ -27,7 +27,7 @@ from danube_fast.meta import keys
 from danube_fast.meta.resources import ObjectDescriptor, ReplacedLog, SealedState
 from danube_fast.meta.store import Compare, MetadataError, MetadataStore, Op, Put, TxnResult
 from danube_fast.names import TopicName
-from danube_fast.storage.gaps import open_gaps
+from danube_fast.storage.gaps import open_gaps, uncovered
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.uploader import Uploader
 from danube_fast.storage.wal import Wal
@@ -68,9 +68,9 @@ class Orphans:
         try:
             state = await handoff.read_state(self._store, ns, t)
             found = await load_descriptors(self._store, ns, t)
-            bound = self._bound(state, of)
-            uncovered = open_gaps([(wal.start_offset, wal.committed_offset - 1, of)], found)
-            first = uncovered[0][0] if uncovered else None
+            bound = self._bound(state, of, own)
+            missing = open_gaps([(wal.start_offset, wal.committed_offset - 1, of)], found)
+            first = missing[0][0] if missing else None
             if first is None:
                 last = wal.committed_offset - 1  # every record is in the object tier already
             elif bound is None or first > bound:
@@ -84,30 +84,34 @@ class Orphans:
                 return
             else:
                 last = await self._upload_from(wal, ns, t, of, first, min(bound + 1, wal.committed_offset))
-            empty = complete and bound is not None and last < bound
+            # The rest of the range holds nothing acknowledged: declared empty where no object covers it
+            # (records above `last` may be in objects already: the owner uploaded them before it died).
+            empty = [] if not complete or bound is None or last >= bound else \
+                uncovered(last + 1, bound, await load_descriptors(self._store, ns, t))
             if empty:
-                assert bound is not None
-                descriptor = ObjectDescriptor("", last + 1, bound, 0, True, int(time.time()))
-                done = await self._create_only(ns, t, of, [Put(keys.object_descriptor(ns, t, last + 1),
-                                                                descriptor.to_json())])
+                puts = [Put(keys.object_descriptor(ns, t, low),
+                            ObjectDescriptor("", low, high, 0, True, int(time.time())).to_json())
+                        for low, high in empty]
+                done = await self._create_only(ns, t, of, puts)
                 if not done.succeeded:
                     raise MetadataError(f"{name}: the {what} was replaced, or recovered, meanwhile")
             log.info("%s: %s recovered: records through %d in the object tier%s", name, what, last,
-                     f", {last + 1}..{bound} declared empty" if empty else "")
+                     "".join(f", {low}..{high} declared empty" for low, high in empty))
         finally:
             await wal.close()
         await _delete(directory)
 
     @staticmethod
-    def _bound(state: SealedState | None, me: int) -> int | None:
-        """The last offset this broker could have committed: its own reservation, or the gap a later owner
-        recorded for it."""
+    def _bound(state: SealedState | None, of: int, own: bool) -> int | None:
+        """The last offset broker `of` could have committed that a later owner left missing: the gap that
+        owner recorded for it, or (this broker's own log) its own reservation. A copy never fills its
+        owner's reservation: that owner, or the term after it, still holds the range."""
         if state is None:
             return None
-        if not state.sealed and state.broker_id == me:
+        if own and not state.sealed and state.broker_id == of:
             return state.last_committed_offset
         for _, last, broker in handoff.state_gaps(state):
-            if broker == me:
+            if broker == of:
                 return last
         return None
 

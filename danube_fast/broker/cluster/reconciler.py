@@ -194,9 +194,7 @@ class Reconciler:
         taken = None
         if copy is not None:
             taken = await self._takeover(name, ownership, point, copy)
-            if taken is None:
-                await self._copies.discard(name)
-            else:
+            if taken is not None:
                 point = taken
         if taken is None:
             await self._note_successors(name, ownership)
@@ -219,6 +217,8 @@ class Reconciler:
         else:
             await guard.admit(0)  # the reservation is written before anything is acknowledged
             guard.done()
+            if copy is not None and taken is None:  # it fills the gap the reservation records
+                self._copies.retire_taken(name)
             crashpoints.reach(crashpoints.MID_LOAD)
             await self._tier.attach(reliable, None if point.keep_local else point.start - 1)
 

@@ -59,6 +59,7 @@ FETCH_BYTES = 8 * 1024 * 1024  # records per fetch, at most (at least one batch)
 MAX_PENDING = 4  # appends of fetched records being made durable at once
 RETRY = 0.2  # seconds before a fetch is tried again after a failure
 WRITE_RETRY = 1.0  # seconds before a copy that could not be written is opened again
+GAP_WAIT = 30.0  # seconds a retired copy waits for the next owner to record its term's gap
 TRIM_EVERY = 1.0  # seconds between deletions of segments the objects hold
 CACHE_BYTES = 16 * 1024 * 1024  # what every copy's tail cache holds together: copies are written, not read
 META = "copy.json"
@@ -174,7 +175,7 @@ class Copies:
                 if meta is not None and meta[0] == self.me and not self._term_over((ns, t), meta[1]):
                     self._handed[ns, t] = meta[1]  # handed over before a restart; the next term decides
                 elif (ns, t) not in wanted and self._view.owner(ns, t) != self.me:
-                    await self._retire(ns, t)
+                    self._later(self._retire(ns, t))
 
     async def _retire(self, ns: str, t: str) -> None:
         """The copy's term is over: its records fill what the dead owner left missing, if anything, then it
@@ -183,6 +184,10 @@ class Copies:
         log_dir = os.path.join(self._dir(ns, t), "log")
         if meta is not None and os.path.isdir(log_dir):
             owner, epoch = meta
+            if owner != self.me and not await self._gap_known(ns, t, owner):
+                log.warning("%s: the next owner after broker %d has not written where it started; the copy "
+                            "is kept for the next start", keys.topic_name(ns, t), owner)
+                return
             complete = owner == self.me  # this broker's own log, handed over: it holds all of its term
             kv = None if complete else await self._store.get(keys.term_successors(ns, t, owner))
             if kv is not None:
@@ -195,6 +200,23 @@ class Copies:
                             keys.topic_name(ns, t), owner, e)
                 return
         await self._remove(ns, t)
+
+    async def _gap_known(self, ns: str, t: str, owner: int) -> bool:
+        """Whether the state key says what `owner`'s term left missing, for a copy of it to fill: False
+        while it is still that owner's reservation though the topic is no longer that owner's (the next
+        owner writes its own, with the gap, before it appends: moments later), after waiting GAP_WAIT
+        for it. A copy never fills a reservation its owner still holds (orphans.py)."""
+        deadline = time.monotonic() + GAP_WAIT
+        while True:
+            kv = await self._store.get(keys.sealed_state(ns, t))
+            state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+            pending = state is not None and not state.sealed and state.broker_id == owner and \
+                self._view.owner(ns, t) != owner
+            if not pending:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(RETRY)
 
     # -- one copy --------------------------------------------------------------------------------------
 
@@ -242,6 +264,7 @@ class Copies:
             None, lambda: shutil.rmtree(directory, ignore_errors=True))
 
     async def _open(self, ns: str, t: str, start: int) -> Wal:
+        self._ends.pop((ns, t), None)  # written again when this one closes
         return await Wal.open(os.path.join(self._dir(ns, t), "log"), self._config.wal, initial_offset=start,
                               pool=self._pool, cache_budget=self._budget)
 
@@ -401,5 +424,12 @@ class Copies:
         return TakenCopy(log_dir, meta[0], meta[1], end)
 
     async def discard(self, name: TopicName) -> None:
-        """A taken copy the reconciler did not use."""
+        """A taken copy the reconciler made the topic's WAL (what is left of it)."""
         await self._remove(name.namespace, name.topic)
+
+    def retire_taken(self, name: TopicName) -> None:
+        """A taken copy the reconciler did not take over (the objects hold all of it, or it is of another
+        term): retired in the background, so that its records, or its word that its term acknowledged
+        nothing more, close the gap that term left (the reconciler calls this once the topic's own
+        reservation, which records that gap, is written)."""
+        self._later(self._retire(name.namespace, name.topic))

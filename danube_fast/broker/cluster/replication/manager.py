@@ -86,7 +86,7 @@ class Replication:
             return rs.epoch, await rs.hand_over(timeout)
         finally:
             self._handing.discard(topic.full)
-            self.detach(topic)
+            self.detach(topic, release=True)  # what no follower holds is drained, when none took it all
 
     def sealing(self, topic: str) -> None:
         """The topic is being unloaded: the pass leaves its copies alone (the registry drops the topic
@@ -94,11 +94,13 @@ class Replication:
         if topic in self._sets:
             self._handing.add(topic)
 
-    def detach(self, topic: ReliableTopic) -> None:
+    def detach(self, topic: ReliableTopic, release: bool = False) -> None:
+        """The topic stops being replicated here; `release`: its readers see all its WAL holds (ReplicaSet
+        `close`)."""
         self._handing.discard(topic.full)
         rs = self._sets.pop(topic.full, None)
         if rs is not None:
-            rs.close()
+            rs.close(release)
 
     async def _replicate(self, topic: ReliableTopic, guard: TopicGuard, policy: Policy) -> None:
         rs = ReplicaSet(topic, self.me, guard.ownership.revision, guard.write, policy.copies,

@@ -174,8 +174,15 @@ class ReplicaSet:
                            f"minInSyncReplicas {self.needed}: not stored for sure, send again later")
 
     def _line(self) -> int:
-        """Every record below this is on every in-sync copy."""
-        return min([self._wal.durable_offset, *(self.followers[b].durable for b in self.isr)])
+        """Every record below this is on every copy a failover may continue from."""
+        return min([self._wal.durable_offset, *(self.followers[b].durable for b in self._holders())])
+
+    def _holders(self) -> set[int]:
+        """The followers a failover may continue from: the in-memory ISR and those written eligible. Readers
+        see nothing they lack: an eligible follower taking over continues at its copy's end, and a record
+        above it that a reader saw would share its offset with the next one stored there."""
+        eligible = self.written.eligible if self.written is not None else ()
+        return self.isr | {b for b in eligible if b in self.followers}
 
     def _wake(self) -> None:
         self._changed.set()
@@ -193,21 +200,25 @@ class ReplicaSet:
         await self._persist()
         self._ready.set()
 
-    def close(self) -> None:
-        """The topic stops being replicated here (unloaded, or its policy asks for one copy): waiting
+    def close(self, release: bool = False) -> None:
+        """The topic stops being replicated here (unloaded, lost, or its policy asks for one copy): waiting
         acknowledgements of records not yet on enough copies fail (UNAVAILABLE: the client sends them
-        again, and finds them stored)."""
+        again, and finds them stored). Readers stay held where they were unless `release`: a topic that
+        lost its ownership is still read until it is unloaded, and a successor may be continuing it from
+        a copy's end (the chaos campaign caught a reader there seeing a record whose offset the successor
+        then gave another)."""
         self._closed = True
         if self.topic.replicas is self:
             self.topic.replicate(None)
-        self._wal.release_visible()
+        if release:
+            self._wal.release_visible()
         self._ready.set()
         self._wake()
 
     async def forget(self) -> None:
         """replicationFactor went to 1: the copies are not wanted any more (the key goes, followers drop
         theirs)."""
-        self.close()
+        self.close(release=True)
         await self._write([Delete(keys.replicas(self._ns, self._t))])
 
     async def hand_over(self, timeout: float) -> list[int]:
@@ -286,9 +297,9 @@ class ReplicaSet:
 
     def _progress(self, broker: int, f: _Follower, low: int, durable: int) -> None:
         """The follower has every record below `low`, durably those below `durable`."""
-        if durable < f.durable and broker in self.isr:
-            # Less than it said before (its copy started again): out of the ISR at the next pass, written
-            # first; until then the line stays where it was, never lowered under a reader.
+        if durable < f.durable and broker in self._holders():
+            # Less than it said before (its copy started again): out of the ISR (or the eligible) at the
+            # next pass, written first; until then the line stays where it was, never lowered under a reader.
             log.warning("%s: broker %d now holds less than it did (%d < %d)", self.topic.full, broker,
                         durable, f.durable)
             f.regressed = True
@@ -302,24 +313,24 @@ class ReplicaSet:
         # Caught up within a quarter of the lag allowed (a pipelined copy trails by a few fetches): it joins.
         if broker not in self.isr and not self._closed and now - f.caught_up_at <= self._lag_s / 4:
             self._join(broker, f)
-        if broker in self.isr:
-            if f.joined_at is not None and f.durable >= f.joined_at:
-                f.joined_at = None
-                self._schedule_persist()
+        if broker in self.isr and f.joined_at is not None and f.durable >= f.joined_at:
+            f.joined_at = None
+            self._schedule_persist()
+        if broker in self._holders():
             self._show()
         self._wake()
 
     def _join(self, broker: int, f: _Follower) -> None:
         """In memory now: acknowledgements wait for it from here on; written as in sync once it holds what
         is durable here now (every record acknowledged so far)."""
-        if not self.isr:
+        if not self._holders():
             self._wal.hold_visible(self._wal.committed_offset)
         self.isr.add(broker)
         f.joined_at = self._wal.durable_offset
         log.info("%s: broker %d caught up, joining the in-sync copies", self.topic.full, broker)
 
     def _show(self) -> None:
-        if self.isr:
+        if self._holders():
             self._wal.show_through(self._line())
 
     # -- the in-sync set over time ---------------------------------------------------------------------
@@ -340,7 +351,8 @@ class ReplicaSet:
         leaving |= surplus & self.isr
         wanted = self.copies - 1 - (len(self.followers) - len(gone))
         added = pick(wanted, {self.me, *self.followers}) if wanted > 0 else []
-        if not leaving and not gone and not added:
+        regressed = any(self.followers[b].regressed for b in self._holders() - self.isr)
+        if not leaving and not gone and not added and not regressed:
             return
         if surplus:
             log.info("%s: %d copies wanted now: broker(s) %s no longer follow it", self.topic.full,
@@ -395,8 +407,9 @@ class ReplicaSet:
             before = self.written
             eligible: set[int] = set()
             if len(isr) < self.needed and before is not None:  # nothing is acknowledged from here on
-                whole = {b for b in out & set(before.isr) if not self.followers[b].regressed}
-                eligible = (set(before.eligible) | whole) & set(followers)
+                whole = out & set(before.isr)
+                eligible = {b for b in (set(before.eligible) | whole) & set(followers)
+                            if not self.followers[b].regressed}
             value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr),
                                   tuple(sorted(eligible - set(isr))))
             if value != self.written:
@@ -404,18 +417,19 @@ class ReplicaSet:
                 self.written = value
                 self._wake()  # acknowledgements wait for the written ISR to count enough copies
             self.isr -= out
-            for b in out & set(self.followers):
+            for b in (out | set(before.eligible if before is not None else ())) & set(self.followers):
                 self.followers[b].regressed = False
-                self.followers[b].joined_at = None
+                if b in out:
+                    self.followers[b].joined_at = None
             for b in gone or ():
                 self.followers.pop(b, None)
             for b in adding:
                 self.followers.setdefault(b, _Follower())
+        if not self._holders():
+            self._wal.release_visible()
+        else:
+            self._show()
         if out:
-            if not self.isr:
-                self._wal.release_visible()
-            else:
-                self._show()
             self._wake()
 
     def describe(self) -> TopicReplicas:
