@@ -32,6 +32,8 @@ from bench.chaos.nemesis import Nemesis
 from bench.chaos.servers import ChaosCluster, chaos_cluster
 from bench.common import progress
 from danube_fast.client import FastProducer
+from danube_fast.meta.backup import backup
+from danube_fast.meta.connect import open_store
 from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
 from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 
@@ -81,7 +83,7 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path, replication: in
             import uvloop
 
             outcome, history = uvloop.run(_campaign(cluster, seed, seconds, replication,
-                                                    replication > 1 if wipes is None else wipes))
+                                                    replication > 1 if wipes is None else wipes, out_dir))
         except asyncio.CancelledError:  # SIGTERM (_campaign): the `with` stops every server on the way out
             raise SystemExit(128 + signal.SIGTERM) from None
         except BaseException:
@@ -99,8 +101,8 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path, replication: in
     return outcome, history
 
 
-async def _campaign(cluster: ChaosCluster, seed: int, seconds: float, replication: int, wipes: bool
-                    ) -> tuple[Outcome, History]:
+async def _campaign(cluster: ChaosCluster, seed: int, seconds: float, replication: int, wipes: bool,
+                    out_dir: Path) -> tuple[Outcome, History]:
     history = History(seed)
     if replication > 1:
         await _replicate(cluster, replication)
@@ -141,12 +143,26 @@ async def _campaign(cluster: ChaosCluster, seed: int, seconds: float, replicatio
     kinds: dict[str, int] = {}
     for f in history.faults:
         kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    await _save_metadata(cluster, out_dir / f"chaos-metadata-{seed}.jsonl", seed)
     verdict = checker.check(history, workload.subscriptions())
     outcome = Outcome(seed, seconds, verdict, len(history.faults), kinds, recovery, list(nemesis.errors),
                       watchdog_restarts=load.watchdog_restarts, open_failures=load.open_failures,
                       last_open_error=load.last_open_error, drain_seconds=drain_seconds,
                       replication=replication)
     return outcome, history
+
+
+async def _save_metadata(cluster: ChaosCluster, path: Path, seed: int) -> None:
+    """The metadata store as the campaign left it (the product's backup format, docs/METADATA.md), beside
+    the history: where a record was lost, its descriptors, gaps and copies' keys say why."""
+    try:
+        store = await open_store(cluster.etcd.url)
+        try:
+            await backup(store, path)
+        finally:
+            await store.close()
+    except Exception as e:  # the campaign's verdict does not depend on it
+        progress(f"seed {seed}: the metadata could not be saved: {e}")
 
 
 async def _replicate(cluster: ChaosCluster, copies: int) -> None:

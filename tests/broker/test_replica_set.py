@@ -215,6 +215,38 @@ def test_a_lagging_follower_is_written_out_first_and_stays_eligible_when_below_t
     run(main())
 
 
+def test_a_dead_follower_in_sync_stays_named_while_eligible_and_goes_once_its_replacement_is_in_sync(
+        tmp_path: Path, run: Run) -> None:
+    """F crashed (its registration expired) while in sync, minInSyncReplicas 2: its disk holds every
+    acknowledged record, so it stays named, eligible, beside the broker that replaces it; should the owner's
+    machine be lost before that one caught up, F continues the topic when it is back."""
+    async def main() -> None:
+        rs, wal, written = await replica_set(tmp_path, needed=2)
+        await wal.append(batch(2))
+        await fetch(rs, 0)
+        await fetch(rs, 2)
+        await settle(rs)
+        assert written[-1].isr == (ME, F)
+        await wal.append(batch(1))  # not on F
+        await rs.maintain({ME, 3}, lambda n, taken: [3][:n])
+        assert written[-1] == TopicReplicas(ME, 7, (F, 3), (ME,), (F,))
+        assert wal.committed_offset == 2  # F may continue the topic: readers see nothing it lacks
+        await rs.maintain({ME, 3}, lambda n, taken: [])  # nothing changed: nothing written
+        assert len(written) == 3 and written[-1].eligible == (F,)
+        await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=3, epoch=7, from_offset=0,
+                                       durable_offset=0))
+        await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=3, epoch=7, from_offset=3,
+                                       durable_offset=3))
+        await settle(rs)
+        assert written[-1] == TopicReplicas(ME, 7, (F, 3), (ME, 3))  # back at the minimum
+        await rs.maintain({ME, 3}, lambda n, taken: [])
+        assert written[-1] == TopicReplicas(ME, 7, (3,), (ME, 3)) and set(rs.followers) == {3}
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
 def test_a_dead_follower_is_replaced_and_a_fetch_that_does_not_fit_resets(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         rs, wal, written = await replica_set(tmp_path, needed=1)

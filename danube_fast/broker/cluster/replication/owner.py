@@ -402,16 +402,18 @@ class ReplicaSet:
         write made meanwhile cannot put a leaving member back."""
         out = (leaving or set()) | (gone or set())
         async with self._writing:
-            followers = sorted({*self.followers, *adding} - (gone or set()))
             isr = [self.me, *sorted(b for b in self.isr - out if self.followers[b].joined_at is None)]
             before = self.written
             eligible: set[int] = set()
             if len(isr) < self.needed and before is not None:  # nothing is acknowledged from here on
                 whole = out & set(before.isr)
-                eligible = {b for b in (set(before.eligible) | whole) & set(followers)
-                            if not self.followers[b].regressed}
-            value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr),
-                                  tuple(sorted(eligible - set(isr))))
+                eligible = {b for b in (set(before.eligible) | whole) - set(isr)
+                            if b in self.followers and not self.followers[b].regressed}
+            # A dead follower stays named while it is eligible: its disk may hold the only other copy of
+            # what was acknowledged (a crash, not a lost machine), and it goes on copying when it is back.
+            dropped = (gone or set()) - eligible
+            followers = sorted({*self.followers, *adding} - dropped)
+            value = TopicReplicas(self.me, self.epoch, tuple(followers), tuple(isr), tuple(sorted(eligible)))
             if value != self.written:
                 await self._write([Put(keys.replicas(self._ns, self._t), value.to_json())])
                 self.written = value
@@ -421,7 +423,7 @@ class ReplicaSet:
                 self.followers[b].regressed = False
                 if b in out:
                     self.followers[b].joined_at = None
-            for b in gone or ():
+            for b in dropped:
                 self.followers.pop(b, None)
             for b in adding:
                 self.followers.setdefault(b, _Follower())
