@@ -52,6 +52,7 @@ from danube_fast.storage.wal import Buffer, Wal
 log = logging.getLogger("danube_fast.broker")
 
 Outcome = tuple[int, int, int]  # first offset, last offset, records
+Confirm = Callable[[Outcome], Awaitable[None]]  # raises unless a stored outcome may be acknowledged now
 Append = Callable[[Callable[[int, int], None]], Awaitable[Outcome]]  # append(stored): see publish
 WINDOW = 256  # sequences remembered per producer: twice what our producer may have unacknowledged
 MAX_PRODUCERS = 1024  # producers remembered per topic (the ones used last)
@@ -123,9 +124,10 @@ class ProducerSequences:
         await asyncio.shield(self._rebuilt)
 
     def publish(self, name: str, session: int, sequence: int, append: Append,
-                confirm: Callable[[], Awaitable[None]]) -> asyncio.Future[Outcome]:
+                confirm: Confirm) -> asyncio.Future[Outcome]:
         """The outcome of sequenced batch (session, sequence) of producer `name`: the first copy's when it
-        was seen (once `confirm()` says this broker may still acknowledge), else that of `append(stored)`
+        was seen (once `confirm(outcome)` says it may be acknowledged: on enough copies, this broker still
+        the owner), else that of `append(stored)`
         (started here, at once, so that appends keep the order of calls). `append` calls `stored(first, last)`
         as soon as the batch is in the log: a batch stored whose acknowledgement then failed (the fence could
         not confirm the ownership in time) is a first copy all the same, and its retry must find it."""
@@ -298,14 +300,16 @@ def _offset(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
 
 
-async def _confirmed(outcome: Outcome, confirm: Callable[[], Awaitable[None]]) -> Outcome:
-    """A stored first copy's outcome, acknowledged only as the first copy would be (the fence confirms)."""
-    await confirm()
+async def _confirmed(outcome: Outcome, confirm: Confirm) -> Outcome:
+    """A stored first copy's outcome, acknowledged only as the first copy would be: its records on enough
+    copies (a first copy whose acknowledgement failed because its follower fell out of sync is not), and the
+    fence confirming."""
+    await confirm(outcome)
     return outcome
 
 
 async def _same(first: asyncio.Future[Outcome], stored: Callable[[], Outcome | None],
-                confirm: Callable[[], Awaitable[None]]) -> Outcome:
+                confirm: Confirm) -> Outcome:
     """The outcome of a first copy being appended, for its retry (not cancelled with it): the first copy's
     acknowledgement, or, when that failed after the batch was stored, the stored offsets once confirmed."""
     try:

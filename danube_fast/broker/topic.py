@@ -197,7 +197,15 @@ class ReliableTopic(Topic):
         if sequenced is None:
             return asyncio.ensure_future(append(_nothing))
         # A batch the topic already holds is answered with the first copy's offsets (sequences.py).
-        return self.sequences.publish(producer, *sequenced, append, self.fence.confirm)
+        return self.sequences.publish(producer, *sequenced, append, self._acknowledgeable)
+
+    async def _acknowledgeable(self, stored: Outcome) -> None:
+        """What the acknowledgement of records stored here waits for, a retry's as the first copy's: every
+        copy they must be on (the first copy's may have failed for want of them), then the fence."""
+        replicas = self.replicas
+        if replicas is not None:
+            await replicas.replicated(stored[1])
+        await self.fence.confirm()
 
     def describe(self) -> str:
         return f", WAL at offset {self.wal.committed_offset}"

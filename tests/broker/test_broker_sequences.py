@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 
 from danube_fast.broker import sequences
+from danube_fast.broker.ownership import Unfenced
 from danube_fast.broker.sequences import Outcome, ProducerSequences
+from danube_fast.broker.topic import ReliableTopic
 from danube_fast.codec import frames
 from danube_fast.errors import ApiError
+from danube_fast.meta.resources import Policy
+from danube_fast.names import TopicName
 from danube_fast.storage import SyncPolicy, Wal, WalConfig
 
 Run = Callable[..., Any]
@@ -56,13 +60,13 @@ class Fence:
         self.lost = False
         self.confirms = 0
 
-    async def confirm(self) -> None:
+    async def confirm(self, stored: Outcome) -> None:
         self.confirms += 1
         if self.lost:
             raise ApiError("UNAVAILABLE", "the topic moved")
 
 
-async def ok() -> None:
+async def ok(stored: Outcome) -> None:
     """A fence that always confirms."""
 
 
@@ -273,5 +277,46 @@ def test_a_batch_stored_whose_ack_failed_is_a_first_copy_all_the_same(run: Run) 
             await first
         assert await retry == (10, 19, 10)
         assert append.calls == 2
+
+    run(main())
+
+
+def test_a_retry_of_a_stored_batch_is_acknowledged_only_once_its_records_are_on_enough_copies(
+        run: Run, tmp_path: Path) -> None:
+    """The 5-minute chaos campaign's case: a replicated topic stored a batch, its follower fell out of sync
+    and the first copy's acknowledgement failed (too few copies); the producer's retry must not be answered
+    with the stored offsets on the fence's word alone: those records were on one disk, and the follower
+    that took the topic over gave their offsets to others. The topic's confirm waits for the copies."""
+
+    class Copies:
+        def __init__(self) -> None:
+            self.holds = 0  # offsets below this are on every copy
+
+        async def admit(self) -> None:
+            pass
+
+        async def replicated(self, last: int) -> None:
+            if last >= self.holds:
+                raise ApiError("UNAVAILABLE", f"offset {last} is not on enough copies")
+
+    async def main() -> None:
+        wal = await Wal.open(str(tmp_path))
+        topic = ReliableTopic(TopicName("default", "t"), Policy(), Unfenced(None), wal)
+        copies = Copies()
+        topic.replicate(copies)  # type: ignore[arg-type]
+        await topic.ready_for_batches()
+        data = frames.encode_payloads([b"r%d" % i for i in range(3)])
+
+        def append(stored: Callable[[int, int], None]) -> Any:
+            return topic.publish_batch(data, 3, stored)
+
+        with pytest.raises(ApiError, match="not on enough copies"):
+            await topic.publish_once("p", (7, 1), append)
+        with pytest.raises(ApiError, match="not on enough copies"):  # the retry: stored, not on the copies
+            await topic.publish_once("p", (7, 1), append)
+        copies.holds = 3  # the follower caught up
+        assert await topic.publish_once("p", (7, 1), append) == (0, 2, 3)
+        assert wal.committed_offset == 3  # stored once
+        await wal.close()
 
     run(main())
