@@ -184,11 +184,14 @@ class ReplacedLog(Resource):
     """`.../replaced/{broker_id}`: an in-sync follower took the topic over from that broker when it died
     (docs/REPLICATION.md): every record the dead broker acknowledged is at or below `through` in the new
     owner's log, and what its own log holds above that was never acknowledged. Its orphan recovery uploads
-    nothing and deletes the directory."""
+    nothing and deletes the directory. `by` (ours; absent in keys written before it): the broker that took
+    it over, whose own orphan recovery fills the dead broker's range should it die before it wrote where
+    its term starts."""
 
     RESOURCE = "replaced log"
 
     through: int  # -1: the dead owner acknowledged nothing
+    by: int | None = None
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     @classmethod
@@ -198,10 +201,13 @@ class ReplacedLog(Resource):
         if through != -1:
             through = f.uint("through")
         assert isinstance(through, int)
-        return cls(through, f.extra())
+        return cls(through, f.uint("by") if f.has("by") else None, f.extra())
 
     def to_obj(self) -> JSON:
-        return with_extra({"through": self.through}, self.extra)
+        obj: JSONObject = {"through": self.through}
+        if self.by is not None:
+            obj["by"] = self.by
+        return with_extra(obj, self.extra)
 
 
 @dataclass(frozen=True)

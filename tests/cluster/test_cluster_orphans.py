@@ -152,3 +152,31 @@ def test_a_copy_fills_only_a_gap_a_later_owner_recorded_and_declares_only_uncove
                 [(0, 9, 10), (10, 11, 0), (12, 20, 10), (21, 10_000_019, 0)]
 
     run(body())
+
+
+def test_a_successor_lost_before_its_reservation_fills_the_gap_of_the_broker_it_replaced(
+        store: Any, run: Run, tmp_path: Path) -> None:
+    """ME took the topic over from dead broker OF with its copy (`replaced/{OF}` = through 9, by ME) and died
+    before it wrote a reservation: the next owner recorded OF's range as OF's gap. OF's recovery leaves it
+    to ME (the replaced key), so ME's own orphan recovery, whose WAL holds every record OF acknowledged,
+    fills it and declares the rest empty (the chaos campaign caught readers waiting there for good)."""
+    of = 9
+
+    async def body() -> None:
+        async with store() as s:
+            orphans = Orphans(SimpleNamespace(wal=WalConfig()), s, None, ME)  # type: ignore[arg-type]
+            await s.put(keys.object_descriptor("ns", "t", 0),
+                        ObjectDescriptor("data-0", 0, 9, 10, True, 1).to_json())
+            await s.put(keys.replaced_log("ns", "t", of), ReplacedLog(9, ME).to_json())
+            gaps = {"gaps": [[10, 10_000_019, of]]}
+            await s.put(keys.sealed_state("ns", "t"),
+                        SealedState(False, 20_000_019, 5, 1, extra=gaps).to_json())
+            wal = await Wal.open(str(tmp_path / "w"))
+            await wal.append(frames.encode_payloads([b"r%d" % i for i in range(10)]))  # 0..9, as taken over
+            await wal.close()
+            await orphans.recover(TopicName("ns", "t"), str(tmp_path / "w"))
+            found = await load_descriptors(s, "ns", "t")
+            assert [(d.start_offset, d.end_offset) for d in found] == [(0, 9), (10, 10_000_019)]
+            assert not (tmp_path / "w").exists()
+
+    run(body())

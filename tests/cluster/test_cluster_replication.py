@@ -110,6 +110,35 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
     run(cluster, body)
 
 
+def test_an_owner_whose_process_died_is_replaced_before_its_lease_runs_out(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """kill -9: nothing listens on the owner's admin port any more, so its follower's fetches are refused
+    at once; the follower revokes the owner's lease (replication/dead_owner.py) and the topic moves to it
+    well within the 15 s lease, with every acknowledged record."""
+    brokers = cluster.start(3, **HELD_UPLOADS, lease_ttl_s=15)
+    topic = "/default/quick-failover"
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            await set_namespace_policy(brokers[0], "default", replicationFactor=2, minInSyncReplicas=2)
+            await subscribe_early(brokers[0], topic)
+            copies = await in_sync(store, topic, 2)
+            acked = await produce_n(brokers[0].url, topic, 0, 100, "p")
+            victim = cluster.by_id(copies.owner)
+            survivor = cluster.by_id(copies.isr[1])
+            victim.kill()
+            killed = time.monotonic()
+            await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic elsewhere", 30.0)
+            took = time.monotonic() - killed
+            assert took < 6, f"moved {took:.1f} s after the kill: the lease (15 s) was waited for"
+            assert await owner(store, topic) == survivor.broker_id
+            got = await read_all(survivor.url, topic, set(acked), timeout=60)
+            assert set(acked) <= set(got), sorted(set(acked) - set(got))[:10]
+            assert "its lease is revoked so that its topics move now" in survivor.log_text()
+
+    run(cluster, body)
+
+
 async def cli_json(broker: Any, *args: str) -> Any:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "danube_fast.cli.main", "admin", *args, "--admin-addr",

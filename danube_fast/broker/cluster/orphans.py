@@ -69,6 +69,8 @@ class Orphans:
             state = await handoff.read_state(self._store, ns, t)
             found = await load_descriptors(self._store, ns, t)
             bound = self._bound(state, of, own)
+            if bound is None and own:
+                bound = await self._replaced_bound(ns, t, state)
             missing = open_gaps([(wal.start_offset, wal.committed_offset - 1, of)], found)
             first = missing[0][0] if missing else None
             if first is None:
@@ -112,6 +114,18 @@ class Orphans:
             return state.last_committed_offset
         for _, last, broker in handoff.state_gaps(state):
             if broker == of:
+                return last
+        return None
+
+    async def _replaced_bound(self, ns: str, t: str, state: SealedState | None) -> int | None:
+        """The end of a dead broker's gap that this broker took over from its copy (`replaced/{dead}` names
+        it) and then lost before it wrote a reservation of its own: the next owner recorded the range as
+        the dead broker's, whose recovery leaves it to the broker that replaced it, so this WAL, which holds
+        every record the dead broker acknowledged, fills it (the chaos campaign caught readers waiting
+        there for good)."""
+        for _, last, broker in handoff.state_gaps(state):
+            kv = await self._store.get(keys.replaced_log(ns, t, broker))
+            if kv is not None and ReplacedLog.from_json(kv.value, key=kv.key).by == self.broker_id:
                 return last
         return None
 

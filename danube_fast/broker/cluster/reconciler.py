@@ -264,7 +264,7 @@ class Reconciler:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         os.rename(copy.log_dir, directory)
         if dead != self.me:  # (this broker's own log, handed over and now taken back, needs no mark)
-            replaced = ReplacedLog(copy.end - 1).to_json()
+            replaced = ReplacedLog(copy.end - 1, self.me).to_json()
             await ownership.write_fenced([Put(keys.replaced_log(ns, t, dead), replaced)])
             # The dead owner, back already, may have recovered its WAL first (orphans.py: its descriptors are
             # refused from that key on): if they reach this copy's end, the topic goes on past them instead.

@@ -38,6 +38,7 @@ from typing import Any
 
 from danube_fast.broker.cluster.handoff import state_gaps
 from danube_fast.broker.cluster.orphans import Orphans
+from danube_fast.broker.cluster.replication.dead_owner import DeadOwners
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
@@ -97,6 +98,7 @@ class Copies:
         self._ends: dict[tuple[str, str], int] = {}  # where a copy closed by its task ended
         self._drops: set[asyncio.Task[None]] = set()  # copies being deleted
         self._follower: asyncio.Task[None] | None = None
+        self._dead = DeadOwners(store)  # owners whose process is gone, told before their lease runs out
 
     # -- life ------------------------------------------------------------------------------------------
 
@@ -347,13 +349,18 @@ class Copies:
                                           durable_offset=-1 if wal is None else wal.committed_offset,
                                           max_bytes=FETCH_BYTES,
                                           wait_ms=0 if wal is None or pending else WAIT_MS)
+                served_under = self._cache.get(keys.broker_register(r.owner))
                 try:
                     got = await self._forwarder.call(registration.admin_addr, "Replication", "Fetch", request,
                                                      pb.FetchResponse)
                 except ApiError as e:
                     log.debug("%s: fetching from broker %d: %s", topic, r.owner, e)
+                    if e.grpc_code == "UNAVAILABLE":
+                        await self._dead.failed(r.owner, registration.admin_addr)
                     await asyncio.sleep(RETRY)
                     continue
+                if served_under is not None:
+                    self._dead.served(r.owner, served_under.mod_revision)
                 if wal is None:
                     os.makedirs(self._dir(ns, t), exist_ok=True)
                     wal = await self._open(ns, t, got.start_offset)
