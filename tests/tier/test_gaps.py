@@ -131,7 +131,7 @@ def test_idempotent_producers_wait_for_the_dead_owners_gap_and_learn_it(backend:
             appended.append(1)
             return 100, 101, 2
 
-        async def confirm() -> None:
+        async def confirm(stored: tuple[int, int, int]) -> None:
             return None
 
         for name, session, seq in (("q", 3, 1), ("q", 3, 2)):
