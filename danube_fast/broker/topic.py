@@ -204,6 +204,7 @@ class ReliableTopic(Topic):
         copy they must be on (the first copy's may have failed for want of them), then the fence."""
         replicas = self.replicas
         if replicas is not None:
+            await replicas.admit()  # as a send: waits a moment for copies that fell short (a move's new term)
             await replicas.replicated(stored[1])
         await self.fence.confirm()
 

@@ -59,6 +59,7 @@ WAIT_MS = 1000  # a fetch at the owner's end waits this long for a record
 FETCH_BYTES = 8 * 1024 * 1024  # records per fetch, at most (at least one batch)
 MAX_PENDING = 4  # appends of fetched records being made durable at once
 RETRY = 0.2  # seconds before a fetch is tried again after a failure
+ADOPT_POLL = 0.02  # seconds between looks at whether a handed copy's next owner has written where it starts
 WRITE_RETRY = 1.0  # seconds before a copy that could not be written is opened again
 GAP_WAIT = 30.0  # seconds a retired copy waits for the next owner to record its term's gap
 TRIM_EVERY = 1.0  # seconds between deletions of segments the objects hold
@@ -323,8 +324,8 @@ class Copies:
                 meta = self._meta(ns, t)
                 if meta is not None and meta != (r.owner, r.epoch):
                     adopt = await self._adopts(ns, t, meta, r)
-                    if adopt is None:  # the next owner is still loading: ask again
-                        await asyncio.sleep(RETRY)
+                    if adopt is None:  # the next owner is still loading: ask again (it writes in ms)
+                        await asyncio.sleep(ADOPT_POLL)
                         continue
                     if adopt:
                         self._write_meta(ns, t, r.owner, r.epoch)
