@@ -36,7 +36,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from danube_fast.broker.cluster.handoff import state_gaps
+from danube_fast.broker.cluster.handoff import read_state, state_gaps
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.replication.dead_owner import DeadOwners
 from danube_fast.broker.cluster.view import ClusterView
@@ -45,7 +45,7 @@ from danube_fast.broker.services.forward import Forwarder
 from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
-from danube_fast.meta.resources import SealedState, TermSuccessors, TopicReplicas
+from danube_fast.meta.resources import TermSuccessors, TopicReplicas
 from danube_fast.meta.store import BadValue, InvalidKey, MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.proto import Replication_pb2 as pb
@@ -211,8 +211,7 @@ class Copies:
         for it. A copy never fills a reservation its owner still holds (orphans.py)."""
         deadline = time.monotonic() + GAP_WAIT
         while True:
-            kv = await self._store.get(keys.sealed_state(ns, t))
-            state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+            state = await read_state(self._store, ns, t)
             pending = state is not None and not state.sealed and state.broker_id == owner and \
                 self._view.owner(ns, t) != owner
             if not pending:
@@ -394,8 +393,7 @@ class Copies:
         followers before it writes its reservation)."""
         if meta[0] != self.me or r.owner not in self._handed_to(ns, t):
             return False
-        kv = await self._store.get(keys.sealed_state(ns, t))
-        state = None if kv is None else SealedState.from_json(kv.value, key=kv.key)
+        state = await read_state(self._store, ns, t)
         if state is not None and state.sealed and state.broker_id == self.me:
             return None  # still this broker's handover
         if state is None or state.broker_id != r.owner or state.sealed:
