@@ -151,6 +151,9 @@ class ReliableDispatcher:
         # once (as Pulsar does).
         self._delays: DelayIndex | None = None
         self._delayed_out: dict[int, int] = {}  # offset -> time: released delayed records not yet acked
+        # (lowest offset, a time at or before theirs) of records taken from the index and being read again:
+        # in neither the index nor _delayed_out until the read is back; a cursor saved meanwhile covers them
+        self._releasing: tuple[int, int] | None = None
         self._scan: _Scan | None = None
         self.delayed_released = 0
         if subscription.kind in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
@@ -525,8 +528,15 @@ class ReliableDispatcher:
                 self._scan = _Scan(spilled[0], self._read_pos, spilled[1])
         if len(self._retry) >= self._config.window or (self._held and self._budget.spent):
             return self._scan is not None  # what was released waits for a consumer first
+        since = delays.earliest()
         due = delays.due(deliver_at.now_ms(), RELEASE_BATCH)
-        for msg, size in await self._fetch(due):
+        if due and since is not None:
+            self._releasing = (due[0], since)
+        try:
+            fetched = await self._fetch(due)
+        finally:
+            self._releasing = None
+        for msg, size in fetched:
             offset = msg.msg_id.topic_offset
             self._waiting[offset] = _Pending(msg, size, None, 0.0, 0, delivered=False)
             self._parked += size
@@ -606,6 +616,9 @@ class ReliableDispatcher:
         if self._scan is not None:
             offsets.append(self._scan.pos)
             times.append(self._scan.since)
+        if self._releasing is not None:
+            offsets.append(self._releasing[0])
+            times.append(self._releasing[1])
         if not offsets:
             return None
         return Delayed(min(offsets), min(times) if times else 0)
