@@ -6,7 +6,10 @@ Per run, in one cluster:
   fresh Reliable topic with that replicationFactor (minInSyncReplicas 2 from 2 copies on), every copy in
   sync before the first send: records/s and the publish-ack p50/p99 (from send_batch to its ack), the
   factor-1 figures of the same run the baseline. Targets: factor 2 at >= 0.7x factor 1's throughput and
-  <= 2x its ack p99.
+  <= 2x its ack p99. Each starts once the machine is quiet (the earlier topics' uploads to moto, which
+  shares the 2 cores, done), and odd runs take the factors from the highest down, so that no factor
+  always runs behind another's uploads. `brokers_cpu_per_mb_rf*`: the CPU the three brokers used over
+  that phase per MB produced (the copies' cost; moto's own is not counted).
 - `paced_ack_*_rf{1,2}`: the same at a fixed PACED_RATE (a load every factor carries here), from when each
   batch was due: the latency a copy adds when nothing queues.
 - `failover_unavailable`: a producer paced at FAILOVER_RATE to a factor-2 topic; its owner is killed
@@ -37,10 +40,10 @@ from typing import Any
 import grpc
 import uvloop
 
-from bench.broker import percentile
+from bench.broker import machine_cpu, percentile
 from bench.cluster.moves import PAUSE, fast_sender, moves_under_traffic
 from bench.cluster.servers import RunningCluster, running_cluster
-from bench.common import Options, Result, Target, median, paired_ratio, progress
+from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames
@@ -65,6 +68,7 @@ KILLS, QUICK_KILLS = 3, 1
 MOVES, QUICK_MOVES = 10, 3
 LEASE_S = 2
 FACTORS = (1, 2, 3)
+QUIET_WINDOW, QUIET_BUSY, QUIET_LIMIT = 1.0, 0.3, 90.0
 SETTINGS: dict[str, int | str] = {"lease_ttl_s": LEASE_S, "replica_lag_ms": 2000, "replica_check_ms": 500,
                                   "load_report_ms": 1000}
 THROUGHPUT_TARGET = Target(">= 0.7x factor 1", ">=", 0.7, of="ratio")
@@ -100,10 +104,15 @@ async def _run(cluster: RunningCluster, r: int, quick: bool) -> dict[str, Any]:
     store = await EtcdStore.connect([cluster.etcd.endpoint])
     got: dict[str, Any] = {}
     try:
-        for factor in FACTORS:
+        # Odd runs go from the highest factor down: neither factor always follows another's uploads.
+        for factor in FACTORS if r % 2 == 0 else tuple(reversed(FACTORS)):
             topic = f"/default/bench-rf{factor}-{r}"
             await _replicated_topic(cluster, store, topic, factor)
-            got[f"full{factor}"] = await _produce(cluster, topic, QUICK_COUNT if quick else COUNT, None)
+            await _quiet()
+            count = QUICK_COUNT if quick else COUNT
+            cpu = _brokers_cpu(cluster)
+            got[f"full{factor}"] = await _produce(cluster, topic, count, None)
+            got[f"cpu{factor}"] = (_brokers_cpu(cluster) - cpu) / (count * BATCH_RECORDS * RECORD_BYTES / 1e6)
             paced = int((QUICK_PACED_S if quick else PACED_S) * PACED_RATE / BATCH_RECORDS)
             got[f"paced{factor}"] = await _produce(cluster, topic, paced, PACED_RATE)
             progress(f"  factor {factor}: {got[f'full{factor}'][0]:,.0f} records/s")
@@ -115,6 +124,23 @@ async def _run(cluster: RunningCluster, r: int, quick: bool) -> dict[str, Any]:
     finally:
         await store.close()
     return got
+
+
+async def _quiet() -> None:
+    """Until the machine is idle (QUIET_BUSY of a core over QUIET_WINDOW s, at most QUIET_LIMIT s): the
+    earlier topics' uploads to moto, which shares these 2 cores, are done before the next measurement."""
+    deadline = time.monotonic() + QUIET_LIMIT
+    while time.monotonic() < deadline:
+        before = machine_cpu()
+        await asyncio.sleep(QUIET_WINDOW)
+        if machine_cpu() - before < QUIET_BUSY * QUIET_WINDOW:
+            return
+    progress(f"  the machine did not go quiet within {QUIET_LIMIT:.0f} s")
+
+
+def _brokers_cpu(cluster: RunningCluster) -> float:
+    """CPU seconds the three brokers have used."""
+    return sum(process_cpu(b.pid) for b in cluster.brokers)
 
 
 async def _admin(cluster: RunningCluster) -> grpc.aio.Channel:
@@ -243,6 +269,7 @@ def _summarise(runs: list[dict[str, Any]]) -> list[Result]:
             Result(f"produce_rf{f}", "records/s", median(rate), n, median(rate1) if base else None,
                    paired_ratio(rate, rate1) if base else None, THROUGHPUT_TARGET if f == 2 else None),
             Result(f"ack_p50_rf{f}", "ms", median(p50), n),
+            Result(f"brokers_cpu_per_mb_rf{f}", "ms/MB", median([r[f"cpu{f}"] * 1e3 for r in runs]), n),
             Result(f"ack_p99_rf{f}", "ms", median(p99), n, median(p99_1) if base else None,
                    paired_ratio(p99, p99_1) if base else None, P99_TARGET if f == 2 else None),
         ]
