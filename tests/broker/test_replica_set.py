@@ -14,6 +14,7 @@ import pytest
 
 from danube_fast.broker.cluster.replication.owner import ReplicaSet
 from danube_fast.codec import frames
+from danube_fast.codec.replication_wire import FetchAnswer, decode_fetch_response
 from danube_fast.errors import ApiError
 from danube_fast.meta.resources import TopicReplicas
 from danube_fast.meta.store import Op, Put, TxnResult
@@ -57,10 +58,12 @@ def batch(n: int) -> bytes:
     return frames.encode_payloads([b"r%d" % i for i in range(n)])
 
 
-async def fetch(rs: ReplicaSet, low: int, durable: int | None = None) -> pb.FetchResponse:
-    """F's fetch from `low`, holding durably what it has (or up to `durable`: appends still being made)."""
-    return await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=F, epoch=7, from_offset=low,
-                                          durable_offset=low if durable is None else durable))
+async def fetch(rs: ReplicaSet, low: int, durable: int | None = None) -> FetchAnswer:
+    """F's fetch from `low`, holding durably what it has (or up to `durable`: appends still being made), read
+    as the follower reads it."""
+    return decode_fetch_response(await rs.fetch(pb.FetchRequest(
+        topic="/default/t", follower_id=F, epoch=7, from_offset=low,
+        durable_offset=low if durable is None else durable)))
 
 
 def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_what_was_acknowledged(

@@ -42,6 +42,7 @@ from danube_fast.broker.cluster.replication.dead_owner import DeadOwners
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
+from danube_fast.codec.replication_wire import FetchAnswer
 from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
@@ -352,7 +353,7 @@ class Copies:
                 served_under = self._cache.get(keys.broker_register(r.owner))
                 try:
                     got = await self._forwarder.call(registration.admin_addr, "Replication", "Fetch", request,
-                                                     pb.FetchResponse)
+                                                     FetchAnswer)  # its records a view, not a copy
                 except ApiError as e:
                     log.debug("%s: fetching from broker %d: %s", topic, r.owner, e)
                     if e.grpc_code == "UNAVAILABLE":

@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from danube_fast.broker.topic import ReliableTopic
+from danube_fast.codec.fast_wire import Buffer
+from danube_fast.codec.replication_wire import encode_fetch_response
 from danube_fast.errors import unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import TopicReplicas
@@ -239,33 +241,31 @@ class ReplicaSet:
 
     # -- fetches ---------------------------------------------------------------------------------------
 
-    async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+    async def fetch(self, request: pb.FetchRequest) -> bytes:
         """A follower's fetch: what it holds is learnt, then the records after it (waiting up to wait_ms
-        for one)."""
+        for one). The answer is a FetchResponse's wire bytes (codec/replication_wire.py)."""
         f = self.followers[request.follower_id]
         wal = self._wal
         start = self.start_offset()
         low = request.from_offset
         if low < 0:
-            return pb.FetchResponse(next_offset=start, start_offset=start, uploaded_through=self._uploaded())
+            return encode_fetch_response((), start, start, self._uploaded())
         if low < wal.start_offset or low > wal.durable_offset:
             # Below what the WAL keeps, or past its end (this log restarted shorter than a copy of it).
             log.info("%s: the copy of broker %d at %d does not fit this log (%d..%d): it starts again at %d",
                      self.topic.full, request.follower_id, low, wal.start_offset, wal.durable_offset, start)
-            return pb.FetchResponse(next_offset=start, start_offset=start, uploaded_through=self._uploaded(),
-                                    reset=True)
+            return encode_fetch_response((), start, start, self._uploaded(), reset=True)
         self._progress(request.follower_id, f, low, min(request.durable_offset, low))
         wait = min(request.wait_ms, MAX_WAIT_MS) / 1000
         if low >= wal.durable_offset and wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wal.wait_durable(low), wait)
-        data, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
+        chunks, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
         now = time.monotonic()
         f.sent.append((now, wal.durable_offset))
         while f.sent and (len(f.sent) > MAX_SENT or f.sent[0][0] < now - 2 * self._lag_s):
             f.sent.popleft()
-        return pb.FetchResponse(data=data, next_offset=next_offset, start_offset=start,
-                                uploaded_through=self._uploaded())
+        return encode_fetch_response(chunks, next_offset, start, self._uploaded())
 
     def start_offset(self) -> int:
         """Where a new copy begins: the first offset the object tier lacks, or the WAL's first if later."""
@@ -275,13 +275,14 @@ class ReplicaSet:
         uploader = self.topic.uploader
         return uploader.checkpoint if uploader is not None else -1
 
-    async def _read(self, low: int, room: int) -> tuple[bytes, int]:
+    async def _read(self, low: int, room: int) -> tuple[list[Buffer], int]:
+        """Whole batches from `low`, up to `room` bytes (at least one batch), and the offset after them."""
         wal = self._wal
         got = await wal.read(low, room, durable=True)
         if got is None:
-            return b"", low
+            return [], low
         chunk, next_offset = clip_batches(got[0], low, wal.durable_offset, room, whole=True)
-        chunks = [chunk]
+        chunks: list[Buffer] = [chunk]
         size = len(chunk)
         while size < room:  # join what more the tail cache holds, as a reader at the tail does
             more = wal.cached(next_offset, room - size, durable=True)
@@ -293,7 +294,7 @@ class ReplicaSet:
             chunks.append(chunk)
             size += len(chunk)
             next_offset = after
-        return b"".join(chunks), next_offset
+        return chunks, next_offset
 
     def _progress(self, broker: int, f: _Follower, low: int, durable: int) -> None:
         """The follower has every record below `low`, durably those below `durable`."""

@@ -19,6 +19,7 @@ from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.services.forward import Forwarder, is_forwarded
 from danube_fast.broker.services.status import Context, unary
+from danube_fast.codec.fast_wire import serialize_request
 from danube_fast.errors import ApiError, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.resources import TopicReplicas
@@ -28,6 +29,9 @@ from danube_fast.proto import Replication_pb2 as pb
 
 
 class ReplicationService:
+    # Fetch answers with the wire bytes of its FetchResponse (codec/replication_wire.py): records copied once.
+    response_serializers = {"Fetch": serialize_request}
+
     def __init__(self, replication: Replication, view: ClusterView, namespaces: Namespaces,
                  forwarder: Forwarder) -> None:
         self._replication = replication
@@ -36,7 +40,7 @@ class ReplicationService:
         self._forwarder = forwarder
 
     @unary
-    async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
+    async def Fetch(self, request: pb.FetchRequest, context: Context) -> bytes:
         me = self._replication.me
         rs = self._replication.find(request.topic)
         if rs is None:
