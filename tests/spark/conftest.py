@@ -29,20 +29,21 @@ def started(builder: SparkSession.Builder) -> SparkSession:
     """The session, its JVM launched again when it exited before it answered. In a full run beside a CPU hog
     the first launch in one worker failed so ("Java gateway process exited before sending its port
     number", with gRPC's "skipping fork() handlers" in that process: spark-submit is forked from a process
-    whose gRPC threads are busy); the failed launch's pipe is collected here, or its ResourceWarning fails
-    whichever test the collector next runs in."""
-    for attempt in range(1, GATEWAY_TRIES + 1):
-        try:
-            return builder.getOrCreate()
-        except PySparkRuntimeError as e:
-            if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == GATEWAY_TRIES:
-                raise
-        # Out of the except clause: the exception (whose traceback holds the failed launch's pipe) is gone,
-        # so the collection below is the one that closes the pipe, with its warning ignored.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
+    whose gRPC threads are busy). The failed launch's pipe is collected here with its ResourceWarning
+    ignored, wherever the collection happens (one ran inside the except clause, as `str(e)` allocated, and
+    its warning failed the test), or it fails whichever test the collector next runs in."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        for attempt in range(1, GATEWAY_TRIES + 1):
+            try:
+                return builder.getOrCreate()
+            except PySparkRuntimeError as e:
+                if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == GATEWAY_TRIES:
+                    raise
+            # Out of the except clause: the exception (whose traceback holds the failed launch's pipe) is
+            # gone, so this collection closes the pipe if none did yet.
             gc.collect()
-        time.sleep(1.0)
+            time.sleep(1.0)
     raise AssertionError("unreachable")
 
 
