@@ -63,7 +63,9 @@ class BatchRequest:
     data: memoryview
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """An integer field as protobuf writes it (a negative int64 as its 10-byte two's complement)."""
+    value &= (1 << 64) - 1
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -87,9 +89,9 @@ def encode_batch_request(seq: int, data: Buffer) -> bytes:
         framed = frames.fill_room(view, head)
         if framed is not None:
             return framed
-    inner = (_SEQ.to_bytes(1, "little") + _varint(seq) if seq else b"") + \
-        _BATCH_DATA.to_bytes(1, "little") + _varint(size)
-    return b"".join((_BATCH.to_bytes(1, "little"), _varint(len(inner) + size), inner, data))
+    inner = (_SEQ.to_bytes(1, "little") + varint(seq) if seq else b"") + \
+        _BATCH_DATA.to_bytes(1, "little") + varint(size)
+    return b"".join((_BATCH.to_bytes(1, "little"), varint(len(inner) + size), inner, data))
 
 
 def serialize_request(request: Any) -> bytes:
@@ -142,11 +144,11 @@ def _encode_records(outer: int, data: Buffer, first_offset: int, last_offset: in
         framed = frames.fill_room(view, head)
         if framed is not None:
             return framed
-    head = (_DATA.to_bytes(1, "little") + _varint(size)) if size else b""
-    tail = (_FIRST.to_bytes(1, "little") + _varint(first_offset) if first_offset else b"") + \
-        (_LAST.to_bytes(1, "little") + _varint(last_offset) if last_offset else b"")
+    head = (_DATA.to_bytes(1, "little") + varint(size)) if size else b""
+    tail = (_FIRST.to_bytes(1, "little") + varint(first_offset) if first_offset else b"") + \
+        (_LAST.to_bytes(1, "little") + varint(last_offset) if last_offset else b"")
     inner = len(head) + size + len(tail)
-    return b"".join((outer.to_bytes(1, "little"), _varint(inner), head, data, tail))
+    return b"".join((outer.to_bytes(1, "little"), varint(inner), head, data, tail))
 
 
 def _padded(value: int, width: int) -> bytes:
@@ -162,7 +164,7 @@ def _padded(value: int, width: int) -> bytes:
     return bytes(out)
 
 
-def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
+def read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
     """(value, next position); -1 as the position when the varint is torn or longer than 10 bytes."""
     value = shift = 0
     while at < end and shift < 70:
@@ -200,14 +202,14 @@ def _records(raw: bytes, outer: int) -> RecordsResponse | None:
     end = len(raw)
     if end < 2 or raw[0] != outer:
         return None
-    length, at = _read_varint(raw, 1, end)
+    length, at = read_varint(raw, 1, end)
     if at <= 0 or at + length != end:
         return None
     start = stop = -1
     first = last = -1
     while at < end:
         tag = raw[at]
-        value, after = _read_varint(raw, at + 1, end)
+        value, after = read_varint(raw, at + 1, end)
         if after < 0:
             return None
         if tag == _DATA and start < 0 and after + value <= end:
@@ -228,13 +230,13 @@ def decode_produce_request(raw: bytes) -> BatchRequest | fast.ProduceRequest:
     """A Batch request as a BatchRequest without copying its data; any other message through protobuf."""
     end = len(raw)
     if end >= 2 and raw[0] == _BATCH:
-        length, at = _read_varint(raw, 1, end)
+        length, at = read_varint(raw, 1, end)
         if at > 0 and at + length == end:
             seq = 0
             if at < end and raw[at] == _SEQ:
-                seq, at = _read_varint(raw, at + 1, end)
+                seq, at = read_varint(raw, at + 1, end)
             if 0 < at < end and raw[at] == _BATCH_DATA and seq < 1 << 64:
-                size, start = _read_varint(raw, at + 1, end)
+                size, start = read_varint(raw, at + 1, end)
                 if start > 0 and start + size == end:
                     return BatchRequest(seq, memoryview(raw)[start:end])
     request: fast.ProduceRequest = fast.ProduceRequest.FromString(raw)

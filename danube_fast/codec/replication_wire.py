@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from danube_fast.codec.fast_wire import Buffer
+from danube_fast.codec.fast_wire import Buffer, read_varint, varint
 from danube_fast.proto import Replication_pb2 as pb
 
 _VARINT, _LENGTH_DELIMITED = 0, 2
@@ -50,39 +50,15 @@ class FetchAnswer:
                                      self.reset)
 
 
-def _varint(value: int) -> bytes:
-    """An int64 as protobuf writes it (a negative one as its 10-byte two's complement)."""
-    value &= _UINT64 - 1
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_fetch_response(chunks: Sequence[Buffer], next_offset: int, start_offset: int,
                           uploaded_through: int, reset: bool = False) -> bytes:
     """The wire bytes of `FetchResponse(data=b"".join(chunks), ...)`, the chunks copied once."""
     size = sum(memoryview(c).nbytes for c in chunks)
-    head = bytes((_DATA,)) + _varint(size) if size else b""
-    tail = b"".join(bytes((tag,)) + _varint(value) for tag, value in (
+    head = bytes((_DATA,)) + varint(size) if size else b""
+    tail = b"".join(bytes((tag,)) + varint(value) for tag, value in (
         (_NEXT, next_offset), (_START, start_offset), (_UPLOADED, uploaded_through), (_RESET, int(reset)))
         if value)
     return b"".join((head, *chunks, tail))
-
-
-def _read_varint(raw: bytes, at: int, end: int) -> tuple[int, int]:
-    """(value, next position); -1 as the position when the varint is torn or longer than 10 bytes."""
-    value = shift = 0
-    while at < end and shift < 70:
-        byte = raw[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    return 0, -1
 
 
 def _int64(value: int) -> int:
@@ -99,7 +75,7 @@ def decode_fetch_response(raw: bytes) -> FetchAnswer:
     ints: dict[int, int] = {}
     while at < end:
         tag = raw[at]
-        value, after = _read_varint(raw, at + 1, end)
+        value, after = read_varint(raw, at + 1, end)
         if after < 0 or tag >= 0x80:
             return _parsed(raw)
         if tag == _DATA and data is None and after + value <= end:
