@@ -171,8 +171,11 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
         # The native listener is advertised as set, or at the advertised address's host and its bound port.
         native_url = "" if listening.fast_port is None else config.fast_advertised_addr or \
             f"{url.split('://', 1)[-1].rpartition(':')[0]}:{listening.fast_port}"
+        if native is not None:
+            native.address = native_url  # what its LOOKUP answers for the topics served here
         if node is None:
-            cluster = ClusterNode(config, store, cache, topics, logs, _registration(config, listening, url),
+            cluster = ClusterNode(config, store, cache, topics, logs,
+                                  _registration(config, listening, url, native_url),
                                   cluster_placement, tier, lambda topic: schemas.load([topic]), namespaces,
                                   forwarder)
             node, rebalancer = cluster, rebalancer or cluster.load_manager
@@ -279,14 +282,15 @@ def _bind_grpc(server: grpc.aio.Server, addr: str, flag: str,
     return port
 
 
-def _registration(config: BrokerConfig, listening: Listening, url: str) -> BrokerRegistration:
+def _registration(config: BrokerConfig, listening: Listening, url: str, native_url: str
+                  ) -> BrokerRegistration:
     """What membership publishes about this broker: its bound ports, under the configured hosts."""
     admin = config.admin_advertised_addr or config.admin_addr.rpartition(":")[0] + f":{listening.admin_port}"
     prom = "" if listening.metrics_port is None else \
         config.prom_exporter.rpartition(":")[0] + f":{listening.metrics_port}"
     scheme = "https://" if config.security.tls else "http://"
     return BrokerRegistration(admin_addr=scheme + admin, advertised_addr=url.split("//", 1)[1],
-                              broker_addr=url, prom_exporter=prom)
+                              broker_addr=url, prom_exporter=prom, fast_addr=native_url)
 
 
 def table_catalog(config: BrokerConfig) -> TableCatalog:

@@ -260,6 +260,16 @@ class NativeConnection(asyncio.BufferedProtocol):
             raise
         return answer
 
+    async def lookup(self, topic: str, timeout: float = 30.0) -> str:
+        """host:port of the native listener of the broker that serves `topic` (LOOKUP); ProduceRejected
+        with the broker's status when it cannot say (NOT_FOUND; FAILED_PRECONDITION: that broker has no
+        native listener; a connection gone: UNAVAILABLE)."""
+        body = frames.string_body(topic)
+        answer = await asyncio.wait_for(self.send(FrameType.LOOKUP, [body], len(body)), timeout)
+        if answer.type != FrameType.LOCATED:
+            raise native_refusal(answer, "LOOKUP")
+        return frames.decode_string(answer.body, "LOCATED", "address")
+
     def open_stream(self, kind: FrameType, parts: Sequence[Part], body_bytes: int
                     ) -> tuple[int, asyncio.Queue[Frame | ProduceRejected]]:
         """Send a request whose answers are many frames (SUBSCRIBE): its request id and their queue (an

@@ -19,6 +19,7 @@ from danube_fast.meta.resources_base import (
     as_str_enum,
     as_uint,
     bad,
+    present,
     with_extra,
 )
 
@@ -49,6 +50,9 @@ class BrokerRegistration(Resource):
     advertised_addr: str  # "0.0.0.0:6650"
     broker_addr: str  # "http://0.0.0.0:6650"
     prom_exporter: str  # "0.0.0.0:9040"
+    # host:port of its native transport listener (docs/TRANSPORT.md); "" (and absent from the value, as in
+    # Danube's) without one
+    fast_addr: str = ""
     extra: JSONObject = field(default_factory=dict, hash=False)
 
     @classmethod
@@ -56,11 +60,12 @@ class BrokerRegistration(Resource):
         f = Fields(value, where)
         return cls(admin_addr=f.string("admin_addr"), advertised_addr=f.string("advertised_addr"),
                    broker_addr=f.string("broker_addr"), prom_exporter=f.string("prom_exporter"),
-                   extra=f.extra())
+                   fast_addr=f.optional_str("fast_addr") or "", extra=f.extra())
 
     def to_obj(self) -> JSON:
-        return with_extra({"admin_addr": self.admin_addr, "advertised_addr": self.advertised_addr,
-                           "broker_addr": self.broker_addr, "prom_exporter": self.prom_exporter}, self.extra)
+        return with_extra(present({"admin_addr": self.admin_addr, "advertised_addr": self.advertised_addr,
+                                   "broker_addr": self.broker_addr, "prom_exporter": self.prom_exporter},
+                                  fast_addr=self.fast_addr or None), self.extra)
 
 
 class BrokerMode:

@@ -138,17 +138,22 @@ def test_bad_bytes_get_an_error_frame_and_the_connection_closed(broker: Broker, 
     assert message in error_of(raw(broker, data)).message, what
 
 
-def test_a_frame_not_served_yet_is_refused_by_request_and_the_connection_stays(broker: Broker) -> None:
+def test_a_frame_that_is_no_request_is_refused_by_request_and_the_connection_stays(broker: Broker) -> None:
+    """An answer's type sent to the broker (LOCATED) is refused for its request id (UNIMPLEMENTED), as a
+    LOOKUP of an unknown topic is (NOT_FOUND); the connection goes on (the PING after them is answered)."""
     with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
         s.sendall(hello() + frames.frame(FrameType.LOOKUP, frames.string_body("/default/x"), 7) +
-                  frames.frame(FrameType.PING, frames.ping_body(99), 8))
+                  frames.frame(FrameType.LOCATED, frames.string_body("10.0.0.1:1"), 8) +
+                  frames.frame(FrameType.PING, frames.ping_body(99), 9))
         decoder = frames.FrameDecoder()
         got: list[frames.Frame] = []
-        while len(got) < 3:
+        while len(got) < 4:
             got += decoder.feed(s.recv(65536))
-    assert [f.type for f in got] == [FrameType.WELCOME, FrameType.ERROR, FrameType.PONG]
-    assert got[1].request_id == 7 and frames.Error.decode(got[1].body).code == "UNIMPLEMENTED"
-    assert frames.decode_ping(got[2].body, "PONG") == 99
+    by_id = {f.request_id: f for f in got}
+    assert got[0].type == FrameType.WELCOME and set(by_id) == {0, 7, 8, 9}
+    assert frames.Error.decode(by_id[7].body).code == "NOT_FOUND"
+    assert frames.Error.decode(by_id[8].body).code == "UNIMPLEMENTED"
+    assert by_id[9].type == FrameType.PONG and frames.decode_ping(by_id[9].body, "PONG") == 99
 
 
 def test_a_handshake_that_never_finishes_is_closed_and_others_are_served(broker: Broker) -> None:

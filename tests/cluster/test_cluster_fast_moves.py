@@ -4,14 +4,19 @@ between three brokers, each following it through lookup (the consumer from the s
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import pytest
 import uvloop
 from test_cluster_moves import meta
 
 from danube_fast.client import FastConsumer, FastProducer
+from danube_fast.client.native import NativeConnection
 from danube_fast.client.reader import TopicReader
+from danube_fast.client.status import ProduceRejected
 from danube_fast.codec import frames
+from danube_fast.meta import keys
 from danube_fast.testing.cluster import Cluster, owner, unload, wait_for
 from danube_fast.testing.etcd import EtcdServer
 from danube_fast.testing.raw_producer import RawProducer
@@ -87,6 +92,47 @@ def test_fast_consumer_and_producer_follow_moves_and_lose_nothing(cluster: Clust
     except BaseException:
         print(cluster.logs())
         raise
+
+
+def test_lookup_on_any_broker_names_the_owners_native_listener_and_follows_a_move(
+        cluster: Cluster, etcd: EtcdServer) -> None:
+    """LOOKUP (docs/TRANSPORT.md) asked of every broker's native listener names the owner's, as each broker
+    registered it (`fast_addr`, docs/METADATA.md), and the next owner's after a move."""
+    cluster.native = True
+    brokers = cluster.start(3)
+    topic = "/default/looked_up"
+    by_id = {b.broker_id: b for b in brokers}
+
+    async def body() -> None:
+        async with meta(etcd) as store:
+            producer = await FastProducer.connect(brokers[0].target, topic, "p", transport="native")
+            await (await producer.send_batch([b"x"]))
+            await producer.close()
+            conns = [await NativeConnection.connect(b.fast_target) for b in brokers]
+            try:
+                for move in range(2):
+                    served_by = by_id[await wait_for(lambda: owner(store, topic), "an owner")]
+                    for conn in conns:
+                        assert await conn.lookup(topic) == served_by.fast_target
+                    kv = await store.get(keys.broker_register(served_by.broker_id))
+                    assert kv is not None and json.loads(kv.value)["fast_addr"] == served_by.fast_target
+                    if move == 0:
+                        source = served_by.broker_id
+                        await unload(store, topic)
+                        await wait_for(lambda source=source: _moved(store, topic, source), "the move")
+                with pytest.raises(ProduceRejected) as unknown:
+                    await conns[0].lookup("/default/never_created")
+                assert unknown.value.grpc_code == "NOT_FOUND"
+            finally:
+                for conn in conns:
+                    await conn.aclose()
+
+    uvloop.run(body())
+
+
+async def _moved(store: Any, topic: str, source: int) -> bool | None:
+    now = await owner(store, topic)
+    return True if now is not None and now != source else None
 
 
 def test_a_retry_across_a_move_is_answered_from_the_first_copy(cluster: Cluster, etcd: EtcdServer) -> None:

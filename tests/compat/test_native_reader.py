@@ -22,6 +22,7 @@ from test_fast_reader import (
 from danube_fast.client import FastProducer
 from danube_fast.client.native import STREAM_HIGH, NativeConnection
 from danube_fast.client.reader import Records, TopicReader
+from danube_fast.client.status import ProduceRejected
 from danube_fast.codec import frames
 from danube_fast.testing.broker import BrokerFactory
 from danube_fast.transport import frames as wire
@@ -195,3 +196,28 @@ def test_concurrent_reads_hold_their_responses_within_the_dispatch_budget(broker
         assert max(held) <= budget + room + one_batch, (max(held), budget)
 
     run_async(scenario(), timeout=100)
+
+
+def test_lookup_names_this_listener_for_its_topics_and_refuses_what_it_cannot_place(
+        broker_factory: BrokerFactory, topic: str) -> None:
+    """LOOKUP (docs/TRANSPORT.md) by the Danube API's lookup rules: a topic served here is LOCATED at this
+    broker's native listener; an unknown topic is NOT_FOUND and a malformed name INVALID_ARGUMENT, each
+    ending only that request."""
+    broker = broker_factory.start(native=True)
+
+    async def scenario() -> None:
+        await produce_batches(broker, topic, 2)
+        conn = await NativeConnection.connect(broker.fast_target)
+        try:
+            assert await conn.lookup(topic) == broker.fast_target
+            with pytest.raises(ProduceRejected) as unknown:
+                await conn.lookup("/default/no_such_topic")
+            assert unknown.value.grpc_code == "NOT_FOUND" and "no_such_topic" in str(unknown.value)
+            with pytest.raises(ProduceRejected) as bad:
+                await conn.lookup("not a topic")
+            assert bad.value.grpc_code == "INVALID_ARGUMENT"
+            assert await conn.lookup(topic) == broker.fast_target  # the connection goes on serving
+        finally:
+            await conn.aclose()
+
+    run_async(scenario())

@@ -654,6 +654,18 @@ def test_unknown_fields_are_kept() -> None:
     assert json.loads(SchemaVersion.from_json(json.dumps(version).encode()).to_json()) == version
 
 
+def test_a_registration_names_its_native_listener_only_when_it_has_one() -> None:
+    """`fast_addr` (docs/METADATA.md): written when the broker serves the native transport, absent (as in
+    Danube's layout) when it does not; a value that is not a string is refused."""
+    base = {"admin_addr": "a", "advertised_addr": "b", "broker_addr": "c", "prom_exporter": "d"}
+    assert "fast_addr" not in json.loads(BrokerRegistration.from_json(json.dumps(base).encode()).to_json())
+    native = BrokerRegistration.from_json(json.dumps(base | {"fast_addr": "10.0.0.5:6651"}).encode())
+    assert native.fast_addr == "10.0.0.5:6651"
+    assert json.loads(native.to_json())["fast_addr"] == "10.0.0.5:6651"
+    with pytest.raises(BadValue, match="fast_addr"):
+        BrokerRegistration.from_json(json.dumps(base | {"fast_addr": 6651}).encode())
+
+
 def test_writing_an_invalid_value_raises() -> None:
     with pytest.raises(BadValue, match="producer being written"):
         Producer(ProducerAccessMode.SHARED, -1, "p", True, "/ns/t").to_json()

@@ -1,5 +1,6 @@
-"""The native transport's listener (docs/TRANSPORT.md): the fast API (produce, consume, and the offset
-reader's OFFSETS and READ) as frames over TCP, served on the event loop with `asyncio.BufferedProtocol`.
+"""The native transport's listener (docs/TRANSPORT.md): the fast API (produce, consume, the offset
+reader's OFFSETS and READ, and LOOKUP) as frames over TCP, served on the event loop with
+`asyncio.BufferedProtocol`.
 
 Why not gRPC: grpcio copies every message into its own slices under the GIL, once to send and twice to
 receive; here a PRODUCE frame's body is read by the kernel straight into a buffer of its own size (only the
@@ -17,9 +18,11 @@ Security as on the gRPC ports: TLS with the broker's certificate in the tls mode
 certificate checked on mTLS); when the broker checks identities, HELLO's token or the client certificate is
 the connection's principal (security/gate.py `connection_principal`, refused with UNAUTHENTICATED and the
 close), and each PRODUCE_OPEN, SUBSCRIBE, OFFSETS and READ passes the same RBAC rule as the gRPC fast API's
-Produce, Consume, Offsets and Read (PERMISSION_DENIED for that request; the connection stays).
+Produce, Consume, Offsets and Read (PERMISSION_DENIED for that request; the connection stays), a LOOKUP
+Discovery.TopicLookup's.
 
-Not yet: lookup.
+LOOKUP answers where a topic is served by the Danube API's lookup rules (discovery.py `locate`): this
+listener, or the native listener its owner registered (`fast_addr` in `/cluster/register/{id}`).
 
 Owner: the event loop. Each `Connection` owns its buffers, its producers and their ack queues.
 """
@@ -40,12 +43,14 @@ from danube_fast import latency
 from danube_fast.broker.clients import new_id
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.dispatch.batches import BatchDispatcher
+from danube_fast.broker.services.discovery import locate
 from danube_fast.broker.services.fast import DEFAULT_WINDOW, check_batch, open_producer, publish
 from danube_fast.broker.services.fast_reader import next_chunks, read_range, read_room, readable
 from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
 from danube_fast.errors import DanubeError, FrameCorrupt, invalid
 from danube_fast.names import parse_topic
+from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.security.gate import Gate
 from danube_fast.security.tls import common_name
@@ -73,6 +78,7 @@ PRODUCE_METHOD = "danube_fast.v1.FastProducer/Produce"  # security/rules.py: wha
 CONSUME_METHOD = "danube_fast.v1.FastConsumer/Consume"
 OFFSETS_METHOD = "danube_fast.v1.FastReader/Offsets"
 READ_METHOD = "danube_fast.v1.FastReader/Read"
+LOOKUP_METHOD = "danube.Discovery/TopicLookup"
 
 
 class NativeServer:
@@ -81,6 +87,7 @@ class NativeServer:
                  max_connections: int = 10_000, inflight_bytes: int = 256 * 1024 * 1024,
                  max_per_principal: int = 1000) -> None:
         self._ctx = ctx
+        self.address = ""  # host:port clients reach this listener at (set once it is bound and advertised)
         self.gate = gate  # None: the broker checks no identities
         self._tls = tls
         self.max_inflight_bytes = max_inflight_bytes
@@ -235,6 +242,8 @@ class Connection(asyncio.BufferedProtocol):
                 pass  # the answer to our PING: hearing it is what counts (buffer_updated)
             elif kind == FrameType.GOODBYE:
                 self._start(self._goodbye())
+            elif kind == FrameType.LOOKUP:
+                self._start(self._lookup(request_id, frames.decode_string(body, "LOOKUP", "topic")))
             elif kind == FrameType.OFFSETS:
                 self._offsets(request_id, frames.decode_string(body, "OFFSETS", "topic"))
             elif kind == FrameType.READ:
@@ -247,7 +256,7 @@ class Connection(asyncio.BufferedProtocol):
                 if (reading := self._reads.get(request_id)) is not None:
                     reading.cancel()
             else:
-                self._error(request_id, "UNIMPLEMENTED", f"{kind.name} is not served by this broker yet")
+                self._error(request_id, "UNIMPLEMENTED", f"{kind.name} is not a request a broker serves")
         except FrameError as e:
             self._error(request_id, e.code, str(e))
 
@@ -413,6 +422,23 @@ class Connection(asyncio.BufferedProtocol):
                 batches.consumer_lost()
                 with contextlib.suppress(DanubeError):
                     await batches.save_cursor()
+
+    async def _lookup(self, request_id: int, topic: str) -> None:
+        """LOCATED: the native listener of the broker that serves `topic`, by Discovery.TopicLookup's rules
+        (waiting for a topic being placed); FAILED_PRECONDITION when that broker has no native listener."""
+        try:
+            self._authorize(LOOKUP_METHOD, pb.TopicLookupRequest(topic=topic))
+            owner = await locate(self._server._ctx, parse_topic(topic))
+        except DanubeError as e:
+            self._error(request_id, e.grpc_code, str(e), e.retriable)
+            return
+        address = self._server.address if owner is None else owner.fast_addr
+        if not address:
+            where = "this broker" if owner is None else f"the broker at {owner.broker_addr}"
+            self._error(request_id, "FAILED_PRECONDITION", f"{topic} is served by {where}, which serves no "
+                                                           "native transport: use its gRPC port")
+            return
+        self._send(frames.frame(FrameType.LOCATED, frames.string_body(address), request_id))
 
     def _offsets(self, request_id: int, topic: str) -> None:
         """RANGE: the first offset still stored and the one after the last committed (FastReader.Offsets)."""
