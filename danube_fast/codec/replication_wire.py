@@ -4,8 +4,9 @@ and not at all on the follower (its WAL appends from a view into the message grp
 
 Hand-written because every byte a follower copies crosses here: the protobuf runtime copies a bytes field
 when the message is built, again when it is serialised, and on the reading side when it parses and on
-every access of the field (fast_wire.py says the same of the fast API's Records). `bench replication`
-measured the owner of a factor-2 topic spending 2.1 ms of CPU per MB more than a factor-1 owner.
+every access of the field (fast_wire.py says the same of the fast API's Records), and a profile of a
+factor-2 topic's owner (docs/REPLICATION.md, "Not yet") found it spending about 2 ms of CPU per MB more
+than a factor-1 owner.
 
 Written: the canonical protobuf encoding (fields in number order, defaults left out). Read: the five
 fields in any order, each at most once, varints of any padding; any other message (an unknown field, a
