@@ -28,10 +28,10 @@ from danube_fast.proto import FastApi_pb2 as fast
 
 Buffer = bytes | bytearray | memoryview
 
-_VARINT, _LENGTH_DELIMITED = 0, 2  # protobuf wire types
+VARINT, LENGTH_DELIMITED = 0, 2  # protobuf wire types
 
 
-def _tag(message: Any, field: str, wire_type: int) -> int:
+def field_key(message: Any, field: str, wire_type: int) -> int:
     """A field's one-byte key (field number and wire type) from the generated descriptor."""
     number = int(message.DESCRIPTOR.fields_by_name[field].number)
     if number >= 16:
@@ -39,14 +39,14 @@ def _tag(message: Any, field: str, wire_type: int) -> int:
     return number << 3 | wire_type
 
 
-_BATCH = _tag(fast.ProduceRequest, "batch", _LENGTH_DELIMITED)
-_BATCH_DATA = _tag(fast.Batch, "data", _LENGTH_DELIMITED)
-_SEQ = _tag(fast.Batch, "seq", _VARINT)
-_RECORDS = _tag(fast.ConsumeResponse, "records", _LENGTH_DELIMITED)
-_READ_RECORDS = _tag(fast.ReadResponse, "records", _LENGTH_DELIMITED)
-_DATA = _tag(fast.Records, "data", _LENGTH_DELIMITED)
-_FIRST = _tag(fast.Records, "first_offset", _VARINT)
-_LAST = _tag(fast.Records, "last_offset", _VARINT)
+_BATCH = field_key(fast.ProduceRequest, "batch", LENGTH_DELIMITED)
+_BATCH_DATA = field_key(fast.Batch, "data", LENGTH_DELIMITED)
+_SEQ = field_key(fast.Batch, "seq", VARINT)
+_RECORDS = field_key(fast.ConsumeResponse, "records", LENGTH_DELIMITED)
+_READ_RECORDS = field_key(fast.ReadResponse, "records", LENGTH_DELIMITED)
+_DATA = field_key(fast.Records, "data", LENGTH_DELIMITED)
+_FIRST = field_key(fast.Records, "first_offset", VARINT)
+_LAST = field_key(fast.Records, "last_offset", VARINT)
 _LENGTH_WIDTH, _OFFSET_WIDTH = 5, 10  # padded varints: a length below 2**35, any uint64
 # The framing written in front of the data: outer tag and length, first_offset, last_offset, data tag, length.
 RECORDS_ROOM = 1 + _LENGTH_WIDTH + 2 * (1 + _OFFSET_WIDTH) + 1 + _LENGTH_WIDTH

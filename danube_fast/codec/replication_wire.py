@@ -18,17 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from danube_fast.codec.fast_wire import Buffer, read_varint, varint
+from danube_fast.codec.fast_wire import LENGTH_DELIMITED, VARINT, Buffer, field_key, read_varint, varint
 from danube_fast.proto import Replication_pb2 as pb
 
-_VARINT, _LENGTH_DELIMITED = 0, 2
-_NUMBERS = {name: pb.FetchResponse.DESCRIPTOR.fields_by_name[name].number
-            for name in ("data", "next_offset", "start_offset", "uploaded_through", "reset")}
-_DATA = _NUMBERS["data"] << 3 | _LENGTH_DELIMITED
-_NEXT = _NUMBERS["next_offset"] << 3 | _VARINT
-_START = _NUMBERS["start_offset"] << 3 | _VARINT
-_UPLOADED = _NUMBERS["uploaded_through"] << 3 | _VARINT
-_RESET = _NUMBERS["reset"] << 3 | _VARINT
+_DATA = field_key(pb.FetchResponse, "data", LENGTH_DELIMITED)
+_NEXT = field_key(pb.FetchResponse, "next_offset", VARINT)
+_START = field_key(pb.FetchResponse, "start_offset", VARINT)
+_UPLOADED = field_key(pb.FetchResponse, "uploaded_through", VARINT)
+_RESET = field_key(pb.FetchResponse, "reset", VARINT)
 _UINT64 = 1 << 64
 
 
