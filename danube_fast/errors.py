@@ -43,6 +43,13 @@ class WalWriteError(StorageError):
     retriable = True
 
 
+class WalBusy(StorageError):
+    """The WAL's directory is open already, in this process or another (storage/dir_lock.py)."""
+
+    grpc_code = "UNAVAILABLE"
+    retriable = True
+
+
 class WalClosed(StorageError):
     """The log was closed (or failed) while the operation waited."""
 

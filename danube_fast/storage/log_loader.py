@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from danube_fast.codec import frames
 from danube_fast.errors import ObjectCorrupt, WalCorrupt, WalWriteError
+from danube_fast.storage import open_logs
 from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES, INDEX_SUFFIX, LOG_SUFFIX
 from danube_fast.storage.objects import format as object_format
 from danube_fast.storage.segments import FILE_HEADER, CleanClose, SegmentFiles, Segments, headless
@@ -81,13 +82,16 @@ class LogLoader:
         self._footers: dict[int, object_format.Footer] = {}  # sealed segments that are whole objects
         self._header_due: Segment | None = None
 
-    def load(self, initial_offset: int) -> LoadedLog:
+    def load(self, initial_offset: int, owner: object) -> LoadedLog:
         """Create the directory if it is missing and recover what it holds; on any failure the segments
-        opened so far are closed. `initial_offset`: the first offset of a log with no segment yet."""
+        opened so far are closed. `initial_offset`: the first offset of a log with no segment yet; `owner`:
+        the log that holds the directory from now until its close (storage/open_logs.py)."""
+        open_logs.claim(self._directory, owner)  # before recovery: no other open recovers it at once
         try:
             os.makedirs(self._directory, exist_ok=True)
             return self._recover(initial_offset)
         except BaseException as e:
+            open_logs.leave(self._directory, owner)
             for seg in self._segments:
                 seg.close()
             if isinstance(e, OSError):

@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
 from danube_fast.errors import OffsetOutOfRange, WalClosed, WalWriteError
-from danube_fast.storage import wal_engine
+from danube_fast.storage import open_logs, wal_engine
 from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES, AppendResult
 from danube_fast.storage.log_loader import LogLoader, RecoveryReport
 from danube_fast.storage.objects import format as object_format
@@ -88,7 +88,7 @@ class SegmentedLog:
         self._failed: OSError | None = None
         self._closed = False
         self._released = False  # files closed while the log is idle; the next use reopens them (release)
-        loaded = LogLoader(self._files, index_interval_bytes).load(initial_offset)
+        loaded = LogLoader(self._files, index_interval_bytes).load(initial_offset, owner=self)
         self._segments = loaded.segments
         self._header_due = loaded.header_due  # the active segment, while its file header is not written
         self._next_offset = loaded.next_offset
@@ -215,8 +215,7 @@ class SegmentedLog:
                 raise WalWriteError(f"writing {total} bytes to {seg.log_path} failed: {e.strerror or e}; "
                                     "nothing of this append was kept") from e
             with self._lock:
-                # Index entries only after the bytes they point at are in the file.
-                seg.add_entries(marks)
+                seg.add_entries(marks)  # index entries only after the bytes they point at are in the file
                 if at == seg.start:
                     seg.opened = time.monotonic()
                 seg.size = at + total
@@ -326,7 +325,8 @@ class SegmentedLog:
                     segments = self._segments.clear()
                 for seg in segments:
                     seg.close()
-            self._files.write_clean(clean)  # the files closed: a direct append's padding is cut
+                self._files.write_clean(clean)  # the files closed: a direct append's padding is cut
+                open_logs.leave(self._directory, self)  # (write_clean raises nothing)
 
     @property
     def released(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import gc
 import importlib
 import itertools
 import json
@@ -31,7 +32,7 @@ from typing import Any
 import pytest
 
 from danube_fast.codec.fast_wire import encode_records_response
-from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalClosed, WalCorrupt, WalWriteError
+from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalBusy, WalClosed, WalCorrupt, WalWriteError
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.storage._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
 from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
@@ -425,6 +426,27 @@ def test_a_clean_close_spares_the_next_open_the_scan_and_nothing_else_changes(
     log = open_log(**options)
     assert log.recovery.scanned_bytes > 0 and log.recovery.truncated_bytes > 0
     log.close()
+
+
+def test_a_directory_is_opened_once_at_a_time(
+        frames: ModuleType, wal_impl: ModuleType, open_log: Callable[..., Any], tmp_path: Path) -> None:
+    """A second open of a directory this process has open is refused before it recovers anything (two
+    recoveries of one directory cut and remap each other's files: a broker died of SIGBUS that way); once
+    the first is closed, or dropped and collected, the directory opens again."""
+    gen, model = Batches(frames, 7), Model(frames)
+    log = open_log()
+    fill(log, gen, model, 6)
+    with pytest.raises(WalBusy, match="open already"):
+        open_log()
+    fill(log, gen, model, 2)
+    assert_all_readable(log, model)
+    log.close()
+    dropped = make_log(wal_impl, str(tmp_path / "wal"))
+    assert dropped.next_offset == model.end
+    del dropped
+    gc.collect()
+    again = open_log()
+    assert_all_readable(again, model)
 
 
 def test_initial_offset_applies_only_to_an_empty_directory(

@@ -99,6 +99,9 @@ class Copies:
         self._handed: dict[tuple[str, str], int] = {}  # this broker's own logs it handed over, by term
         self._ends: dict[tuple[str, str], int] = {}  # where a copy closed by its task ended
         self._drops: set[asyncio.Task[None]] = set()  # copies being deleted
+        # One user of a copy's directory at a time: its fetch task for as long as it copies, a retirement,
+        # a take. Two would open its WAL twice (storage/open_logs.py), or delete it under an open one.
+        self._dir_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._follower: asyncio.Task[None] | None = None
         self._dead = DeadOwners(store)  # owners whose process is gone, told before their lease runs out
 
@@ -184,6 +187,11 @@ class Copies:
     async def _retire(self, ns: str, t: str) -> None:
         """The copy's term is over: its records fill what the dead owner left missing, if anything, then it
         goes. A failure (the object store away) keeps it, for the next start or term change to try again."""
+        async with self._dir_lock(ns, t):
+            await self._retire_held(ns, t)
+
+    async def _retire_held(self, ns: str, t: str) -> None:
+        """`_retire`, its directory's lock held."""
         meta = self._meta(ns, t)
         log_dir = os.path.join(self._dir(ns, t), "log")
         if meta is not None and os.path.isdir(log_dir):
@@ -203,7 +211,7 @@ class Copies:
                 log.warning("%s: the copy of broker %d's term could not fill its gap (%s); kept",
                             keys.topic_name(ns, t), owner, e)
                 return
-        await self._remove(ns, t)
+        await self._remove_held(ns, t)
 
     async def _gap_known(self, ns: str, t: str, owner: int) -> bool:
         """Whether the state key says what `owner`'s term left missing, for a copy of it to fill: False
@@ -225,6 +233,9 @@ class Copies:
 
     def _dir(self, ns: str, t: str) -> str:
         return os.path.join(self.root, ns, t)
+
+    def _dir_lock(self, ns: str, t: str) -> asyncio.Lock:
+        return self._dir_locks.setdefault((ns, t), asyncio.Lock())
 
     def _read_meta(self, ns: str, t: str) -> Any:
         """copy.json as written (`_write_meta`), None when missing or unreadable."""
@@ -260,7 +271,8 @@ class Copies:
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
 
-    async def _remove(self, ns: str, t: str) -> None:
+    async def _remove_held(self, ns: str, t: str) -> None:
+        """Delete the copy, its directory's lock held."""
         self._ends.pop((ns, t), None)
         directory = self._dir(ns, t)
         await asyncio.get_running_loop().run_in_executor(
@@ -277,7 +289,8 @@ class Copies:
         the in-sync set meanwhile, and it catches up once it can write again."""
         while True:
             try:
-                await self._copy(ns, t)
+                async with self._dir_lock(ns, t):
+                    await self._copy(ns, t)
                 return
             except (DanubeError, OSError) as e:
                 log.warning("%s: the copy cannot be written (%s); trying again in %.0f s",
@@ -314,7 +327,7 @@ class Copies:
             if wal is not None:
                 await wal.close()
                 wal = None
-            await (self._retire(ns, t) if retire else self._remove(ns, t))
+            await (self._retire_held(ns, t) if retire else self._remove_held(ns, t))
 
         try:
             while True:
@@ -404,10 +417,12 @@ class Copies:
     async def keep_handed(self, name: TopicName, log_dir: str, epoch: int, to: Sequence[int]) -> None:
         """This broker's closed WAL of `name`, whose term `epoch` it handed to `to`, kept as a copy."""
         ns, t = name.namespace, name.topic
-        await self._remove(ns, t)
-        os.makedirs(self._dir(ns, t))
-        os.rename(log_dir, os.path.join(self._dir(ns, t), "log"))
-        self._write_meta(ns, t, self.me, epoch, to)
+        await self._stop_fetching((ns, t))  # (none: this broker owned it; a stale key's at most)
+        async with self._dir_lock(ns, t):
+            await self._remove_held(ns, t)
+            os.makedirs(self._dir(ns, t))
+            os.rename(log_dir, os.path.join(self._dir(ns, t), "log"))
+            self._write_meta(ns, t, self.me, epoch, to)
         self._handed[ns, t] = epoch
 
     async def take(self, name: TopicName) -> TakenCopy | None:
@@ -415,24 +430,29 @@ class Copies:
         topic = (name.namespace, name.topic)
         self._taken.add(topic)
         self._handed.pop(topic, None)
+        await self._stop_fetching(topic)
+        async with self._dir_lock(*topic):  # a retirement under way ends first (and may delete it)
+            meta = self._meta(*topic)
+            log_dir = os.path.join(self._dir(*topic), "log")
+            end = self._ends.pop(topic, None)
+            if meta is None or not os.path.isdir(log_dir):
+                return None
+            if end is None:  # not copied since this broker started (or a handed copy): its WAL says
+                wal = await self._open(*topic, 0)
+                end = wal.committed_offset
+                await wal.close()
+        return TakenCopy(log_dir, meta[0], meta[1], end)
+
+    async def _stop_fetching(self, topic: tuple[str, str]) -> None:
         task = self._fetchers.pop(topic, None)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        meta = self._meta(*topic)
-        log_dir = os.path.join(self._dir(*topic), "log")
-        end = self._ends.pop(topic, None)
-        if meta is None or not os.path.isdir(log_dir):
-            return None
-        if end is None:  # not copied since this broker started (or a handed copy): its WAL says
-            wal = await self._open(*topic, 0)
-            end = wal.committed_offset
-            await wal.close()
-        return TakenCopy(log_dir, meta[0], meta[1], end)
 
     async def discard(self, name: TopicName) -> None:
         """A taken copy the reconciler made the topic's WAL (what is left of it)."""
-        await self._remove(name.namespace, name.topic)
+        async with self._dir_lock(name.namespace, name.topic):
+            await self._remove_held(name.namespace, name.topic)
 
     def retire_taken(self, name: TopicName) -> None:
         """A taken copy the reconciler did not take over (the objects hold all of it, or it is of another
