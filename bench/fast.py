@@ -29,8 +29,15 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   its subscription was made, starting as soon as the producer's last ack came: the broker is then still
   uploading the segments the produce rolled, on the same two cores. `fast_consume_catchup_settled`: the
   same on another topic, started once the broker's CPU has gone quiet (uploads done).
+- Large records (LARGE_BYTES, LARGE_BATCH to a batch: 1 MiB), each transport's `*_64k` figures against the
+  lines of the same run: `disk_direct` (os.write of 16 MiB chunks through O_DIRECT, fdatasync each, as the
+  WAL's direct appends write; bench/micro/disk.py) for durable produce, the gRPC ceiling's consume
+  (`bare_batch_consume_64k`) and the raw-socket ceiling's (`raw_native_consume_64k`) for catch-up consume
+  (settled). `*_cpu_per_mb`: the broker's CPU (every thread) per MB of payload in that phase.
 The issue's targets (>= 2,000,000 records/s reliable publish, >= 3,000,000 catch-up consume) are put on
-`fast_produce_reliable` and `fast_consume_catchup`.
+`fast_produce_reliable` and `fast_consume_catchup`; the native transport's (durable produce of 64 KiB
+records >= 0.8x the O_DIRECT disk line, their catch-up consume >= 2x the gRPC ceiling's and >= 0.8x the
+raw-socket ceiling's) on the `native_*_64k` rows.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import uvloop
 
 from bench.broker import bare_server, metered, percentile, start_bare_native, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
+from bench.e2e import disk_baseline
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
 from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
@@ -65,6 +73,11 @@ IN_FLIGHT = 64
 TARGET = Target(">= 2,000,000 records/s", ">=", 2_000_000)
 CONSUME_TARGET = Target(">= 3,000,000 records/s", ">=", 3_000_000)
 RAW_CONSUME_TARGET = Target(">= 0.8x the raw-socket ceiling", ">=", 0.8, of="ratio")
+DISK_TARGET = Target(">= 0.8x the O_DIRECT disk line", ">=", 0.8, of="ratio")
+GRPC_CEILING_TARGET = Target(">= 2x the gRPC ceiling", ">=", 2.0, of="ratio")
+LARGE_BYTES = 64 * 1024
+LARGE_BATCH = 16  # records of LARGE_BYTES to a batch: 1 MiB, as bench e2e's batches of 64 KiB records
+DISK_BYTES = 512 * 1024 * 1024  # written for the O_DIRECT disk line of each run
 ACK_P99_TARGET = Target("<= 2 ms", "<=", 2.0)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
@@ -127,20 +140,23 @@ async def bare_consume(server: ServerProcess, count: int, record_bytes: int = RE
 
 
 async def consume_through_broker(server: ServerProcess, topic: str, count: int, settle: bool = False,
-                                 transport: str = "grpc") -> tuple[float, None, None]:
+                                 transport: str = "grpc", record_bytes: int = RECORD_BYTES,
+                                 batch_records: int = BATCH_RECORDS, cpu: list[float] | None = None
+                                 ) -> tuple[float, None, None]:
     """Catch-up: a subscription made first, `count` batches produced, then read back with cumulative acks;
-    with `settle`, once the broker has finished what the produce left it (uploads)."""
+    with `settle`, once the broker has finished what the produce left it (uploads). `cpu` gets the
+    broker's CPU ms per MB of payload read."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=True,  # creates the topic
                                           transport="grpc")
     consumer = await FastConsumer.connect(server.target, topic, "catch-up", "bench", transport=transport)
     try:
-        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        payloads = [b"r" * record_bytes] * batch_records
         for _ in range(count):
             await producer.send_batch(payloads)
         await producer.flush()
         if settle:
             await quiet(server.pid)
-        total = count * BATCH_RECORDS
+        total = count * batch_records
         got = 0
         with metered(server.pid) as usage:
             async for delivery in consumer.batches():
@@ -148,6 +164,8 @@ async def consume_through_broker(server: ServerProcess, topic: str, count: int, 
                 await consumer.ack_cumulative(delivery.last_offset)
                 if got >= total:
                     break
+        if cpu is not None:
+            cpu.append(usage.server * 1e3 / (got * record_bytes / 1e6))
         return got / usage.wall, None, None
     finally:
         await consumer.close()
@@ -166,14 +184,16 @@ async def quiet(pid: int, window: float = 0.5, busy: float = 0.05, limit: float 
 
 async def through_broker(server: ServerProcess, topic: str, reliable: bool, count: int,
                          credentials: Credentials | None = None, rate: float | None = None,
-                         transport: str = "grpc") -> tuple[float, float, float]:
+                         transport: str = "grpc", record_bytes: int = RECORD_BYTES,
+                         batch_records: int = BATCH_RECORDS, cpu: list[float] | None = None
+                         ) -> tuple[float, float, float]:
     """`count` batches as fast as acks come back, or offered at `rate` records/s; ack latency per batch from
-    its send, or (paced) from the moment it was due."""
+    its send, or (paced) from the moment it was due. `cpu` gets the broker's CPU ms per MB of payload."""
     producer = await FastProducer.connect(server.target, topic, "bench", reliable=reliable,
                                           max_inflight_bytes=IN_FLIGHT * len(batches(1)[0]),
                                           credentials=credentials, transport=transport)
     try:
-        payloads = [b"r" * RECORD_BYTES] * BATCH_RECORDS
+        payloads = [b"r" * record_bytes] * batch_records
         latencies: list[float] = []
 
         def acked(due: float) -> Callable[[object], None]:
@@ -185,14 +205,16 @@ async def through_broker(server: ServerProcess, topic: str, reliable: bool, coun
                 if rate is None:
                     due = time.perf_counter()
                 else:
-                    due = start + i * BATCH_RECORDS / rate
+                    due = start + i * batch_records / rate
                     if (wait := due - time.perf_counter()) > 0:
                         await asyncio.sleep(wait)
                 future = await producer.send_batch(payloads)
                 future.add_done_callback(acked(due))
             await producer.flush()
         latencies.sort()
-        return (count * BATCH_RECORDS / usage.wall, percentile(latencies, 0.5) * 1e3,
+        if cpu is not None:
+            cpu.append(usage.server * 1e3 / (count * batch_records * record_bytes / 1e6))
+        return (count * batch_records / usage.wall, percentile(latencies, 0.5) * 1e3,
                 percentile(latencies, 0.99) * 1e3)
     finally:
         await producer.close()
@@ -215,18 +237,21 @@ async def raw_native(server: ServerProcess, count: int) -> tuple[float, None, No
         await conn.aclose()
 
 
-async def raw_native_consume(server: ServerProcess, count: int) -> tuple[float, None, None]:
+async def raw_native_consume(server: ServerProcess, count: int, record_bytes: int = RECORD_BYTES,
+                             batch_records: int = BATCH_RECORDS) -> tuple[float, None, None]:
     """The raw-socket ceiling of consume: NativeConsumer reading the bare native server's prebuilt RECORDS
-    frames (a batch of BATCH_RECORDS records each), acknowledging cumulatively as the fast consumer does."""
+    frames (a batch of `batch_records` records each), acknowledging cumulatively as the fast consumer
+    does."""
     conn = await NativeConnection.connect(server.target)
     try:
-        consumer = await NativeConsumer.subscribe(conn, "/default/bare", "bench", "bench")
+        topic = bare_server.consume_topic(record_bytes, batch_records)
+        consumer = await NativeConsumer.subscribe(conn, topic, "bench", "bench")
         got = 0
         with metered(server.pid) as usage:
             async for _, first, last in consumer:
                 got += last - first + 1
                 consumer.ack(up_to=last)
-                if got >= count * BATCH_RECORDS:
+                if got >= count * batch_records:
                     break
         return got / usage.wall, None, None
     finally:
@@ -244,6 +269,30 @@ async def read_through_broker(server: ServerProcess, topic: str, transport: str)
         return got / usage.wall, None, None
 
 
+async def large_records(broker: ServerProcess, bare_grpc: ServerProcess, bare_native: ServerProcess, run: int,
+                        count: int) -> Figures:
+    """The `*_64k` figures: `count` batches of LARGE_BATCH records of LARGE_BYTES, produced durably and read
+    back settled over each transport, with the broker's CPU per MB; the two ceilings' consume."""
+    shape: dict[str, Any] = {"record_bytes": LARGE_BYTES, "batch_records": LARGE_BATCH}
+    figures: Figures = {
+        "bare_batch_consume_64k": await bare_consume(bare_grpc, count, **shape),
+        "raw_native_consume_64k": await raw_native_consume(bare_native, count, **shape),
+    }
+    for transport in ("grpc", "native"):
+        cpu: list[float] = []
+        await quiet(broker.pid)
+        figures[f"{transport}_produce_reliable_64k"] = await through_broker(
+            broker, f"/default/{transport}_produce_64k-{run}", True, count, transport=transport, cpu=cpu,
+            **shape)
+        await quiet(broker.pid)
+        figures[f"{transport}_consume_catchup_settled_64k"] = await consume_through_broker(
+            broker, f"/default/{transport}_consume_64k-{run}", count, settle=True, transport=transport,
+            cpu=cpu, **shape)
+        figures[f"{transport}_produce_64k_cpu_per_mb"] = (cpu[0], None, None)
+        figures[f"{transport}_consume_64k_cpu_per_mb"] = (cpu[1], None, None)
+    return figures
+
+
 def run_fast(options: Options) -> list[Result]:
     count = 200 if options.quick else 1000  # batches per figure: 200k or 1M records
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-fast-", dir=options.parent_dir))
@@ -252,8 +301,9 @@ def run_fast(options: Options) -> list[Result]:
     native_server = start_bare_native(scratch / "bare-native.log")
     try:
         for run in range(options.runs):
+            disk = disk_baseline(str(scratch), DISK_BYTES // (8 if options.quick else 1), direct=True)
+            figures: Figures = {"disk_direct": (disk, None, None)}
             broker = start_broker(scratch / f"broker-{run}", native=True)
-            figures: Figures = {}
             try:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                     runner.run(bare(bare_server, count // 10))  # warm-up
@@ -285,11 +335,13 @@ def run_fast(options: Options) -> list[Result]:
                     for transport in ("grpc", "native"):
                         figures[f"{transport}_read"] = runner.run(read_through_broker(
                             broker, f"/default/native_consume_settled-{run}", transport))
+                    figures.update(runner.run(large_records(broker, bare_server, native_server, run,
+                                                            50 if options.quick else 1000)))
             finally:
                 broker.stop()
             runs.append(figures)
             progress(f"run {run + 1}/{options.runs}: " + ", ".join(
-                f"{name} {rate:,.0f} rec/s" for name, (rate, _, _) in figures.items()))
+                f"{name} {value:,.1f}" for name, (value, _, _) in figures.items()))
     finally:
         bare_server.stop()
         native_server.stop()
@@ -353,6 +405,37 @@ def summarise(runs: list[Figures]) -> list[Result]:
     results.append(Result("native_read", "records/s", median(native_read), n, median(grpc_read),
                           paired_ratio(native_read, grpc_read)))
     results.append(Result("native_read_mb", "MB/s", median(native_read) * RECORD_BYTES / 1e6, n))
+    return results + summarise_large(runs)
+
+
+def summarise_large(runs: list[Figures]) -> list[Result]:
+    n = len(runs)
+
+    def mb(name: str) -> list[float]:
+        return [r[name][0] * LARGE_BYTES / 1e6 for r in runs]
+
+    disk = [r["disk_direct"][0] for r in runs]
+    results = [Result("disk_direct", "MB/s", median(disk), n)]
+    for transport in ("grpc", "native"):
+        produced = mb(f"{transport}_produce_reliable_64k")
+        results.append(Result(f"{transport}_produce_reliable_64k", "MB/s", median(produced), n, median(disk),
+                              paired_ratio(produced, disk), DISK_TARGET if transport == "native" else None))
+        p99 = [p for r in runs if (p := r[f"{transport}_produce_reliable_64k"][2]) is not None]
+        results.append(Result(f"{transport}_produce_64k_ack_p99", "ms", median(p99), n))
+    ceiling, raw = mb("bare_batch_consume_64k"), mb("raw_native_consume_64k")
+    results.append(Result("bare_batch_consume_64k", "MB/s", median(ceiling), n))
+    results.append(Result("raw_native_consume_64k", "MB/s", median(raw), n))
+    grpc_read, native_read = mb("grpc_consume_catchup_settled_64k"), mb("native_consume_catchup_settled_64k")
+    results.append(Result("grpc_consume_catchup_settled_64k", "MB/s", median(grpc_read), n, median(ceiling),
+                          paired_ratio(grpc_read, ceiling)))
+    results.append(Result("native_consume_catchup_settled_64k", "MB/s", median(native_read), n,
+                          median(ceiling), paired_ratio(native_read, ceiling), GRPC_CEILING_TARGET))
+    results.append(Result("native_consume_catchup_settled_64k_of_raw", "MB/s", median(native_read), n,
+                          median(raw), paired_ratio(native_read, raw), RAW_CONSUME_TARGET))
+    for transport in ("grpc", "native"):
+        for phase in ("produce", "consume"):
+            name = f"{transport}_{phase}_64k_cpu_per_mb"
+            results.append(Result(name, "ms CPU/MB", median([r[name][0] for r in runs]), n))
     return results
 
 

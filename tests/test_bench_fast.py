@@ -32,6 +32,14 @@ def test_a_tiny_run_prints_both_transports_figures(tmp_path: Path) -> None:
     assert figures["native_consume_catchup_settled_of_raw"]["baseline"] == \
         figures["raw_native_consume"]["value"] > 0
     assert figures["native_read"]["value"] > 0
+    assert figures["native_produce_reliable_64k"]["baseline"] == figures["disk_direct"]["value"] > 0
+    assert figures["native_consume_catchup_settled_64k"]["baseline"] == \
+        figures["bare_batch_consume_64k"]["value"] > 0
+    assert figures["native_consume_catchup_settled_64k_of_raw"]["baseline"] == \
+        figures["raw_native_consume_64k"]["value"] > 0
+    assert figures["grpc_consume_catchup_settled_64k"]["value"] > 0
+    assert all(figures[f"{t}_{p}_64k_cpu_per_mb"]["value"] > 0 for t in ("grpc", "native")
+               for p in ("produce", "consume"))
     p50, p99 = (figures[f"native_produce_reliable_ack_{q}"]["value"] for q in ("p50", "p99"))
     assert 0 < p50 <= p99
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"

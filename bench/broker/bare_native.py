@@ -5,9 +5,10 @@ prints one `bare native server ready` line on stdout when it serves and stops cl
 - HELLO gets a WELCOME as the broker's (64 MiB unacknowledged per connection), PRODUCE_OPEN a producer id,
   and each PRODUCE an ACK at once (offsets counted per connection): what the same NativeProducer reaches
   when nothing is checked, appended or synced.
-- SUBSCRIBE gets SUBSCRIBED, then one prebuilt RECORDS frame (a batch of RECORDS_PER_FRAME records of
-  RECORD_BYTES) again and again, written whenever the transport takes more: the floor of a native consumer's
-  reads. Acknowledgements are read and ignored.
+- SUBSCRIBE gets SUBSCRIBED, then one prebuilt RECORDS frame again and again, written whenever the transport
+  takes more: the floor of a native consumer's reads. The frame holds a batch of the shape the topic names
+  as the bare gRPC server's do (`bare_server.consume_topic`: `...-{record_bytes}x{records}`), else of
+  RECORDS_PER_FRAME records of RECORD_BYTES. Acknowledgements are read and ignored.
 
 Same receive path (transport/receiver.py) and event loop (uvloop) as the broker's listener
 (broker/services/native.py), so the figures against it are what the broker itself costs.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import signal
 from typing import cast
 
@@ -34,10 +36,9 @@ RECORD_BYTES = 256
 
 
 class BareConnection(asyncio.BufferedProtocol):
-    def __init__(self, records: bytes) -> None:
+    def __init__(self) -> None:
         self._receiver = FrameReceiver(self._frame)
         self._transport: asyncio.Transport | None = None
-        self._records = records
         self._next = 0  # the next offset a PRODUCE gets
         self._writable = asyncio.Event()
         self._writable.set()
@@ -79,30 +80,44 @@ class BareConnection(asyncio.BufferedProtocol):
             ack = frames.offsets_body(first, self._next - 1)
             write(frames.header(FrameType.ACK, len(ack), frame.request_id) + ack)
         elif frame.type == FrameType.SUBSCRIBE:
-            task = asyncio.get_running_loop().create_task(self._stream(frame.request_id))
+            topic = frames.Subscribe.decode(frame.body).topic
+            task = asyncio.get_running_loop().create_task(self._stream(frame.request_id, topic))
             self._streams.add(task)
         elif frame.type == FrameType.PING:
             write(frames.frame(FrameType.PONG, frame.body.tobytes(), frame.request_id))
         elif frame.type == FrameType.GOODBYE:
             self._transport.close()
 
-    async def _stream(self, request_id: int) -> None:
+    async def _stream(self, request_id: int, topic: str) -> None:
         assert self._transport is not None
         self._transport.write(frames.frame(FrameType.SUBSCRIBED, frames.offsets_body(1, 0), request_id))
-        head = frames.header(FrameType.RECORDS, 16 + len(self._records), request_id)
+        record_bytes, count = shape(topic)
+        records = batch(record_bytes, count)
+        head = frames.header(FrameType.RECORDS, 16 + len(records), request_id)
         first = 0
         while not self._transport.is_closing():
             await self._writable.wait()
-            self._transport.writelines([head, frames.offsets_body(first, first + RECORDS_PER_FRAME - 1),
-                                        self._records])
-            first += RECORDS_PER_FRAME
+            self._transport.writelines([head, frames.offsets_body(first, first + count - 1), records])
+            first += count
+
+
+def shape(topic: str) -> tuple[int, int]:
+    """(record bytes, records per frame) that a subscription's topic names."""
+    size, _, count = topic.rpartition("-")[2].partition("x")
+    if size.isdigit() and count.isdigit() and int(count) > 0:
+        return int(size), int(count)
+    return RECORD_BYTES, RECORDS_PER_FRAME
+
+
+@functools.cache
+def batch(record_bytes: int, count: int) -> bytes:
+    return codec.encode_payloads([b"r" * record_bytes] * count, publish_time=1, producer_id=1,
+                                 producer_name="bare")
 
 
 async def serve(port: int) -> None:
-    records = codec.encode_payloads([b"r" * RECORD_BYTES] * RECORDS_PER_FRAME, publish_time=1, producer_id=1,
-                                    producer_name="bare")
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: BareConnection(records), "127.0.0.1", port, reuse_address=True)
+    server = await loop.create_server(BareConnection, "127.0.0.1", port, reuse_address=True)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print(f"{READY} on 127.0.0.1:{port}", flush=True)

@@ -5,8 +5,8 @@ WAL (docs/FORMAT.md); decode them with `danube_fast.codec.frames` (`decode_recor
 pyarrow RecordBatch), skipping offsets below `start_offset` (a batch is delivered whole). `records()` does
 that for you, one Record at a time. Acknowledge with `ack_cumulative(offset)` (everything up to it) or
 `ack(offsets)`; the broker sends more while the unacknowledged bytes stay under `window_bytes` (0, the
-default: the broker's default, services/fast.py DEFAULT_WINDOW; a window above its `[dispatch] window_bytes`
-gets that).
+default: the broker's default, DEFAULT_WINDOW of services/fast.py over gRPC and of services/native.py over
+the native transport; a window above its `[dispatch] window_bytes` gets that).
 
 The consumer follows its topic: when the stream fails with a retriable status (client/status.py: the broker
 stops, crashes or the topic moves to another broker in a cluster: UNAVAILABLE, or the INTERNAL that grpc
