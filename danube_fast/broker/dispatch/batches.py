@@ -193,10 +193,15 @@ class BatchDispatcher:
         return done
 
     async def next_records(self, window: int) -> tuple[Buffer, int, int] | None:
-        """The next whole batches to send (data, first offset, last offset), once the window (at most
-        [dispatch] window_bytes) and the broker's budget have room and the WAL has something committed past
-        what was sent; starts a save of the cursor when one is due (`_save_beside`). None once the
-        dispatcher is stopped or closed: the stream must end."""
+        """`next_chunks` as one buffer (a Records response's data: fast_wire.records_data)."""
+        got = await self.next_chunks(window)
+        return None if got is None else (records_data(got[0]), got[1], got[2])
+
+    async def next_chunks(self, window: int) -> tuple[list[Buffer], int, int] | None:
+        """The next whole batches to send (chunks of them in order, first offset, last offset), once the
+        window (at most [dispatch] window_bytes) and the broker's budget have room and the WAL has something
+        committed past what was sent; starts a save of the cursor when one is due (`_save_beside`). None
+        once the dispatcher is stopped or closed: the stream must end."""
         window = min(window, self._config.window_bytes)
         epoch = self._epoch
         while True:
@@ -254,7 +259,7 @@ class BatchDispatcher:
                     self._sub.sent(records_between(self._wal, first, next_offset), size)
                     if next_offset < self._wal.committed_offset:  # behind the tail: read on while this goes
                         self.read_ahead.start((epoch, position, next_offset, want))
-                    return records_data(chunks), first, next_offset - 1
+                    return chunks, first, next_offset - 1
             # (a save under way wakes it when done, so a store that hangs does not make this spin)
             timeout = None if self._saving else max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):

@@ -400,15 +400,15 @@ class Connection(asyncio.BufferedProtocol):
             self._send(frames.frame(FrameType.SUBSCRIBED, frames.offsets_body(holder, batches.floor + 1),
                                     request_id))
             while not self._closed:
-                got = await batches.next_records(window)
+                got = await batches.next_chunks(window)
                 subscription = topic.subscriptions.get(request.subscription)
                 if got is None or subscription is None or subscription.dispatcher is not batches:
                     break
-                data, first, last = got
-                latency.observe_age(latency.DELIVERY_FAST, codec.parse_header(data).base_timestamp)
-                size = memoryview(data).nbytes
+                chunks, first, last = got
+                latency.observe_age(latency.DELIVERY_FAST, codec.parse_header(chunks[0]).base_timestamp)
+                size = sum(memoryview(c).nbytes for c in chunks)
                 self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
-                                  frames.offsets_body(first, last), data])
+                                  frames.offsets_body(first, last), *chunks])  # cached groups not joined
                 try:
                     await asyncio.wait_for(self._writable.wait(), self._silent_s)
                 except TimeoutError:
