@@ -365,7 +365,7 @@ def versions(report: Report) -> str:
     parts = []
     names = {s.config.name for s in report.systems}
     if OURS in names:
-        parts.append(f"danube_fast grpcio {_dist('grpcio')}")
+        parts.append(f"danube_fast over its native transport (grpcio {_dist('grpcio')} for lookups)")
     nats = [servers.nats_version(always) for name, always in (("nats", False), ("nats_always", True))
             if name in names]
     if nats:

@@ -1,5 +1,6 @@
 """The workload against our broker (standalone, Reliable topics) through our fast client
-(danube_fast.client: FastProducer, FastConsumer), for `python -m bench e2e`.
+(danube_fast.client: FastProducer, FastConsumer), for `python -m bench e2e`. The clients take the native
+transport (frames on TCP, docs/TRANSPORT.md), which a standalone broker serves by default, as a user's do.
 
 - Produce: `FastProducer.send_batch` of `batch_records(size)` records (1,000, fewer where that passes
   BATCH_BYTES), at most IN_FLIGHT batches unacknowledged per producer; the bound is our own semaphore, taken

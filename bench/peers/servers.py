@@ -210,9 +210,10 @@ def rabbitmq_server(data_dir: Path) -> Iterator[ServerProcess]:
 
 @contextmanager
 def danube_broker(data_dir: Path, config: str | None = None) -> Iterator[ServerProcess]:
-    """Our broker, standalone, its metadata store and WALs in `data_dir` (which is emptied first), without
-    the metrics endpoint; `config` is the TOML of its config file (`bench e2e --broker-config`), whose mode,
-    data directory and addresses the command-line flags override."""
+    """Our broker, standalone, its metadata store and WALs in `data_dir` (which is emptied first), serving
+    the native transport as a standalone broker does by default, without the metrics endpoint; `config` is
+    the TOML of its config file (`bench e2e --broker-config`), whose mode, data directory and addresses the
+    command-line flags override."""
     shutil.rmtree(data_dir, ignore_errors=True)
-    with _running(Broker(data_dir, config, metrics=False, die_with_parent=True)) as server:
+    with _running(Broker(data_dir, config, metrics=False, die_with_parent=True, native=True)) as server:
         yield server
