@@ -115,6 +115,11 @@ class Placement(Protocol):
         `find` looks for it among the served topics by full name."""
         ...
 
+    async def loading_here(self, name: TopicName, find: Callable[[str], T | None]) -> T | None:
+        """A topic assigned to this broker and not served yet, once it is (None: assigned elsewhere or to
+        nobody, or not loaded within `assign_wait`)."""
+        ...
+
 
 class LocalPlacement:
     """Standalone: every topic is this broker's, assigned to it in the creating transaction."""
@@ -140,3 +145,6 @@ class LocalPlacement:
     async def created(self, name: TopicName, open_here: Callable[[], Awaitable[T]],
                       find: Callable[[str], T | None]) -> T:
         return await open_here()
+
+    async def loading_here(self, name: TopicName, find: Callable[[str], T | None]) -> T | None:
+        return None

@@ -289,7 +289,14 @@ class TopicRegistry:
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, docs/WIRE.md
         C.4)."""
-        topic = self._served_here(name)
+        topic = self._topics.get(name.full)
+        if topic is None and self._placement.clustered:
+            # A moved topic's producers come as soon as a lookup names this broker, some ms before its
+            # load ends: they wait for it here rather than retry later (the client backs off 20 ms, 40 ms).
+            self.check_loadable(name)
+            topic = await self._placement.loading_here(name, self._topics.get)
+        if topic is None:
+            topic = self._served_here(name)
         if topic is None:
             lock = self._creating.setdefault(name.full, asyncio.Lock())
             async with lock:

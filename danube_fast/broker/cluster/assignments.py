@@ -66,6 +66,11 @@ class ClusterPlacement:
                               "broker")
         return topic
 
+    async def loading_here(self, name: TopicName, find: Callable[[str], T | None]) -> T | None:
+        if self.owner(name) != self.me:
+            return None
+        return await self.wait_loaded(name, find)
+
     async def wait_loaded(self, name: TopicName, find: Callable[[str], T | None]) -> T | None:
         """The topic once this broker serves it; None if it went to another broker or nothing happened
         within `assign_wait_ms` (the client then looks it up again)."""
