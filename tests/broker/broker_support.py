@@ -116,8 +116,9 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def reliable(tmp_path: Path, kind: SubscriptionType, config: DispatchConfig, *, start: int = 0,
-                   preload: int = 0) -> AsyncIterator[Rig]:
-    """A Reliable subscription of `kind` starting at `start`, its WAL already holding `preload` messages."""
+                   preload: int = 0, hold_saves: asyncio.Event | None = None) -> AsyncIterator[Rig]:
+    """A Reliable subscription of `kind` starting at `start`, its WAL already holding `preload` messages;
+    with `hold_saves`, each cursor write (listed in `saved` as it starts) ends once that event is set."""
     wal = await Wal.open(tmp_path / "wal", WalConfig(sync=SyncPolicy("none")))
     try:
         for i in range(preload):
@@ -128,6 +129,8 @@ async def reliable(tmp_path: Path, kind: SubscriptionType, config: DispatchConfi
 
         async def save_cursor(offset: int, _delayed: object = None) -> None:
             saved.append(offset)
+            if hold_saves is not None:
+                await hold_saves.wait()
 
         async def dead_letter(msg: pb.StreamMessage) -> None:
             dead.append(msg)

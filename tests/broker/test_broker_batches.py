@@ -86,6 +86,42 @@ def test_what_goes_to_the_stream_counts_on_the_subscription(tmp_path: Path, run:
     run(main())
 
 
+def test_a_slow_cursor_save_does_not_hold_the_deliveries_back(tmp_path: Path, run: Run) -> None:
+    """Acks that make a save due start it beside the deliveries: with the store's write hanging, the next
+    batches still go out (a dispatcher that awaited each save stalled every delivery for a commit), no
+    second save starts while the first runs, and close waits for it before its own."""
+    async def main() -> None:
+        wal = await Wal.open(tmp_path, WalConfig(sync=SyncPolicy.parse("none")))
+        for b in range(4):
+            await wal.append(frames.encode_payloads([b"p-%d-%d" % (b, i) for i in range(10)]))
+        release = asyncio.Event()
+        started: list[int] = []
+
+        async def save(offset: int, _delayed: object = None) -> None:
+            started.append(offset)
+            await release.wait()
+
+        sub = Subscription("/default/t", "s", SubscriptionType.EXCLUSIVE)
+        cfg = DispatchConfig(cursor_flush_acks=10, cursor_flush_ms=60_000)
+        d = BatchDispatcher(sub, wal, cfg, Cursor(0, save, cfg))
+        sub.dispatcher = d
+        for expected in (0, 10, 20):
+            _, first, last = await asyncio.wait_for(d.next_records(window=1), 2)  # type: ignore[misc]
+            assert first == expected
+            d.acknowledge(last, [])
+        await asyncio.sleep(0.01)
+        assert started == [9]  # one save, still writing; the acks since then wait for the next
+        closing = asyncio.ensure_future(d.close())
+        await asyncio.sleep(0.01)
+        assert not closing.done()
+        release.set()
+        await asyncio.wait_for(closing, 2)
+        assert started == [9, 29]
+        await wal.close()
+
+    run(main())
+
+
 def test_cursor_saved_every_n_acks_and_a_start_position(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         wal, d, saved = await setup(tmp_path, 4, start=20, cursor_flush_acks=10)

@@ -121,6 +121,32 @@ def test_cursor_is_saved_every_n_acks_and_on_close(tmp_path: Path, run: Run) -> 
     run(main())
 
 
+def test_a_slow_cursor_save_does_not_hold_the_dispatching_back(tmp_path: Path, run: Run) -> None:
+    """The save that acks made due runs beside the dispatch loop: while the store's write hangs, the acks'
+    room goes to the next messages at once (a loop that awaited each save stalled there)."""
+    async def main() -> None:
+        hold = asyncio.Event()
+        async with reliable(tmp_path, EXCLUSIVE, config(cursor_flush_acks=3), preload=8,
+                            hold_saves=hold) as rig:
+            c, token = rig.consumer(1, window=3)
+            assert offsets(await receive(c, token, 3)) == [0, 1, 2]
+            for o in (0, 1, 2):
+                assert rig.dispatcher.ack(o)
+            await until(lambda: rig.saved == [2], what="the save 3 acks made due, started")
+            assert offsets(await receive(c, token, 3)) == [3, 4, 5]
+            for o in (3, 4, 5):
+                assert rig.dispatcher.ack(o)
+            assert offsets(await receive(c, token, 2)) == [6, 7]  # while that save still writes
+            assert rig.saved == [2]
+            hold.set()
+            for o in (6, 7):
+                assert rig.dispatcher.ack(o)
+            await rig.dispatcher.close()
+            assert rig.saved == [2, 7]
+
+    run(main())
+
+
 def test_cursor_is_saved_after_the_flush_interval_when_it_moved(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
         async with reliable(tmp_path, EXCLUSIVE, config(cursor_flush_ms=30), preload=2) as rig:

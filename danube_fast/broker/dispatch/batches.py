@@ -68,7 +68,6 @@ class BatchDispatcher:
         self._closed = False  # closed: acks the old stream still sends must not move the cursor
         self.redelivered = 0
         self.dead_lettered = 0
-        self._saving: asyncio.Task[None] | None = None  # a save that acks made due, beside the deliveries
 
     # -- what Subscription and the Danube API call ----------------------------------------------------
 
@@ -157,26 +156,12 @@ class BatchDispatcher:
         self._budget.forget(self._wake.set)
         self._sent.clear()
         self._release(self._unacked_bytes)
-        if self._saving is not None:
-            await asyncio.gather(self._saving, return_exceptions=True)
+        await self._cursor.settled()
         if save:
             await self.save_cursor()
 
     async def save_cursor(self) -> None:
         await self._cursor.save()
-
-    async def _save_beside(self) -> None:
-        """The save `next_records` found due, run beside the deliveries rather than before the next one:
-        at the default cursor_flush_acks every delivery of 1,000-record batches made one due, and waiting
-        for each store commit cut catch-up reads by a third (bench/RESULTS.md "Fast API")."""
-        try:
-            await self._cursor.save()
-        except DanubeError as e:  # ownership lost (the unload ends this stream) or the store is away
-            log.warning("subscription %s on %s: cursor not saved: %s", self._sub.name, self._sub.topic_name,
-                        e)
-        finally:
-            self._saving = None
-            self._wake.set()  # a save due by time meanwhile starts now
 
     # -- what the holding stream calls ----------------------------------------------------------------
 
@@ -200,7 +185,7 @@ class BatchDispatcher:
     async def next_chunks(self, window: int) -> tuple[list[Buffer], int, int] | None:
         """The next whole batches to send (chunks of them in order, first offset, last offset), once the
         window (at most [dispatch] window_bytes) and the broker's budget have room and the WAL has something
-        committed past what was sent; starts a save of the cursor when one is due (`_save_beside`). None
+        committed past what was sent; starts a save of the cursor when one is due (Cursor.start_save). None
         once the dispatcher is stopped or closed: the stream must end."""
         window = min(window, self._config.window_bytes)
         epoch = self._epoch
@@ -208,8 +193,9 @@ class BatchDispatcher:
             self._wake.clear()
             if self.stopped or self._epoch != epoch:
                 return None
-            if self._saving is None and self._cursor.due(self._loop.time()):
-                self._saving = asyncio.create_task(self._save_beside())
+            if self._cursor.due(self._loop.time()):
+                self._cursor.start_save(f"subscription {self._sub.name} on {self._sub.topic_name}",
+                                        self._wake.set)
             waiting = self._unacked_bytes >= window or self._next >= self._wal.committed_offset
             if not waiting and self._unacked_bytes and self._budget.spent:
                 self._budget.wait(self._wake.set)
@@ -261,6 +247,6 @@ class BatchDispatcher:
                         self.read_ahead.start((epoch, position, next_offset, want))
                     return chunks, first, next_offset - 1
             # (a save under way wakes it when done, so a store that hangs does not make this spin)
-            timeout = None if self._saving else max(0.001, self._cursor.next_save - self._loop.time())
+            timeout = None if self._cursor.saving else max(0.001, self._cursor.next_save - self._loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)

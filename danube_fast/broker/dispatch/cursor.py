@@ -8,7 +8,8 @@ between the two keeps the position. What is persisted, under the subscription's 
 after a restart they come again (at least once).
 
 Flush policy: the floor is written after `cursor_flush_acks` acknowledgements or `cursor_flush_ms`, whichever
-comes first (`due`), and when the dispatcher closes. Writes are serialised and only ever move the stored
+comes first (`due`; the dispatchers start such a save beside their work, `start_save`), and when the
+dispatcher closes. Writes are serialised and only ever move the stored
 cursor forward, except an operator's move (`move_to`: seek and skip, broker/positions.py).
 
 Delayed records (Shared and Key-Shared, dispatch/delays.py) do not hold the floor back: a subscription with a
@@ -23,10 +24,14 @@ Ownership: the dispatcher that serves the subscription calls everything here, on
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from danube_fast.broker.config import DispatchConfig
+from danube_fast.errors import DanubeError
+
+log = logging.getLogger("danube_fast.broker")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Cursor:
         self._acks_since_save = 0
         self._next_save = self._loop.time() + config.cursor_flush_ms / 1000
         self._lock = asyncio.Lock()
+        self._saving: asyncio.Task[None] | None = None  # the save start_save began, while it runs
 
     @property
     def floor(self) -> int:
@@ -143,6 +149,32 @@ class Cursor:
     def next_save(self) -> float:
         """Loop time at which the floor is due even without more acks."""
         return self._next_save
+
+    @property
+    def saving(self) -> bool:
+        return self._saving is not None
+
+    def start_save(self, whose: str, done: Callable[[], None]) -> None:
+        """A save beside the dispatcher's work rather than in its way: a dispatcher that awaited each one
+        stalled its deliveries for a store commit every `cursor_flush_acks` acks, which 1,000-record batches
+        reach at every delivery (bench/RESULTS.md "Fast API"). At most one runs; `done` is called when it
+        ends. A failed write is logged (`whose` cursor) and tried again when the next save is due."""
+        if self._saving is None:
+            self._saving = asyncio.create_task(self._save_beside(whose, done))
+
+    async def _save_beside(self, whose: str, done: Callable[[], None]) -> None:
+        try:
+            await self.save()
+        except DanubeError as e:  # ownership lost (an unload ends the dispatcher) or the store is away
+            log.warning("%s: cursor not saved: %s", whose, e)
+        finally:
+            self._saving = None
+            done()
+
+    async def settled(self) -> None:
+        """Once the save start_save began, if any, has ended."""
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
 
     async def save(self) -> None:
         """Write the floor if it moved, and the delayed state if it changed. A failed write raises, and is

@@ -62,6 +62,7 @@ log = logging.getLogger("danube_fast.dispatch")
 READ_BYTES = 256 * 1024
 RELEASE_BATCH = 1000  # delayed records taken from the index per pass, at most
 FETCH_BYTES = 64 * 1024  # a read of a due delayed record: at least its batch
+SAVING_WAIT_S = 1.0  # the longest idle wait while a cursor save runs (its end wakes the loop anyway)
 SCAN_SLICE_S = 0.01  # a pass reads the log again for delayed records this long, then lets others run
 PARK_WINDOWS = 10  # Key-Shared: messages parked for busy or absent consumers, in windows, before reads stop
 _length = attrgetter("length")
@@ -261,6 +262,7 @@ class ReliableDispatcher:
         self._closed = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self._cursor.settled()
         if self._delays is not None:  # what is saved below is the state before the clearing
             state = self._delayed_state()
             self._cursor.delayed_source = lambda: state
@@ -299,10 +301,11 @@ class ReliableDispatcher:
                 moved = await self._send_new(now) or moved
                 await self._bury_dead()
                 if self._cursor.due(now):
-                    await self._cursor.save()
+                    self._cursor.start_save(f"subscription {self._sub.name} on {self._sub.topic_name}",
+                                            self._wake.set)
             except asyncio.CancelledError:
                 raise
-            except DanubeError as e:  # a WAL read or cursor write failed: keep the state, try again soon
+            except DanubeError as e:  # a WAL read failed: keep the state, try again soon
                 log.warning("subscription %s on %s: %s", self._sub.name, self._sub.topic_name, e)
                 moved = False
                 await asyncio.sleep(0.5)
@@ -338,7 +341,8 @@ class ReliableDispatcher:
             self._retry_later(off, entry, 0, count=False)
 
     def _idle_timeout(self, now: float) -> float:
-        until = self._cursor.next_save
+        # (a save under way wakes the loop when done: a store that hangs does not make it spin)
+        until = now + SAVING_WAIT_S if self._cursor.saving else self._cursor.next_save
         if self._delays is not None and (release := self._delays.next_release()) is not None:
             until = min(until, now + (release - deliver_at.now_ms()) / 1000)
         if self._due:
