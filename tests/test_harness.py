@@ -16,6 +16,7 @@ from typing import Literal
 
 import pytest
 
+from danube_fast.testing.broker import Broker
 from danube_fast.testing.ports import LOOPBACK, free_port, free_ports
 from danube_fast.testing.proxy import Proxy
 
@@ -74,6 +75,26 @@ def echo(s: socket.socket, data: bytes = b"ping") -> bytes:
             break
         got += chunk
     return got
+
+
+@pytest.mark.broker_process
+def test_a_broker_whose_port_was_taken_meanwhile_starts_on_fresh_ones(tmp_path: Path) -> None:
+    """Another process binds the metrics port a broker was given before the broker starts (a full run once
+    failed that way): its first start tries fresh ports; a restart keeps the ports it served on."""
+    broker = Broker(tmp_path / "b")
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        taken.bind((LOOPBACK, broker.prom_port))
+        taken.listen()
+        given = broker.prom_port
+        broker.start()
+        assert broker.prom_port != given and broker.runs == 2 and broker.port == broker.broker_port
+        ports = (broker.broker_port, broker.admin_port, broker.prom_port)
+        broker.restart()
+        assert (broker.broker_port, broker.admin_port, broker.prom_port) == ports
+    finally:
+        taken.close()
+        broker.close()
 
 
 def test_bytes_pass_through_both_ways(proxy: Proxy) -> None:

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 from danube_fast.testing.ports import LOOPBACK, free_ports
-from danube_fast.testing.process import READY_TIMEOUT, ServerProcess
+from danube_fast.testing.process import READY_TIMEOUT, ServerFailed, ServerProcess
 
 READY_LINE = "broker ready"  # what `danube-fast broker` logs once every listener is bound
+PORT_ATTEMPTS = 3  # first starts that found a port taken (ports.py says how) try fresh ports this often
 
 
 class Broker(ServerProcess):
@@ -24,12 +25,12 @@ class Broker(ServerProcess):
     def __init__(self, workdir: Path, config: str | None = None, *, metrics: bool = True,
                  die_with_parent: bool = False, native: bool = False, console: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.broker_port, self.admin_port, self.prom_port = free_ports(3)
         # DANUBE_FAST_TEST_NATIVE=1: every broker serves the native transport, so the fast clients of every
         # test take it (a run of the whole suite over it).
-        native = native or os.environ.get("DANUBE_FAST_TEST_NATIVE") == "1"
-        self.fast_port = free_ports(1)[0] if native else None
-        self.console_port = free_ports(1)[0] if console else None
+        self._native = native or os.environ.get("DANUBE_FAST_TEST_NATIVE") == "1"
+        self._console = console
+        self._pick_ports()
+        self._served = False  # ready once: later starts keep the ports its clients know
         super().__init__("broker", [], workdir / "broker.log", ready_text=READY_LINE, port=self.broker_port,
                          die_with_parent=die_with_parent)
         self.data_dir = workdir / "data"
@@ -39,6 +40,27 @@ class Broker(ServerProcess):
         if config is not None:
             self.config_file = workdir / "broker.toml"
             self.config_file.write_text(config)
+
+    def _pick_ports(self) -> None:
+        self.broker_port, self.admin_port, self.prom_port = free_ports(3)
+        self.fast_port = free_ports(1)[0] if self._native else None
+        self.console_port = free_ports(1)[0] if self._console else None
+        self.port = self.broker_port
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        """launch() and wait_ready(). A first start that found one of its ports taken is tried again on fresh
+        ones: a port is free only "a moment ago" (ports.py), and another test worker's client connection
+        can take it meanwhile (a full run on a busy machine failed that way)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                super().start(timeout)
+            except ServerFailed as e:
+                if self._served or attempt == PORT_ATTEMPTS or "address already in use" not in str(e):
+                    raise
+                self._pick_ports()
+                continue
+            self._served = True
+            return
 
     def command(self) -> list[str]:
         cmd = [
