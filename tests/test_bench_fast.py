@@ -38,7 +38,8 @@ def test_a_tiny_run_prints_both_transports_figures(tmp_path: Path) -> None:
     assert figures["native_consume_catchup_settled_64k_of_raw"]["baseline"] == \
         figures["raw_native_consume_64k"]["value"] > 0
     assert figures["grpc_consume_catchup_settled_64k"]["value"] > 0
-    assert all(figures[f"{t}_{p}_64k_cpu_per_mb"]["value"] > 0 for t in ("grpc", "native")
+    # (a tiny run's phase may end within one tick of the broker's CPU clock: 0 is a measurement)
+    assert all(figures[f"{t}_{p}_64k_cpu_per_mb"]["value"] >= 0 for t in ("grpc", "native")
                for p in ("produce", "consume"))
     p50, p99 = (figures[f"native_produce_reliable_ack_{q}"]["value"] for q in ("p50", "p99"))
     assert 0 < p50 <= p99
