@@ -9,8 +9,8 @@ after a restart they come again (at least once).
 
 Flush policy: the floor is written after `cursor_flush_acks` acknowledgements or `cursor_flush_ms`, whichever
 comes first (`due`; the dispatchers start such a save beside their work, `start_save`), and when the
-dispatcher closes. Writes are serialised and only ever move the stored
-cursor forward, except an operator's move (`move_to`: seek and skip, broker/positions.py).
+dispatcher closes. Writes are serialised and only ever move the stored cursor forward, except an operator's
+move (`move_to`: seek and skip, broker/positions.py).
 
 Delayed records (Shared and Key-Shared, dispatch/delays.py) do not hold the floor back: a subscription with a
 record due tomorrow acknowledges everything else meanwhile. What they need instead is saved with the floor, in
