@@ -1,5 +1,5 @@
-"""`python -m bench storage|meta|broker|fast|security|subscriptions|delayed|console|spark|tables|e2e|cluster
-|replication|topics|chaos [--json]
+"""`python -m bench storage|meta|broker|fast|sendfile|security|subscriptions|delayed|console|spark|tables|e2e|
+cluster|replication|topics|chaos [--json]
 [--runs N] [--quick] [--dir DIR] [--write-results]`.
 
 Results go to stdout (a table, or one JSON object per line with --json; e2e: tables, or one JSON object);
@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
                                         "grpc.aio server answering the same stream")
     _common_options(fa, FAST_SECTION, "200 batches per figure instead of 1,000, and 1 run unless --runs says "
                                       "otherwise", default_runs=None)
+    sf = suites.add_parser("sendfile", help="a consumer catching up from segment files over the native "
+                                            "transport: sendfile() against read-and-write, same run")
+    _common_options(sf, SENDFILE_SECTION, "50 batches instead of 2,000, and 1 run unless --runs says "
+                                          "otherwise", default_runs=None)
     se = suites.add_parser("security", help="the cost of mode = tls_jwt (TLS, tokens, RBAC) against mode = "
                                              "none, same run: the official client and our fast producer")
     _common_options(se, SECURITY_SECTION, "a fifth of the messages and batches, and 1 run unless --runs says "
@@ -183,6 +187,7 @@ def _e2e_options(parser: argparse.ArgumentParser) -> None:
 
 
 FAST_SECTION = "Fast API"
+SENDFILE_SECTION = "Sendfile"
 SPARK_SECTION = "Spark"
 SECURITY_SECTION = "Security"
 SUBSCRIPTIONS_SECTION = "Subscription operations"
@@ -301,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         title = REPLICATION_SECTION
         extra.append(replication.load_line(args.quick))
         found = replication.run_replication(Options(args.runs, args.quick, args.dir))
+    elif args.suite == "sendfile":
+        from bench import sendfile
+
+        title = SENDFILE_SECTION
+        extra.append(sendfile.load_line(sendfile.QUICK_COUNT if args.quick else sendfile.COUNT))
+        found = sendfile.run_sendfile(Options(args.runs, args.quick, args.dir))
     elif args.suite == "tables":
         from bench import tables
 

@@ -153,8 +153,10 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
                                   keepalive_ms=config.fast_keepalive_ms,
                                   max_connections=config.fast_max_connections,
                                   max_per_principal=config.fast_max_connections_per_principal,
-                                  inflight_bytes=config.fast_inflight_bytes)
+                                  inflight_bytes=config.fast_inflight_bytes, sendfile=config.fast_sendfile)
             undo.append(native.close)
+            if metrics is not None and native.files is not None:
+                metrics.register(native.files)
             listening = dataclasses.replace(
                 listening, fast_port=await _listen(native.bind, config.native_addr, "--fast-addr"))
         history = History(topics)

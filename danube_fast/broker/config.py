@@ -18,6 +18,8 @@ fast_addr = "auto"                # the native transport's listener (docs/TRANSP
 fast_keepalive_ms = 30000         # its keepalive period: 3 silent periods close a connection
 fast_max_connections = 10000      # native connections this broker serves at once
 fast_max_connections_per_principal = 1000  # ... of one principal, when the broker checks identities
+fast_sendfile = true              # catch-up reads of segment files go out with sendfile() on plaintext
+                                  # connections (docs/TRANSPORT.md "Catch-up with sendfile")
 fast_inflight_bytes = "auto"      # produce bytes unacknowledged on all native connections together;
                                   # beyond it they stop reading until acks drain; auto = 256 MiB, or 1/16
                                   # of usable memory when smaller (at least 16 MiB)
@@ -270,6 +272,7 @@ class BrokerConfig:
     fast_keepalive_ms: int = 30_000
     fast_max_connections: int = 10_000
     fast_max_connections_per_principal: int = 1000
+    fast_sendfile: bool = True
     fast_inflight_bytes: int = 256 * 1024 * 1024  # the most "auto" gives (memory.SHARES)
     console_addr: str = "auto"  # the web console; where it listens: `console_listen`
     advertised_addr: str = ""

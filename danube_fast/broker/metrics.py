@@ -211,6 +211,10 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
         self._admit: Callable[[str | None, str | None], None] | None = None
 
+    def register(self, collector: Collector) -> None:
+        """Another part's families on this endpoint (the native transport's sendfile counters)."""
+        self._registry.register(collector)
+
     async def bind(self, host: str, port: int, *, ssl: SSLContext | None = None,
                    admit: Callable[[str | None, str | None], None] | None = None) -> int:
         """Bind the port (answered from serve() on) and return it; with `ssl`, HTTPS; with `admit`, each

@@ -337,6 +337,10 @@ cdef class Segment:
             raise _os_error("cannot open segment", self.log_path)
         self.size = os.fstat(self.fd).st_size
 
+    def fileno(self):
+        """The log file's descriptor (a sendfile span dups it: storage/file_span.py)."""
+        return self.fd
+
     def close(self):
         """Close the descriptors and unmap the index; the fields (size, entry count, capacity) stay, so that
         reopen can bring the segment back as it was. Zero padding from direct appends is cut first (best

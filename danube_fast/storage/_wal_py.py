@@ -195,6 +195,9 @@ class Segment:
             raise _os_error("cannot open segment", self.log_path, e) from e
         self.size = os.fstat(self.fd).st_size
 
+    def fileno(self) -> int:
+        return self.fd
+
     def close(self) -> None:
         self._unmap()
         self._close_direct()

@@ -14,10 +14,11 @@ import logging
 import time
 from collections.abc import Sequence
 
-from danube_fast.codec import frames
 from danube_fast.errors import StorageError
 from danube_fast.meta.resources_storage import ObjectDescriptor
-from danube_fast.storage.tiered import READ_BYTES, CloudReader, TopicLog
+from danube_fast.storage import file_span
+from danube_fast.storage.file_span import FileSpan
+from danube_fast.storage.tiered import CloudReader, TopicLog
 from danube_fast.storage.wal import Buffer, Wal
 
 log = logging.getLogger("danube_fast.tier")
@@ -87,7 +88,7 @@ class GapAwareLog(TopicLog):
         """A subscription resuming before a gap starts there, not past it."""
         return min([super().start_offset, *(g[0] for g in self.gaps)])
 
-    async def read(self, offset: int, max_bytes: int = READ_BYTES) -> tuple[Buffer, int] | None:
+    async def _read(self, offset: int, max_bytes: int, span: bool) -> tuple[Buffer | FileSpan, int] | None:
         gap = next((g for g in self.gaps if g[0] <= offset <= g[1]), None)
         if gap is not None and offset < self.wal.start_offset and self.cloud is not None:
             await self.cloud.refresh()
@@ -99,13 +100,13 @@ class GapAwareLog(TopicLog):
                 log.warning("%s/%s: broker %d did not recover offsets %d..%d in time; reading past them",
                             self.cloud.namespace, self.cloud.topic, gap[2], offset, gap[1])
                 self.gaps.remove(gap)
-        got = await super().read(offset, max_bytes)
+        got = await super()._read(offset, max_bytes, span)
         if got is not None:
             # A read from a hole before a gap skips to the next offset anything holds: it must not leap over
             # the gap (the chaos campaign caught a Failover reader jumping a dead owner's acknowledged record
             # that way). Read at the gap instead, which waits while it is open.
-            first = frames.parse_header(got[0]).base_offset
+            first = file_span.first_batch(got[0])[0]
             ahead = [g for g in self.gaps if offset < g[0] <= first]
             if ahead:
-                return await self.read(min(ahead)[0], max_bytes)
+                return await self._read(min(ahead)[0], max_bytes, span)
         return got

@@ -31,10 +31,10 @@ import os
 import threading
 import time
 from types import ModuleType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Literal, NoReturn, overload
 
 from danube_fast.errors import OffsetOutOfRange, WalClosed, WalWriteError
-from danube_fast.storage import open_logs, wal_engine
+from danube_fast.storage import file_span, open_logs, wal_engine
 from danube_fast.storage._wal_common import INDEX_ENTRY_BYTES, AppendResult
 from danube_fast.storage.log_loader import LogLoader, RecoveryReport
 from danube_fast.storage.objects import format as object_format
@@ -74,9 +74,9 @@ class SegmentedLog:
             raise OverflowError(f"initial_offset {initial_offset} is not a u64")
         self._impl = impl
         self._directory = os.path.abspath(directory)
-        self._segment_bytes = segment_bytes
-        self._segment_ms = segment_ms
-        self._index_interval_bytes = index_interval_bytes
+        self.segment_bytes = segment_bytes  # (read-only, as every setting here)
+        self.segment_ms = segment_ms
+        self.index_interval_bytes = index_interval_bytes
         self._files = SegmentFiles(self._directory, impl.Segment, index_max_bytes=index_max_bytes,
                                    direct=direct_io, direct_reads=direct_io and direct_reads)
         self._writer = threading.Lock()
@@ -99,18 +99,6 @@ class SegmentedLog:
     @property
     def directory(self) -> str:
         return self._directory
-
-    @property
-    def segment_bytes(self) -> int:
-        return self._segment_bytes
-
-    @property
-    def segment_ms(self) -> int:
-        return self._segment_ms
-
-    @property
-    def index_interval_bytes(self) -> int:
-        return self._index_interval_bytes
 
     @property
     def index_max_bytes(self) -> int:
@@ -194,7 +182,7 @@ class SegmentedLog:
             if self._header_due is seg:
                 self._write_header(seg)
             counted = (seg.batches, seg.min_time, seg.max_time)
-            data, end, marks = seg.stamp(views, counts, ranges, first, self._index_interval_bytes)
+            data, end, marks = seg.stamp(views, counts, ranges, first, self.index_interval_bytes)
             at = seg.size
             try:
                 seg.reserve_index(seg.idx_count + len(marks) // ENTRY)
@@ -228,9 +216,9 @@ class SegmentedLog:
         seg = self._segments.active
         if seg.size <= seg.start:
             return
-        if (seg.size + incoming > self._segment_bytes
+        if (seg.size + incoming > self.segment_bytes
                 or seg.idx_count >= seg.idx_capacity
-                or (self._segment_ms > 0 and (time.monotonic() - seg.opened) * 1000 >= self._segment_ms)):
+                or (self.segment_ms > 0 and (time.monotonic() - seg.opened) * 1000 >= self.segment_ms)):
             self._roll()
 
     def sync(self) -> int:
@@ -379,21 +367,28 @@ class SegmentedLog:
             seg = self._segments.for_offset(offset)
             return seg.base, seg.find(offset)
 
-    def read(self, offset: int, max_bytes: int, limit: int) -> bytes | memoryview | None:
+    @overload
+    def read(self, offset: int, max_bytes: int, limit: int) -> bytes | memoryview | None: ...
+    @overload
+    def read(self, offset: int, max_bytes: int, limit: int, *, span: Literal[True]
+             ) -> tuple[file_span.FileSpan, int] | None: ...
+
+    def read(self, offset: int, max_bytes: int, limit: int, *, span: bool = False
+             ) -> bytes | memoryview | tuple[file_span.FileSpan, int] | None:
         """Whole batches from the one holding `offset`: at most max_bytes, at least one batch, all below
         `limit` (the committed next offset); None when offset >= limit. Raises OffsetOutOfRange below
-        start_offset. Runs in any thread."""
+        start_offset. Runs in any thread. `span`: named in their file, with the next offset (file_span.py)."""
         with self._lock:
-            if self._closed:
-                raise WalClosed(f"the WAL in {self._directory} is closed")
+            self._check_readable(offset)  # (closed; below start_offset, which is never above `limit`)
             if offset >= limit:
                 return None
-            self._check_readable(offset)
             self._reopen()
             seg = self._segments.for_offset(offset)
             size, pos = seg.size, seg.find(offset)
             self._busy += 1
         try:
+            if span:
+                return file_span.find(seg.fileno(), pos, size, offset, max_bytes, limit, seg.log_path)
             return seg.read(pos, size, offset, max_bytes, limit)
         finally:
             self._leave()

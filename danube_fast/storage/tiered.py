@@ -26,12 +26,13 @@ import bisect
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from danube_fast.codec import frames
 from danube_fast.errors import ObjectCorrupt, ObjectNotFound, OffsetOutOfRange
 from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.objects.catalog import load_descriptors
 from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer, scan_body, select_batches
 from danube_fast.storage.objects.store import ObjectStore, object_key
@@ -53,6 +54,10 @@ class ReadableLog(Protocol):
     def start_offset(self) -> int: ...
 
     async def read(self, offset: int, max_bytes: int = READ_BYTES) -> tuple[Buffer, int] | None: ...
+
+    async def read_span(self, offset: int, max_bytes: int = READ_BYTES
+                        ) -> tuple[Buffer | FileSpan, int] | None:
+        """`read`, with the WAL's batches possibly as a FileSpan (Wal.read_span)."""
 
     def cached(self, offset: int, max_bytes: int) -> tuple[memoryview, int] | None: ...
 
@@ -263,13 +268,22 @@ class TopicLog:
         before `offset`), about max_bytes, all committed, with the offset after the last record returned;
         None when `offset` is not committed yet. A hole is skipped (module docstring): the batches returned
         then start after `offset`. Without a CloudReader, raises OffsetOutOfRange below the WAL's start."""
+        return cast("tuple[Buffer, int] | None", await self._read(offset, max_bytes, False))
+
+    async def read_span(self, offset: int, max_bytes: int = READ_BYTES
+                        ) -> tuple[Buffer | FileSpan, int] | None:
+        """`read`, with the WAL's batches possibly as a FileSpan (Wal.read_span; the objects' never)."""
+        return await self._read(offset, max_bytes, True)
+
+    async def _read(self, offset: int, max_bytes: int, span: bool) -> tuple[Buffer | FileSpan, int] | None:
         cloud = self.cloud
+        wal_read = self.wal.read_span if span else self.wal.read
         if cloud is None:
-            return await self.wal.read(offset, max_bytes)
+            return await wal_read(offset, max_bytes)
         while True:
             if offset >= self.wal.start_offset:
                 try:
-                    return await self.wal.read(offset, max_bytes)
+                    return await wal_read(offset, max_bytes)
                 except OffsetOutOfRange:
                     pass  # the uploader deleted that segment meanwhile: it is in the object tier now
             got = await cloud.read(offset, max_bytes)

@@ -20,6 +20,7 @@ up to what its in-sync followers hold too, so that no reader sees a record a fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -27,12 +28,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
 from danube_fast.storage._wal_common import AppendResult
 from danube_fast.storage.config import WalConfig
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.io_pool import IoPool
 from danube_fast.storage.log_loader import RecoveryReport
 from danube_fast.storage.objects.format import Footer, clip_batches
@@ -531,6 +534,19 @@ class Wal:
         if data is None:
             return None
         return data, frames.span(data)[1]
+
+    async def read_span(self, offset: int, max_bytes: int = 1024 * 1024
+                        ) -> tuple[Buffer | FileSpan, int] | None:
+        """`read`, except that batches the tail cache does not hold may come as a FileSpan, a byte range of
+        their segment file, for a transport that sends them with sendfile (storage/file_span.py)."""
+        if self._closed is None and offset < self._committed and self._cache.find(offset) is None:
+            with contextlib.suppress(OffsetOutOfRange):  # (`read` raises it)
+                got = cast("tuple[FileSpan, int] | None", await self._loop.run_in_executor(
+                    None, partial(self._log.read, span=True), offset, max_bytes, self._committed))
+                if got is not None:
+                    self._last_used = time.monotonic()
+                    return got
+        return await self.read(offset, max_bytes)
 
     def empty_between(self, low: int, high: int) -> int:
         return 0  # a WAL's offsets are dense: every one holds a record

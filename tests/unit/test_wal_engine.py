@@ -34,6 +34,7 @@ import pytest
 from danube_fast.codec.fast_wire import encode_records_response
 from danube_fast.errors import FrameCorrupt, OffsetOutOfRange, WalBusy, WalClosed, WalCorrupt, WalWriteError
 from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.storage import file_span
 from danube_fast.storage._wal_common import INDEX_RESERVE_MAX_STEP, READ_ROOM, index_reservation
 from danube_fast.storage.objects.format import Footer, build_object, check_header, encode_footer, parse_footer
 from danube_fast.storage.segmented_log import SegmentedLog
@@ -513,6 +514,50 @@ def assert_framed_in_place(frames: ModuleType, got: Any) -> None:
     assert raw is got.obj  # framed in place: not copied
     decoded = fast.ConsumeResponse.FromString(raw).records
     assert (decoded.data, decoded.first_offset, decoded.last_offset) == (bytes(got), first, after - 1)
+
+
+def test_a_span_names_in_its_file_the_bytes_a_read_returns(
+        frames: ModuleType, open_log: Callable[..., Any]) -> None:
+    """read(span=True) (for sendfile, storage/file_span.py): the same whole batches as the read, as a range of
+    the segment file on a descriptor of the span's own; None where the batch holding the offset is small."""
+    gen, model = Batches(frames, 17), Model(frames)
+    log = open_log(segment_bytes=1 << 20, index_interval_bytes=100_000)
+    for i in range(40):  # batches of ~72-144 KiB, and now and then a small one
+        model.add(log.append([gen.batch(records=1, payload_max=100) if i % 7 == 3 else
+                              gen.batch(records=2 + i % 3, payload_max=64 * 1024)]).data)
+    assert len(log.segment_bases) >= 3
+    spans = 0
+    middle = model.batches[len(model.batches) // 2].base
+    for limit in (model.end, middle):
+        for stored in model.batches:
+            for offset in {stored.base, stored.end - 1}:
+                for max_bytes in (1, 200_000, 1 << 20):
+                    got = log.read(offset, max_bytes, limit, span=True)
+                    plain = log.read(offset, max_bytes, limit)
+                    small = len(model.batches[model.holding(offset)].data) < file_span.MIN_BATCH_BYTES
+                    if plain is None or small:
+                        assert got is None, (offset, limit)
+                        continue
+                    span, after = got
+                    try:
+                        assert span.read() == bytes(plain) and len(span) == len(plain)
+                        assert after == frames.span(plain)[1]
+                        assert span.head == bytes(plain)[:HEADER_SIZE]
+                        assert file_span.first_batch(span) == file_span.first_batch(plain)
+                    finally:
+                        span.close()
+                    spans += 1
+    assert spans > 50
+    # A span outlives its segment: retention unlinks the file, the span's descriptor still reads it.
+    first = model.batches[0]
+    span, _ = log.read(first.base, 1 << 20, model.end, span=True)
+    log.delete_before(log.segment_bases[1])
+    assert log.start_offset > first.base
+    assert span.read()[:len(first.data)] == first.data
+    fd = span.fd
+    span.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
 
 
 def test_lookup_points_at_or_before_the_batch_holding_an_offset(

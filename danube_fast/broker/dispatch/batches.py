@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from typing import cast
 
 from danube_fast.broker.config import DispatchConfig
 from danube_fast.broker.consumer import Consumer
@@ -28,9 +29,10 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
 from danube_fast.broker.dispatch.members import Members
 from danube_fast.broker.dispatch.read_ahead import ReadAhead
-from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import records_data
 from danube_fast.errors import DanubeError, OffsetOutOfRange
+from danube_fast.storage import file_span
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.tiered import ReadableLog, records_between
 
@@ -180,13 +182,15 @@ class BatchDispatcher:
     async def next_records(self, window: int) -> tuple[Buffer, int, int] | None:
         """`next_chunks` as one buffer (a Records response's data: fast_wire.records_data)."""
         got = await self.next_chunks(window)
-        return None if got is None else (records_data(got[0]), got[1], got[2])
+        return None if got is None else (records_data(cast("list[Buffer]", got[0])), got[1], got[2])
 
-    async def next_chunks(self, window: int) -> tuple[list[Buffer], int, int] | None:
+    async def next_chunks(self, window: int, spans: bool = False
+                          ) -> tuple[list[Buffer | FileSpan], int, int] | None:
         """The next whole batches to send (chunks of them in order, first offset, last offset), once the
         window (at most [dispatch] window_bytes) and the broker's budget have room and the WAL has something
         committed past what was sent; starts a save of the cursor when one is due (Cursor.start_save). None
-        once the dispatcher is stopped or closed: the stream must end."""
+        once the dispatcher is stopped or closed: the stream must end. `spans`: batches read from a segment
+        file may come as a FileSpan (the caller sends them with sendfile: storage/file_span.py)."""
         window = min(window, self._config.window_bytes)
         epoch = self._epoch
         while True:
@@ -204,7 +208,7 @@ class BatchDispatcher:
                 position = self._position
                 want = min(READ_BYTES, window)
                 try:
-                    got = await self.read_ahead.take((epoch, position, self._next, want))
+                    got = await self.read_ahead.take((epoch, position, self._next, want, spans))
                 except OffsetOutOfRange:  # retention deleted what was not consumed
                     self._cursor.skip_to(self._wal.start_offset)
                     self._next = self._cursor.low
@@ -224,8 +228,8 @@ class BatchDispatcher:
                     continue  # a nack moved the position back while this read ran
                 if got is not None:
                     data, next_offset = got
-                    first = frames.parse_header(data).base_offset
-                    chunks = [data]
+                    first = file_span.first_batch(data)[0]
+                    chunks: list[Buffer | FileSpan] = [data]
                     size = len(data)
                     limit = min(READ_BYTES, window - self._unacked_bytes)
                     # The cache answers one group commit per read: join what more is committed and cached
@@ -244,7 +248,7 @@ class BatchDispatcher:
                     # Whole batches go, from `first` (which may lie before what was asked for): count those.
                     self._sub.sent(records_between(self._wal, first, next_offset), size)
                     if next_offset < self._wal.committed_offset:  # behind the tail: read on while this goes
-                        self.read_ahead.start((epoch, position, next_offset, want))
+                        self.read_ahead.start((epoch, position, next_offset, want, spans))
                     return chunks, first, next_offset - 1
             # (a save under way wakes it when done, so a store that hangs does not make this spin)
             timeout = None if self._cursor.saving else max(0.001, self._cursor.next_save - self._loop.time())

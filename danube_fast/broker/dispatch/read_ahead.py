@@ -19,11 +19,12 @@ import asyncio
 import contextlib
 
 from danube_fast.broker.dispatch.budget import ByteBudget
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.objects.format import Buffer
 from danube_fast.storage.tiered import ReadableLog
 
-Got = tuple[Buffer, int] | None  # what ReadableLog.read returns: (batches, offset after them) or None
-Key = tuple[int, int, int, int]  # (epoch, position, offset, size)
+Got = tuple[Buffer | FileSpan, int] | None  # what ReadableLog.read(_span) returns: (batches, next offset)
+Key = tuple[int, int, int, int, bool]  # (epoch, position, offset, size, spans: ReadableLog.read_span)
 
 
 class ReadAhead:
@@ -45,7 +46,7 @@ class ReadAhead:
         self._budget.take(size)
         self.held = size
         self._key = key
-        self._task = asyncio.ensure_future(self._log.read(key[2], size))
+        self._task = asyncio.ensure_future(self._read(key))
         self._task.add_done_callback(_retrieve)
         self.started += 1
 
@@ -58,7 +59,10 @@ class ReadAhead:
             self.used += 1
             return await task
         self.drop()
-        return await self._log.read(key[2], key[3])
+        return await self._read(key)
+
+    async def _read(self, key: Key) -> Got:
+        return await (self._log.read_span if key[4] else self._log.read)(key[2], key[3])
 
     def drop(self) -> None:
         """Forget the read ahead (the position moved, the stream went, the dispatcher closes)."""

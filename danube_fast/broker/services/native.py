@@ -46,6 +46,7 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.services.discovery import locate
 from danube_fast.broker.services.fast import check_batch, open_producer, publish
 from danube_fast.broker.services.fast_reader import next_chunks, read_range, read_room, readable
+from danube_fast.broker.services.native_sendfile import FileSender
 from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
 from danube_fast.errors import DanubeError, FrameCorrupt, invalid
@@ -54,6 +55,8 @@ from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.security.gate import Gate
 from danube_fast.security.tls import common_name
+from danube_fast.storage import file_span
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.transport import frames
 from danube_fast.transport.frames import FrameError, FrameType
 from danube_fast.transport.receiver import FrameReceiver
@@ -91,7 +94,7 @@ class NativeServer:
     def __init__(self, ctx: BrokerContext, gate: Gate | None = None, tls: ssl.SSLContext | None = None,
                  max_inflight_bytes: int = MAX_INFLIGHT_BYTES, keepalive_ms: int = 30_000,
                  max_connections: int = 10_000, inflight_bytes: int = 256 * 1024 * 1024,
-                 max_per_principal: int = 1000) -> None:
+                 max_per_principal: int = 1000, sendfile: bool = True) -> None:
         self._ctx = ctx
         self.address = ""  # host:port clients reach this listener at (set once it is bound and advertised)
         self.gate = gate  # None: the broker checks no identities
@@ -107,6 +110,8 @@ class NativeServer:
         self.inflight = 0
         self.inflight_peak = 0  # the most there ever was (the tests' check of the bound)
         self.held: set[Connection] = set()  # connections not reading until the total drains
+        # Batches read from segment files go by sendfile on plaintext connections (native_sendfile.py).
+        self.files = FileSender() if sendfile and tls is None else None
 
     def took(self, size: int) -> None:
         self.inflight += size
@@ -141,6 +146,8 @@ class NativeServer:
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
+        if self.files is not None:
+            self.files.close()
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -167,6 +174,7 @@ class Connection(asyncio.BufferedProtocol):
         self._silence: asyncio.TimerHandle | None = None
         self._period_s = server.keepalive_ms / 1000
         self._silent_s = self._period_s * SILENT_PERIODS
+        self._held: list[Any] | None = None  # frames written while a span goes by sendfile, sent after it
 
     # -- asyncio --------------------------------------------------------------------------------------------
 
@@ -400,20 +408,29 @@ class Connection(asyncio.BufferedProtocol):
             self._send(frames.frame(FrameType.SUBSCRIBED, frames.offsets_body(holder, batches.floor + 1),
                                     request_id))
             while not self._closed:
-                got = await batches.next_chunks(window)
+                got = await batches.next_chunks(window, spans=self._server.files is not None)
                 subscription = topic.subscriptions.get(request.subscription)
                 if got is None or subscription is None or subscription.dispatcher is not batches:
+                    _close_spans(got[0] if got is not None else [])
                     break
                 chunks, first, last = got
-                latency.observe_age(latency.DELIVERY_FAST, codec.parse_header(chunks[0]).base_timestamp)
-                size = sum(memoryview(c).nbytes for c in chunks)
-                self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
-                                  frames.offsets_body(first, last), *chunks])  # cached groups not joined
+                latency.observe_age(latency.DELIVERY_FAST, file_span.first_batch(chunks[0])[1])
+                size = sum(len(c) for c in chunks)  # (bytes, byte views and spans: len is their size)
+                parts = [frames.header(FrameType.RECORDS, 16 + size, request_id),
+                         frames.offsets_body(first, last), *chunks]  # cached groups not joined
                 try:
+                    if any(isinstance(c, FileSpan) for c in chunks):
+                        await self._send_spanned(parts)
+                    else:
+                        self._send_parts(parts)
                     await asyncio.wait_for(self._writable.wait(), self._silent_s)
                 except TimeoutError:
                     self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s, "
                                                      "its records stayed unsent")
+                    break
+                except OSError as e:  # the connection broke under a sendfile
+                    log.info("native connection closed: %s", e)
+                    self._close()
                     break
             why = _ended(batches, ctx, topic)
             if why is not None:
@@ -530,13 +547,44 @@ class Connection(asyncio.BufferedProtocol):
     # -- out ------------------------------------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
-        if not self._closed and self._transport is not None:
+        if self._held is not None:
+            self._held.append(data)
+        elif not self._closed and self._transport is not None:
             self._transport.write(data)
 
     def _send_parts(self, parts: list[Any]) -> None:
         """One frame as its parts (header, fields, batches): written together, the batches not copied."""
-        if not self._closed and self._transport is not None:
+        if self._held is not None:
+            self._held.extend(parts)
+        elif not self._closed and self._transport is not None:
             self._transport.writelines(parts)
+
+    async def _send_spanned(self, parts: list[Any]) -> None:
+        """One frame whose batches include FileSpans: the parts in memory written as usual, each span sent
+        from its file (native_sendfile.py) while the connection's other frames wait in `_held`. A frame left
+        half sent (a timeout, a broken connection) ends the connection: the caller closes it."""
+        assert self._server.files is not None and self._transport is not None
+        held: list[Any] = []
+        self._held = held
+        try:
+            in_memory: list[Any] = []
+            for part in parts:
+                if not isinstance(part, FileSpan):
+                    in_memory.append(part)
+                    continue
+                if self._closed:
+                    return
+                if in_memory:
+                    self._transport.writelines(in_memory)
+                    in_memory = []
+                await self._server.files.send(self._transport, part, self._silent_s)
+            if in_memory and not self._closed:
+                self._transport.writelines(in_memory)
+        finally:
+            self._held = None
+            _close_spans(parts)
+            if held and not self._closed:
+                self._transport.writelines(held)
 
     def _error(self, request_id: int, code: str, message: str, retriable: bool = False) -> None:
         self._send(frames.frame(FrameType.ERROR, frames.Error(code, retriable, message).encode(), request_id))
@@ -589,6 +637,12 @@ def _ended(batches: BatchDispatcher, ctx: BrokerContext, topic: Topic) -> str | 
     if ctx.topics.find(topic.full) is not topic:
         return f"the topic left this broker: look {topic.full} up again and resubscribe"
     return None
+
+
+def _close_spans(parts: list[Any]) -> None:
+    for part in parts:
+        if isinstance(part, FileSpan):
+            part.close()
 
 
 def _retrieved(fut: asyncio.Future[tuple[int, int, int]]) -> None:

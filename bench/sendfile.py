@@ -1,0 +1,86 @@
+"""`python -m bench sendfile`: a consumer catching up from the segment files over the native transport, its
+batches sent by sendfile() against the same read into memory and written (docs/TRANSPORT.md, "Catch-up
+with sendfile"), in the same run.
+
+Per run, two fresh standalone brokers in turn (which goes first alternates between runs), both with
+`[wal] cache_bytes = 0`, so every read of the topic goes to its segment files (as a consumer's far behind
+the tail cache does): `on` ([broker] fast_sendfile = true, the default) and `off` (false). Each gets
+COUNT batches of LARGE_BATCH records of LARGE_BYTES (1 MiB batches, bench/fast.py's 64 KiB shape)
+produced durably, and once its CPU has gone quiet, a FastConsumer over the native transport reads them
+back with cumulative acks (bench/fast.py `consume_through_broker`). The WAL's direct appends leave what
+they wrote out of the page cache, so the reads come from the device.
+Figures: `catchup_{on,off}` MB/s of payload; `broker_cpu_per_mb_{on,off}`: the broker's CPU (every
+thread) per MB read; `sendfile_share`: the part of the bytes read that went by sendfile (the broker's
+counters), which must be nearly all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from bench.common import Options, Result, median, paired_ratio, progress
+from bench.fast import LARGE_BATCH, LARGE_BYTES, consume_through_broker
+from danube_fast.testing.broker import Broker
+
+COUNT = 2000  # batches of 1 MiB per run: 2 GiB, beyond what the device's own cache would hold
+QUICK_COUNT = 50
+CONFIG = "[wal]\ncache_bytes = 0\n[broker]\nfast_sendfile = {}\n"
+
+
+def _sent_by_sendfile(broker: Broker) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("danube_native_sendfile_bytes_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def run_sendfile(options: Options) -> list[Result]:
+    count = QUICK_COUNT if options.quick else COUNT
+    scratch = Path(tempfile.mkdtemp(prefix="danube-bench-sendfile-", dir=options.parent_dir))
+    rate: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    share: list[float] = []
+    try:
+        for r in range(options.runs):
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                progress(f"run {r + 1}/{options.runs}: sendfile {'on' if on else 'off'}")
+                workdir = scratch / f"run{r}-{'on' if on else 'off'}"
+                broker = Broker(workdir, CONFIG.format(str(on).lower()), native=True, die_with_parent=True)
+                broker.start()
+                try:
+                    used: list[float] = []
+                    got, _, _ = asyncio.run(consume_through_broker(
+                        broker, f"/default/sendfile-{r}", count, settle=True, transport="native", cpu=used,
+                        record_bytes=LARGE_BYTES, batch_records=LARGE_BATCH))
+                    rate[on].append(got * LARGE_BYTES / 1e6)
+                    cpu[on].append(used[0])
+                    if on:
+                        share.append(_sent_by_sendfile(broker) / (count * LARGE_BATCH * LARGE_BYTES))
+                finally:
+                    broker.stop()
+                    shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    runs = options.runs
+    return [
+        Result("catchup_off", "MB/s", median(rate[False]), runs),
+        Result("catchup_on", "MB/s", median(rate[True]), runs, median(rate[False]),
+               paired_ratio(rate[True], rate[False])),
+        Result("broker_cpu_per_mb_off", "ms/MB", median(cpu[False]), runs),
+        Result("broker_cpu_per_mb_on", "ms/MB", median(cpu[True]), runs, median(cpu[False]),
+               paired_ratio(cpu[True], cpu[False])),
+        Result("sendfile_share", "of bytes", median(share), runs),
+    ]
+
+
+def load_line(count: int) -> str:
+    return (f"- Load: {count:,} batches of {LARGE_BATCH} records of {LARGE_BYTES // 1024} KiB produced "
+            "durably to a Reliable topic of a fresh standalone broker per figure pair ([wal] cache_bytes = "
+            "0: every read from the segment files; direct appends leave them out of the page cache), then "
+            "read back by a FastConsumer over the native transport with cumulative acks; on: [broker] "
+            "fast_sendfile = true, off: false")

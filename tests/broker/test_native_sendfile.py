@@ -1,0 +1,143 @@
+"""Catch-up from segment files with sendfile() over the native transport (docs/TRANSPORT.md, "Catch-up with
+sendfile"): a consumer reading what the tail cache does not hold gets exactly the records stored, the
+broker's counters say they went by sendfile, and a socket that stays full sends the rest through the
+transport in order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from danube_fast.broker.services import native_sendfile
+from danube_fast.broker.services.native_sendfile import FileSender
+from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
+from danube_fast.codec import frames as codec
+from danube_fast.storage.file_span import FileSpan
+from danube_fast.testing.broker import Broker, BrokerFactory
+
+NO_CACHE = "[wal]\ncache_bytes = 0\n"  # every read of the topic goes to its segment files
+
+
+def counters(broker: Broker) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith("danube_native_sendfile")}
+
+
+def payloads(low: int, count: int, size: int) -> list[bytes]:
+    return [(b"%d:" % i).ljust(size, bytes([i % 251])) for i in range(low, low + count)]
+
+
+async def produce(broker: Broker, topic: str) -> list[bytes]:
+    """40 batches of 16 records of 8 KiB (128 KiB: sent from the file) with a batch of 10 small records
+    (read into memory) after every fifth; every payload it sent, in order."""
+    conn = await NativeConnection.connect(broker.fast_target)
+    producer = await NativeProducer.open(conn, topic, "p")
+    sent: list[bytes] = []
+    for b in range(40):
+        batch = payloads(len(sent), 16, 8192)
+        await producer.send_batch(batch)
+        sent += batch
+        if b % 5 == 4:
+            small = payloads(len(sent), 10, 10)
+            await producer.send_batch(small)
+            sent += small
+    await producer.flush()
+    conn.close()
+    return sent
+
+
+async def consume(broker: Broker, topic: str, count: int) -> list[tuple[int, bytes]]:
+    conn = await NativeConnection.connect(broker.fast_target)
+    consumer = await NativeConsumer.subscribe(conn, topic, "s", "c", earliest=True)
+    got: list[tuple[int, bytes]] = []
+    while len(got) < count:
+        data, _, last = await asyncio.wait_for(anext(consumer), 30)
+        got += [(r.offset, bytes(r.payload)) for r in codec.iter_records(memoryview(data), verify=True)]
+        consumer.ack(up_to=last)
+    conn.close()
+    return got
+
+
+def test_a_consumer_catching_up_from_segment_files_gets_them_by_sendfile(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(NO_CACHE, native=True)
+    sent = asyncio.run(produce(broker, "/default/from-files"))
+    before = counters(broker)
+    got = asyncio.run(consume(broker, "/default/from-files", len(sent)))
+    assert got == list(enumerate(sent))  # every record once, in order, with its bytes (CRCs checked)
+    after = counters(broker)
+    went = after["danube_native_sendfile_bytes_total"] - before.get("danube_native_sendfile_bytes_total", 0)
+    # Most went from the file: a delivery that starts at a small batch is read into memory (with the large
+    # ones after it, up to 1 MiB); one that starts at a large batch is a span, small ones after it included.
+    assert went >= 40 * 16 * 8192 / 2
+
+
+def test_without_sendfile_the_same_records_come_and_nothing_is_counted(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(NO_CACHE + "[broker]\nfast_sendfile = false\n", native=True)
+    sent = asyncio.run(produce(broker, "/default/copied"))
+    assert asyncio.run(consume(broker, "/default/copied", len(sent))) == list(enumerate(sent))
+    assert counters(broker) == {}
+
+
+def test_a_socket_that_stays_full_gets_the_rest_of_a_span_through_the_transport(tmp_path: Path) -> None:
+    """The sender does not wait in its pool for a reader that reads nothing: after WAIT_S the rest of the
+    span is written through the transport, behind what sendfile sent, so the stream stays whole."""
+    body = os.urandom(8 << 20)  # more than both socket buffers hold
+    path = tmp_path / "segment"
+    path.write_bytes(b"head" + body)
+
+    async def run() -> tuple[bytes, FileSender]:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+        sender = FileSender()
+        fd = os.open(path, os.O_RDONLY)
+        span = FileSpan(fd, 4, len(body), b"")
+        transport.write(b"frame-header")
+        sending = asyncio.ensure_future(sender.send(transport, span, timeout=10))
+        await asyncio.sleep(native_sendfile.WAIT_S * 4)  # the socket fills and stays full meanwhile
+        received = bytearray()
+        while len(received) < len(body) + 12:
+            chunk = await asyncio.wait_for(loop.sock_recv(theirs, 1 << 20), 10)
+            assert chunk, "the sender's side closed"
+            received += chunk
+        await sending
+        span.close()
+        transport.close()
+        theirs.close()
+        sender.close()
+        return bytes(received), sender
+
+    received, sender = asyncio.run(run())
+    assert received == b"frame-header" + body
+    assert sender.sent_bytes > 0 and sender.copied_bytes > 0
+    assert sender.sent_bytes + sender.copied_bytes == len(body)
+
+
+def test_a_span_on_a_closed_connection_raises_and_closes_its_descriptor_copy() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+        r, w = os.pipe()
+        os.write(w, b"x" * 100)
+        span = FileSpan(r, 0, 100, b"")
+        theirs.close()
+        transport.close()
+        sender = FileSender()
+        with pytest.raises(ConnectionError):
+            await sender.send(transport, span, timeout=1)
+        span.close()
+        os.close(w)
+        sender.close()
+
+    asyncio.run(run())

@@ -1,0 +1,29 @@
+"""`python -m bench sendfile` on a tiny run: both brokers run, every figure is there with its baseline, and
+the `on` broker's catch-up went by sendfile (a bench whose path was not taken must fail, not report)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.broker_process
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "bench", "sendfile", "--quick", "--json", "--dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                                      if p)}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = {f["name"]: f for f in map(json.loads, done.stdout.splitlines())}
+    assert figures["catchup_on"]["baseline"] == figures["catchup_off"]["value"] > 0
+    assert figures["broker_cpu_per_mb_on"]["baseline"] == figures["broker_cpu_per_mb_off"]["value"] >= 0
+    assert figures["sendfile_share"]["value"] > 0.5
+    assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"
