@@ -3,8 +3,9 @@ batches sent by sendfile() against the same read into memory and written (docs/T
 with sendfile"), in the same run.
 
 Per run, two fresh standalone brokers in turn (which goes first alternates between runs), both with
-`[wal] cache_bytes = 0`, so every read of the topic goes to its segment files (as a consumer's far behind
-the tail cache does): `on` ([broker] fast_sendfile = true, the default) and `off` (false). Each gets
+`[wal] cache_bytes = 0` and every segment kept locally after its upload, so every read of the topic goes to
+its segment files (as a consumer's behind the tail cache, within `retain_bytes`, does): `on` ([broker]
+fast_sendfile = true, the default) and `off` (false). Each gets
 COUNT batches of LARGE_BATCH records of LARGE_BYTES (1 MiB batches, bench/fast.py's 64 KiB shape)
 produced durably, and once its CPU has gone quiet, a FastConsumer over the native transport reads them
 back with cumulative acks (bench/fast.py `consume_through_broker`). The WAL's direct appends leave what
@@ -28,7 +29,9 @@ from danube_fast.testing.broker import Broker
 
 COUNT = 2000  # batches of 1 MiB per run: 2 GiB, beyond what the device's own cache would hold
 QUICK_COUNT = 50
-CONFIG = "[wal]\ncache_bytes = 0\n[broker]\nfast_sendfile = {}\n"
+# No tail cache: every read goes to the files; every segment kept after its upload: the WAL's files, not
+# the object tier's, serve the whole catch-up (objects are read into memory, docs/TRANSPORT.md).
+CONFIG = "[wal]\ncache_bytes = 0\nretain_bytes = 8589934592\n[broker]\nfast_sendfile = {}\n"
 
 
 def _sent_by_sendfile(broker: Broker) -> float:
@@ -81,6 +84,7 @@ def run_sendfile(options: Options) -> list[Result]:
 def load_line(count: int) -> str:
     return (f"- Load: {count:,} batches of {LARGE_BATCH} records of {LARGE_BYTES // 1024} KiB produced "
             "durably to a Reliable topic of a fresh standalone broker per figure pair ([wal] cache_bytes = "
-            "0: every read from the segment files; direct appends leave them out of the page cache), then "
+            "0, retain_bytes 8 GiB: every read from the WAL's segment files; direct appends leave them out "
+            "of the page cache), then "
             "read back by a FastConsumer over the native transport with cumulative acks; on: [broker] "
             "fast_sendfile = true, off: false")

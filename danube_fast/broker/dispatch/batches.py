@@ -39,6 +39,11 @@ from danube_fast.storage.tiered import ReadableLog, records_between
 log = logging.getLogger("danube_fast.dispatch")
 
 READ_BYTES = 1024 * 1024
+# A delivery that may go by sendfile (next_chunks' `spans`) reads up to this much: no memory holds it, and
+# per delivery the broker's CPU is nearly fixed. 64 KiB records caught up from the WAL's files at 1.34-1.36
+# GB/s with 4 or 8 MiB against 0.95-1.14 GB/s with 1 MiB, at 0.54 ms of broker CPU per MB against 0.82
+# (bench sendfile, 2026-11-30, 3 runs each); 4 keeps four deliveries in the default 16 MiB window.
+SPAN_BYTES = 4 * READ_BYTES
 RETRY_READ_S = 0.5  # a read that failed in a way worth retrying is tried again this much later
 
 
@@ -206,7 +211,7 @@ class BatchDispatcher:
                 waiting = True
             if not waiting:
                 position = self._position
-                want = min(READ_BYTES, window)
+                want = min(SPAN_BYTES if spans else READ_BYTES, window)
                 try:
                     got = await self.read_ahead.take((epoch, position, self._next, want, spans))
                 except OffsetOutOfRange:  # retention deleted what was not consumed
