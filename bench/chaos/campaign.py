@@ -62,6 +62,7 @@ class Outcome:
     history_path: str = ""
     logs_path: str = ""  # the brokers' logs
     replication: int = 1  # copies of each topic (replicationFactor)
+    native_connections: int = 0  # accepted by the proxies in front of the native listeners (our fast clients)
 
     @property
     def recovered_in_time(self) -> bool:
@@ -90,6 +91,7 @@ def run(scratch: Path, seed: int, seconds: float, out_dir: Path, replication: in
             print(cluster.logs()[-20_000:])
             raise
         outcome.tracebacks = sum(_our_tracebacks(n.broker.log_text()) for n in cluster.nodes)
+        outcome.native_connections = sum(n.native_proxy.accepted for n in cluster.nodes)
         logs = out_dir / f"chaos-logs-{seed}"
         logs.mkdir(exist_ok=True)
         for n in cluster.nodes:  # the scratch directory goes; the logs stay with the history

@@ -54,6 +54,7 @@ def text(outcomes: list[Outcome]) -> str:
             lines.append(f"  clients that failed to open: {o.open_failures}, the last at {o.last_open_error}")
         if o.tracebacks:
             lines.append(f"  tracebacks in the brokers' logs: {o.tracebacks}")
+        lines.append(f"  native transport connections (our fast clients): {o.native_connections}")
     header = "| " + " | ".join(COLUMNS) + " |"
     lines += ["", header, "|" + "---:|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(outcomes)]
@@ -67,11 +68,13 @@ def section(outcomes: list[Outcome], info: dict[str, object], command: str, date
     lines = results.head_lines(title, info, command, date, runs, False)
     lines += [
         "- Cluster: 3 brokers (`--mode cluster`), one etcd, moto S3; a fault-injecting proxy in front of "
-        "each broker, etcd and S3. Topics: 2 Reliable topics and one of 2 partitions; producers: ours "
-        "(batches of 5, 4 in flight) and the official client; subscriptions: Exclusive, Failover, Shared "
-        "(official client) and ours (bench/chaos/workload.py). Checker: bench/chaos/checker.py, "
-        "docs/CHAOS.md. `copies`: each topic's replicationFactor (minInSyncReplicas 2 when above 1; "
-        "docs/REPLICATION.md); with copies the nemesis also wipes brokers (kill -9, data directory deleted)",
+        "each broker, etcd and S3, and in front of each broker's native transport listener. Topics: 2 "
+        "Reliable topics and one of 2 partitions; producers: ours over the native transport (batches of 5, "
+        "4 in flight) and the official client; subscriptions: Exclusive, Failover, Shared (official "
+        "client) and ours over the native transport (bench/chaos/workload.py). Checker: "
+        "bench/chaos/checker.py, docs/CHAOS.md. `copies`: each topic's replicationFactor "
+        "(minInSyncReplicas 2 when above 1; docs/REPLICATION.md); with copies the nemesis also wipes "
+        "brokers (kill -9, data directory deleted)",
         "",
         "| figure | value | target | met? |",
         "|:---|---:|:---|:---:|",

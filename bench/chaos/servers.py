@@ -1,10 +1,12 @@
 """The campaign's cluster: one etcd, one moto S3 server and three `danube-fast broker --mode cluster`
-processes on loopback, with a fault-injecting proxy (danube_fast/testing/proxy.py) in front of each.
+processes on loopback, with a fault-injecting proxy (danube_fast/testing/proxy.py) in front of each, and
+one in front of each broker's native transport listener.
 
 Everything reaches everything through the proxies: the brokers reach etcd and S3 through theirs, and each
-broker advertises its proxy's address, so clients (which find a topic's broker by lookup) reach brokers
-through them too. The nemesis (nemesis.py) and the final read go around them where they must (the admin
-API, the checker's own metadata reads).
+broker advertises its proxies' addresses (client API and native transport), so clients (which find a
+topic's broker by lookup; our fast clients then its native listener) reach brokers through them too. The
+nemesis (nemesis.py) and the final read go around them where they must (the admin API, the checker's own
+metadata reads).
 
 ChaosCluster owns every process and proxy: the `with` block of chaos_cluster() stops them all.
 """
@@ -38,6 +40,7 @@ SETTINGS: dict[str, int | str] = {"lease_ttl_s": LEASE_TTL_S, "load_report_ms": 
 class Node:
     broker: ClusterBroker
     proxy: Proxy  # in front of its client API; its address is the one the broker advertises
+    native_proxy: Proxy  # in front of its native transport listener (--fast-advertised-addr)
 
     @property
     def name(self) -> str:
@@ -58,7 +61,8 @@ class ChaosCluster:
         return f"http://{self.nodes[0].proxy.target}"
 
     def proxies(self) -> dict[str, Proxy]:
-        return {"etcd": self.etcd_proxy, "s3": self.s3_proxy, **{n.name: n.proxy for n in self.nodes}}
+        return {"etcd": self.etcd_proxy, "s3": self.s3_proxy, **{n.name: n.proxy for n in self.nodes},
+                **{f"{n.name}-native": n.native_proxy for n in self.nodes}}
 
     def logs(self) -> str:
         return self.cluster.logs()
@@ -78,14 +82,16 @@ def chaos_cluster(scratch: Path, brokers: int = 3) -> Iterator[ChaosCluster]:
         cluster = Cluster(scratch, f"etcd://{etcd_proxy.target}", f"s3://{BUCKET}/chaos", settings,
                           die_with_parent=True)
         cluster.extra_config = f"[broker]\nstall_dump_ms = {STALL_DUMP_MS}\n"
+        cluster.native = True  # the fast clients' traffic goes over the native transport (docs/TRANSPORT.md)
         nodes = []
         for _ in range(brokers):
             broker = cluster.add()
             proxy = stack.enter_context(Proxy(broker.target))
-            broker.flags += ["--advertised-addr", proxy.target]
+            native_proxy = stack.enter_context(Proxy(broker.fast_target))
+            broker.flags += ["--advertised-addr", proxy.target, "--fast-advertised-addr", native_proxy.target]
             broker.env["PYTHONFAULTHANDLER"] = "1"  # a native crash leaves its Python stack in the log
             stack.callback(broker.stop)
-            nodes.append(Node(broker, proxy))
+            nodes.append(Node(broker, proxy, native_proxy))
         for node in nodes:  # all start at once; then each must be ready
             node.broker.launch()
         for node in nodes:

@@ -37,3 +37,4 @@ def test_short_campaign_loses_nothing(tmp_path: Path) -> None:
     assert (v.lost, v.unseen, v.inconsistent, v.unexpected, v.unreadable) == (0, 0, 0, 0, 0), summary
     assert not outcome.errors, summary
     assert outcome.recovered_in_time, summary
+    assert outcome.native_connections > 0, "our fast clients took the native transport (docs/TRANSPORT.md)"
