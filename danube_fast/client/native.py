@@ -128,6 +128,9 @@ class NativeConnection(asyncio.BufferedProtocol):
                 frames.VERSION, frames.VERSION, frames.DEFAULT_MAX_FRAME, token, client).encode())])
             conn.welcome = await asyncio.wait_for(asyncio.shield(conn._welcome), timeout)
         except BaseException:
+            # Nobody awaits the WELCOME now: the connection's later loss must not leave it failed and unread
+            # (asyncio logs such a future; the chaos campaign's partitions made many).
+            conn._welcome.cancel()
             conn.close()
             raw.abort()
             raise
