@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from danube_fast.broker.services import native_sendfile
 from danube_fast.broker.services.native_sendfile import FileSender
 from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
+from danube_fast.client.reader import TopicReader
 from danube_fast.codec import frames as codec
 from danube_fast.storage.file_span import FileSpan
 from danube_fast.testing.broker import Broker, BrokerFactory
@@ -78,6 +79,29 @@ def test_a_consumer_catching_up_from_segment_files_gets_them_by_sendfile(
     # Most went from the file: a delivery that starts at a small batch is read into memory (with the large
     # ones after it, up to 1 MiB); one that starts at a large batch is a span, small ones after it included.
     assert went >= 40 * 16 * 8192 / 2
+
+
+def test_a_reader_of_segment_files_gets_them_by_sendfile_and_a_range_ending_inside_a_batch_clipped(
+        broker_factory: BrokerFactory) -> None:
+    """TopicReader's READ (the Spark source's offset reads) over the native transport: the same records as
+    stored, the large batches by sendfile; a range whose end falls inside a span's batches is read into
+    memory and clipped there, so nothing past the range is sent."""
+    broker = broker_factory.start(NO_CACHE, native=True)
+    sent = asyncio.run(produce(broker, "/default/read-files"))
+
+    async def read(low: int, high: int) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        async with TopicReader(broker.target) as reader:
+            async for data, _, last in reader.read("/default/read-files", low, high):
+                records = codec.iter_records(memoryview(data), verify=True)
+                out += [(r.offset, bytes(r.payload)) for r in records if low <= r.offset < high]
+                assert last < high + 16  # whole batches, none after the one holding the range's last offset
+        return out
+
+    before = counters(broker).get("danube_native_sendfile_bytes_total", 0)
+    assert asyncio.run(read(0, len(sent))) == list(enumerate(sent))
+    assert counters(broker)["danube_native_sendfile_bytes_total"] - before >= 40 * 16 * 8192 / 2
+    assert asyncio.run(read(100, 300)) == [(i, sent[i]) for i in range(100, 300)]
 
 
 def test_without_sendfile_the_same_records_come_and_nothing_is_counted(broker_factory: BrokerFactory) -> None:

@@ -20,6 +20,7 @@ the helpers below.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
 import grpc
 
@@ -27,12 +28,13 @@ from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topic_registry import TopicRegistry
-from danube_fast.codec import frames
 from danube_fast.codec.fast_wire import encode_read_response, records_data, serialize_request
 from danube_fast.errors import ApiError, DanubeError, OffsetOutOfRange, invalid
 from danube_fast.names import parse_topic
 from danube_fast.proto import FastApi_pb2 as fast
 from danube_fast.proto import FastApi_pb2_grpc as fast_grpc
+from danube_fast.storage import file_span
+from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.objects.format import Buffer, clip_batches
 from danube_fast.storage.tiered import READ_BYTES, ReadableLog
 
@@ -78,8 +80,8 @@ class FastReaderService(fast_grpc.FastReaderServicer):
                 if got is None:
                     return
                 chunks, first, next_offset = got
-                held.grow(sum(memoryview(c).nbytes for c in chunks))
-                yield encode_read_response(records_data(chunks), first, next_offset - 1)
+                held.grow(sum(len(c) for c in chunks))
+                yield encode_read_response(records_data(cast("list[Buffer]", chunks)), first, next_offset - 1)
             finally:
                 held.release()
             low = next_offset
@@ -119,21 +121,27 @@ def _out_of_range(offset: int, start: int) -> ApiError:
                                     f"{start} (retention deleted what came before)")
 
 
-async def next_chunks(log: ReadableLog, low: int, end: int, room: int
-                      ) -> tuple[list[Buffer], int, int] | None:
+async def next_chunks(log: ReadableLog, low: int, end: int, room: int, spans: bool = False
+                      ) -> tuple[list[Buffer | FileSpan], int, int] | None:
     """The whole batches holding offsets from `low` (or the next offset a tier holds) below `end`, within
     `room` bytes but at least one batch: (chunks of them, first offset of the first batch, offset after the
-    last record). None when nothing of [low, end) is left to send."""
+    last record). None when nothing of [low, end) is left to send. `spans`: batches read from a segment file
+    may come as a FileSpan (the native transport sends them with sendfile: storage/file_span.py)."""
     try:
-        got = await log.read(low, room)
+        got = await (log.read_span(low, room) if spans else log.read(low, room))
+        if got is not None and isinstance(got[0], FileSpan):
+            if got[1] <= end:
+                return [got[0]], file_span.first_batch(got[0])[0], got[1]
+            got[0].close()  # the range ends inside it: clipped in memory
+            got = await log.read(low, room)
     except OffsetOutOfRange as e:  # retention deleted it since the call started (no object tier below)
         raise _out_of_range(low, log.start_offset) from e
     if got is None:
         return None
-    chunk, next_offset = clip_batches(got[0], low, end, room, whole=True)
+    chunk, next_offset = clip_batches(cast("Buffer", got[0]), low, end, room, whole=True)
     if not chunk:
         return None  # what the read found starts at or past `end` (the range's rest was a hole)
-    chunks: list[Buffer] = [chunk]
+    chunks: list[Buffer | FileSpan] = [chunk]
     size = len(chunk)
     # A read at the tail answers one group commit: join what more the cache holds (no disk read here), as
     # the batch dispatcher does, so that one response carries up to `room`.
@@ -147,5 +155,4 @@ async def next_chunks(log: ReadableLog, low: int, end: int, room: int
         chunks.append(chunk)
         size += len(chunk)
         next_offset = after
-    first = frames.parse_header(chunks[0]).base_offset
-    return chunks, first, next_offset
+    return chunks, file_span.first_batch(chunks[0])[0], next_offset

@@ -496,18 +496,25 @@ class Connection(asyncio.BufferedProtocol):
                     return
                 held = await ctx.reads.reserve(room)  # released once the frame left the write buffer
                 try:
-                    got = await next_chunks(log, low, end, room)
+                    got = await next_chunks(log, low, end, room, spans=self._server.files is not None)
                     if got is None:
                         break
                     chunks, first, low = got
-                    size = sum(memoryview(c).nbytes for c in chunks)
+                    size = sum(len(c) for c in chunks)
                     held.grow(size)
-                    self._send_parts([frames.header(FrameType.RECORDS, 16 + size, request_id),
-                                      frames.offsets_body(first, low - 1), *chunks])
+                    parts = [frames.header(FrameType.RECORDS, 16 + size, request_id),
+                             frames.offsets_body(first, low - 1), *chunks]
                     try:
+                        if any(isinstance(c, FileSpan) for c in chunks):
+                            await self._send_spanned(parts)
+                        else:
+                            self._send_parts(parts)
                         await asyncio.wait_for(self._writable.wait(), self._silent_s)
                     except TimeoutError:
                         self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s")
+                        return
+                    except OSError:  # the connection broke under a sendfile
+                        self._close()
                         return
                 finally:
                     held.release()
