@@ -175,6 +175,7 @@ class Connection(asyncio.BufferedProtocol):
         self._period_s = server.keepalive_ms / 1000
         self._silent_s = self._period_s * SILENT_PERIODS
         self._held: list[Any] | None = None  # frames written while a span goes by sendfile, sent after it
+        self._spanning = asyncio.Lock()  # one frame with spans at a time: its bytes must not interleave
 
     # -- asyncio --------------------------------------------------------------------------------------------
 
@@ -570,6 +571,10 @@ class Connection(asyncio.BufferedProtocol):
         """One frame whose batches include FileSpans: the parts in memory written as usual, each span sent
         from its file (native_sendfile.py) while the connection's other frames wait in `_held`. A frame left
         half sent (a timeout, a broken connection) ends the connection: the caller closes it."""
+        async with self._spanning:  # another subscription's or read's spanned frame goes first
+            await self._send_spanned_now(parts)
+
+    async def _send_spanned_now(self, parts: list[Any]) -> None:
         assert self._server.files is not None and self._transport is not None
         held: list[Any] = []
         self._held = held
