@@ -6,7 +6,7 @@ cache into a bytes object, and the socket write copies them again into the kerne
 position, length), they go from the page cache to the socket in the kernel (the native transport's
 `services/native_sendfile.py`), neither copy in the broker's process.
 
-`find` walks the batch headers alone (a pread of PEEK bytes per batch), so it is for large batches: it
+`find` walks the batch headers alone (a pread of one header per batch), so it is for large batches: it
 gives up (None: read the usual way) when the batch holding the offset is smaller than MIN_BATCH_BYTES, and
 stops at MAX_BATCHES headers. The span holds a descriptor of its own (a dup), so retention unlinking the
 segment or the log closing meanwhile does not change what it sends; the descriptor is closed by `close`,
@@ -35,9 +35,9 @@ AHEAD = 4 << 20  # read-ahead step of sequential reads (as _wal.pyx's)
 
 
 class FileSpan:
-    """`length` bytes of whole batches at `position` of a segment file (`fd`, this span's own descriptor),
-    records first..next_offset-1 (the first batch may begin before the offset asked for). `head`: the first
-    batch's header, for what parses one (frames.parse_header)."""
+    """`length` bytes of whole batches at `position` of a segment file (`fd`, this span's own descriptor);
+    the first batch may begin before the offset asked for. `head`: the first batch's header (`first_batch`
+    reads it: frames.parse_header would want the whole batch in memory)."""
 
     def __init__(self, fd: int, position: int, length: int, head: bytes) -> None:
         self.fd = fd
