@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import mmap
+import os
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from danube_fast.codec import _frames_py
 from danube_fast.codec.fast_wire import RECORDS_ROOM
 
 if TYPE_CHECKING:
@@ -18,6 +21,28 @@ INDEX_RESERVE_MAX_STEP = 64 * 1024  # the index's reservation grows by at most t
 # Free bytes in front of the batches of a buffered read of the native engine, in the same bytes object: a fast
 # API response writes its framing there instead of copying 1 MiB behind it.
 READ_ROOM = RECORDS_ROOM
+
+
+# The header fields needed to walk a log without decoding it: base_offset (byte 0), batch_length (12),
+# magic (16), version (17) and record_count (20); the pad bytes skip crc and flags. Layout: docs/FORMAT.md.
+PEEK_HEADER = struct.Struct("<Q4xIBB2xI")
+AHEAD = 4 << 20  # read-ahead step of sequential reads (see _wal.pyx, Segment.read)
+
+
+def plausible(magic: int, version: int, length: int, count: int) -> bool:
+    """A header walked without its CRC (sealed data, already verified once) must at least look like one; a
+    zero length would otherwise walk in place forever."""
+    return (magic == _frames_py.MAGIC and version == _frames_py.VERSION and length >= _frames_py.HEADER_SIZE
+            and count > 0)
+
+
+def advise_ahead(fd: int, pos: int, end: int, size: int) -> None:
+    """A sequential reader that read [pos, end) of a file of `size` bytes gets the next AHEAD..2*AHEAD bytes
+    asked of the device once per step, as _wal.pyx's Segment.read does (direct appends leave recent data
+    out of the page cache, and the kernel's own read-ahead fell far behind the device)."""
+    step = end // AHEAD * AHEAD
+    if (pos < step or pos % AHEAD == 0) and step < size:
+        os.posix_fadvise(fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
 
 
 def segment_name(base_offset: int, suffix: str) -> str:

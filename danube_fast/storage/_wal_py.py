@@ -25,7 +25,10 @@ from danube_fast.storage._wal_common import (
     INDEX_ENTRY_BYTES,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    PEEK_HEADER,
+    advise_ahead,
     index_reservation,
+    plausible,
     segment_name,
 )
 
@@ -40,15 +43,11 @@ MAX_SEGMENT = 1 << 30  # positions are u32: a 1 GiB segment plus one big group s
 
 BLOCK = 4096  # O_DIRECT alignment (see _wal.pyx)
 FILE_CHUNK = 4 << 20  # bytes per O_DIRECT write of write_direct
-AHEAD = 4 << 20  # read-ahead step of sequential reads (see _wal.pyx, Segment.read)
 _ENTRY = struct.Struct("<II")  # index entry: offset relative to the segment base, file position
-# The header fields needed to walk a log without decoding it: base_offset (byte 0), batch_length (12),
-# magic (16), version (17) and record_count (20); the pad bytes skip crc and flags. Layout: docs/FORMAT.md.
-_PEEK = struct.Struct("<Q4xIBB2xI")
+_PEEK = PEEK_HEADER
 PEEK = _PEEK.size
 _BASE_OFFSET = struct.Struct("<Q")
 _TIMES, _TIMES_AT = struct.Struct("<QQ"), 24  # base_timestamp and max_timestamp, at byte 24 of a header
-_MAGIC, _VERSION = _frames_py.MAGIC, _frames_py.VERSION
 
 
 def _os_error(what: str, path: str, err: OSError) -> OSError:
@@ -139,12 +138,6 @@ def _read_direct_at(rfd: int, n: int, pos: int) -> bytes:
                 break
             got += r
         return buf[pos - start:min(pos - start + n, got)]
-
-
-def _plausible(magic: int, version: int, length: int, count: int) -> bool:
-    """A header walked without its CRC (sealed data, already verified once) must at least look like one; a
-    zero length would otherwise walk in place forever."""
-    return magic == _MAGIC and version == _VERSION and length >= HEADER_BYTES and count > 0
 
 
 class Segment:
@@ -454,7 +447,7 @@ class Segment:
         if len(head) != PEEK:
             return None
         base, length, magic, version, count = _PEEK.unpack(head)
-        return base, length, count, _plausible(magic, version, length, count)
+        return base, length, count, plausible(magic, version, length, count)
 
     def peek(self, pos: int) -> tuple[int, int, int] | None:
         head = self._head(pos)
@@ -553,8 +546,8 @@ class Segment:
             head = self._head(pos) if pos + PEEK <= size else None
             if head is None:
                 return None
-            base, length, count, plausible = head
-            if not plausible:
+            base, length, count, looks_whole = head
+            if not looks_whole:
                 raise WalCorrupt(f"segment {self.log_path} is damaged at byte {pos}")
             if base >= limit:
                 return None
@@ -566,14 +559,12 @@ class Segment:
             data = _read_direct_at(self._rfd, n, pos)
         else:
             data = _read_at(self.fd, n, pos)
-            step = (pos + len(data)) // AHEAD * AHEAD  # read-ahead, as _wal.pyx does
-            if (pos < step or pos % AHEAD == 0) and step < size:
-                os.posix_fadvise(self.fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
+            advise_ahead(self.fd, pos, pos + len(data), size)
         # Keep whole batches below the limit.
         cut = 0
         while cut + HEADER_BYTES <= len(data):
             base, length, magic, version, count = _PEEK.unpack_from(data, cut)
-            if not _plausible(magic, version, length, count):
+            if not plausible(magic, version, length, count):
                 raise WalCorrupt(f"segment {self.log_path} is damaged at byte {pos + cut}")
             if base >= limit or cut + length > len(data):
                 break

@@ -22,16 +22,14 @@ from typing import TYPE_CHECKING
 
 from danube_fast.codec import frames
 from danube_fast.errors import WalCorrupt
+from danube_fast.storage._wal_common import PEEK_HEADER, advise_ahead, plausible
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-# base_offset (byte 0), batch_length (12), magic (16), version (17), record_count (20); docs/FORMAT.md.
-_PEEK = struct.Struct("<Q4xIBB2xI")
-_U64 = struct.Struct("<Q")  # base_offset at byte 0, base_timestamp at 24
+_U64 = struct.Struct("<Q")  # base_offset at byte 0, base_timestamp at 24 of a header (docs/FORMAT.md)
 MIN_BATCH_BYTES = 64 * 1024  # smaller batches: one pread of many costs less than a header walk
 MAX_BATCHES = 64  # headers walked per span at most
-AHEAD = 4 << 20  # read-ahead step of sequential reads (as _wal.pyx's)
 
 
 class FileSpan:
@@ -104,11 +102,8 @@ def find(fd: int, pos: int, size: int, offset: int, max_bytes: int, limit: int, 
             break
         end += length
         next_offset = base + count
-    # Read-ahead as Segment.read asks it (storage/_wal.pyx): direct appends leave recent data out of the page
-    # cache, and the kernel's own read-ahead for sendfile ran at about 40% of the copy path's speed here.
-    step = end // AHEAD * AHEAD
-    if (start < step or start % AHEAD == 0) and step < size:
-        os.posix_fadvise(fd, step, min(2 * AHEAD, size - step), os.POSIX_FADV_WILLNEED)
+    # (without it, sendfile of data direct appends left out of the page cache ran at ~40% of a buffered read)
+    advise_ahead(fd, start, end, size)
     return FileSpan(os.dup(fd), start, end - start, first_head), next_offset
 
 
@@ -119,8 +114,8 @@ def _head(fd: int, pos: int, size: int, path: str) -> tuple[int, int, int, bytes
     head = os.pread(fd, frames.HEADER_SIZE, pos)
     if len(head) != frames.HEADER_SIZE:
         return None
-    base, length, magic, version, count = _PEEK.unpack_from(head)
-    if magic != frames.MAGIC or version != frames.VERSION or length < frames.HEADER_SIZE or count <= 0:
+    base, length, magic, version, count = PEEK_HEADER.unpack_from(head)
+    if not plausible(magic, version, length, count):
         raise WalCorrupt(f"segment {path} is damaged at byte {pos}")
     if pos + length > size:
         return None

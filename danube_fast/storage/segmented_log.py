@@ -371,13 +371,13 @@ class SegmentedLog:
     def read(self, offset: int, max_bytes: int, limit: int) -> bytes | memoryview | None: ...
     @overload
     def read(self, offset: int, max_bytes: int, limit: int, *, span: Literal[True]
-             ) -> tuple[file_span.FileSpan, int] | None: ...
+             ) -> tuple[file_span.FileSpan, int] | bytes | memoryview | None: ...
 
     def read(self, offset: int, max_bytes: int, limit: int, *, span: bool = False
              ) -> bytes | memoryview | tuple[file_span.FileSpan, int] | None:
         """Whole batches from the one holding `offset`: at most max_bytes, at least one batch, all below
         `limit` (the committed next offset); None when offset >= limit. Raises OffsetOutOfRange below
-        start_offset. Runs in any thread. `span`: named in their file, with the next offset (file_span.py)."""
+        start_offset. Runs in any thread. `span`: named in their file with the next offset, read if small."""
         with self._lock:
             self._check_readable(offset)  # (closed; below start_offset, which is never above `limit`)
             if offset >= limit:
@@ -387,8 +387,8 @@ class SegmentedLog:
             size, pos = seg.size, seg.find(offset)
             self._busy += 1
         try:
-            if span:
-                return file_span.find(seg.fileno(), pos, size, offset, max_bytes, limit, seg.log_path)
-            return seg.read(pos, size, offset, max_bytes, limit)
+            spanned = file_span.find(seg.fileno(), pos, size, offset, max_bytes, limit, seg.log_path) \
+                if span else None
+            return spanned or seg.read(pos, size, offset, max_bytes, limit)
         finally:
             self._leave()

@@ -20,7 +20,6 @@ up to what its in-sync followers hold too, so that no reader sees a record a fai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -29,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from danube_fast.codec import frames
 from danube_fast.errors import DanubeError, OffsetOutOfRange, WalClosed, WalWriteError
@@ -539,14 +538,16 @@ class Wal:
                         ) -> tuple[Buffer | FileSpan, int] | None:
         """`read`, except that batches the tail cache does not hold may come as a FileSpan, a byte range of
         their segment file, for a transport that sends them with sendfile (storage/file_span.py)."""
-        if self._closed is None and offset < self._committed and self._cache.find(offset) is None:
-            with contextlib.suppress(OffsetOutOfRange):  # (`read` raises it)
-                got = cast("tuple[FileSpan, int] | None", await self._loop.run_in_executor(
-                    None, partial(self._log.read, span=True), offset, max_bytes, self._committed))
-                if got is not None:
-                    self._last_used = time.monotonic()
-                    return got
-        return await self.read(offset, max_bytes)
+        committed = self._committed
+        if self._closed is not None or offset >= committed or self._cache.find(offset) is not None:
+            return await self.read(offset, max_bytes)
+        self._last_used = time.monotonic()
+        # One trip to the executor: small batches come back read (SegmentedLog.read).
+        got = await self._loop.run_in_executor(None, partial(self._log.read, span=True), offset, max_bytes,
+                                               committed)
+        if got is None or isinstance(got, tuple):
+            return got
+        return got, frames.span(got)[1]
 
     def empty_between(self, low: int, high: int) -> int:
         return 0  # a WAL's offsets are dense: every one holds a record

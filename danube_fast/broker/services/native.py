@@ -420,10 +420,7 @@ class Connection(asyncio.BufferedProtocol):
                 parts = [frames.header(FrameType.RECORDS, 16 + size, request_id),
                          frames.offsets_body(first, last), *chunks]  # cached groups not joined
                 try:
-                    if any(isinstance(c, FileSpan) for c in chunks):
-                        await self._send_spanned(parts)
-                    else:
-                        self._send_parts(parts)
+                    await self._send_records(parts)
                     await asyncio.wait_for(self._writable.wait(), self._silent_s)
                 except TimeoutError:
                     self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s, "
@@ -506,10 +503,7 @@ class Connection(asyncio.BufferedProtocol):
                     parts = [frames.header(FrameType.RECORDS, 16 + size, request_id),
                              frames.offsets_body(first, low - 1), *chunks]
                     try:
-                        if any(isinstance(c, FileSpan) for c in chunks):
-                            await self._send_spanned(parts)
-                        else:
-                            self._send_parts(parts)
+                        await self._send_records(parts)
                         await asyncio.wait_for(self._writable.wait(), self._silent_s)
                     except TimeoutError:
                         self._fatal("DEADLINE_EXCEEDED", f"the client read nothing for {self._silent_s:g} s")
@@ -567,10 +561,14 @@ class Connection(asyncio.BufferedProtocol):
         elif not self._closed and self._transport is not None:
             self._transport.writelines(parts)
 
-    async def _send_spanned(self, parts: list[Any]) -> None:
-        """One frame whose batches include FileSpans: the parts in memory written as usual, each span sent
-        from its file (native_sendfile.py) while the connection's other frames wait in `_held`. A frame left
-        half sent (a timeout, a broken connection) ends the connection: the caller closes it."""
+    async def _send_records(self, parts: list[Any]) -> None:
+        """A RECORDS frame as its parts. Batches named as FileSpans are sent from their file
+        (native_sendfile.py), the parts in memory written as usual, while the connection's other frames wait
+        in `_held`. A frame left half sent (a timeout, a broken connection) ends the connection: the caller
+        closes it."""
+        if not any(isinstance(part, FileSpan) for part in parts):
+            self._send_parts(parts)
+            return
         async with self._spanning:  # another subscription's or read's spanned frame goes first
             await self._send_spanned_now(parts)
 
