@@ -62,6 +62,8 @@ class Subscriptions:
         self._served = served
         self._parts = DispatchParts(config.dispatch, budget, self._cursor_saver, self._dead_letter)
         self._reaper: asyncio.Task[None] | None = None
+        # (topic, subscription) being written to the store by _create_subscription: done when it is
+        self._creating: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
 
     def start(self) -> None:
@@ -112,27 +114,26 @@ class Subscriptions:
         if req.subscription_type not in (0, 1, 2, 3):
             raise invalid(f"unknown subscription type {req.subscription_type} (0..3: Exclusive, Shared, "
                           "Failover, KeyShared)")
-        sub = topic.subscriptions.get(req.subscription)
-        if sub is not None:
-            await self._per_message(topic, sub)
-            existing = sub.by_name(req.consumer_name)
-            if existing is not None:  # takeover by name (docs/WIRE.md C.7 step 2)
-                existing.key_filters = list(req.key_filters)
-                sub.takeover(existing)
-                self._expect_stream(existing)
-                return existing.id
         policy = topic.policy
-        if sub is None and policy.max_subscriptions_per_topic and \
-                len(topic.subscriptions) >= policy.max_subscriptions_per_topic:
-            raise denied(f"Not allowed to create the subscription for the topic: {topic.full} (it has "
-                         f"reached max_subscriptions_per_topic, {policy.max_subscriptions_per_topic})")
-        if policy.max_consumers_per_topic and topic.consumer_count() >= policy.max_consumers_per_topic:
-            raise exhausted(f"topic {topic.full} has reached max_consumers_per_topic "
-                            f"({policy.max_consumers_per_topic})")
+        sub = topic.subscriptions.get(req.subscription)
         if sub is None:
+            if policy.max_subscriptions_per_topic and \
+                    len(topic.subscriptions) >= policy.max_subscriptions_per_topic:
+                raise denied(f"Not allowed to create the subscription for the topic: {topic.full} (it has "
+                             f"reached max_subscriptions_per_topic, {policy.max_subscriptions_per_topic})")
+            self._check_consumers(topic)
+            # (or the one a concurrent Subscribe made meanwhile: then it is joined like any existing one)
             sub = await self._create_subscription(topic, req.subscription,
                                                   SubscriptionType(req.subscription_type), req.consumer_name,
                                                   _initial(topic, initial))
+        await self._per_message(topic, sub)
+        existing = sub.by_name(req.consumer_name)
+        if existing is not None:  # takeover by name (docs/WIRE.md C.7 step 2)
+            existing.key_filters = list(req.key_filters)
+            sub.takeover(existing)
+            self._expect_stream(existing)
+            return existing.id
+        self._check_consumers(topic)
         for old in sub.check_admits(req.consumer_name, policy.max_consumers_per_subscription):
             self._clients.remove_consumer(old)
         cid = self._clients.new_consumer_id()
@@ -141,6 +142,12 @@ class Subscriptions:
         sub.add(consumer)
         self._expect_stream(consumer)
         return cid
+
+    @staticmethod
+    def _check_consumers(topic: Topic) -> None:
+        limit = topic.policy.max_consumers_per_topic
+        if limit and topic.consumer_count() >= limit:
+            raise exhausted(f"topic {topic.full} has reached max_consumers_per_topic ({limit})")
 
     def _expect_stream(self, consumer: Consumer) -> None:
         """A consumer starts active so that messages queue for it before its stream opens (docs/WIRE.md C.7);
@@ -167,7 +174,7 @@ class Subscriptions:
         (earliest, latest or an offset, resolved by the caller: broker/positions.py)."""
         reliable = topic.require_stored("only a Reliable topic keeps a position to start a subscription at")
         names.check_name(name, "subscription", slash=False)
-        if name in reliable.subscriptions:
+        if name in reliable.subscriptions or (reliable.full, name) in self._creating:
             raise already_exists(f"subscription {name!r} of {topic.full} exists: move it with seek instead")
         return await self._create_subscription(reliable, name, kind, "", start)
 
@@ -212,17 +219,33 @@ class Subscriptions:
                                    consumer_name: str, start: int | None = None) -> Subscription:
         """Persist the subscription and its start before Subscribe answers (docs/WIRE.md C.7): a new one
         starts at the latest offset (or `start`), written as the cursor `start - 1` so that a restart cannot
-        move it forward."""
-        ns, short = topic.name.namespace, topic.name.topic
-        if start is None:
-            start = topic.start_offset
-        record = SubscriptionRecord(None, consumer_name, name, kind)
-        ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
-        if start > 0:
-            cursor = SubscriptionCursor(start - 1)
-            ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
-        await self._store.transaction([], ops, [])
-        return self.attach(topic, name, kind, start)
+        move it forward.
+
+        Calls for one new name at once get one subscription: the later ones wait for the first's write and
+        return what it made (or make it themselves if that write failed). Each making its own would leave two
+        dispatchers delivering the same records, and acks reaching only the one the topic lists."""
+        key = (topic.full, name)
+        while (making := self._creating.get(key)) is not None:
+            await asyncio.wait([making])
+        sub = topic.subscriptions.get(name)
+        if sub is not None:
+            return sub
+        made = asyncio.get_running_loop().create_future()
+        self._creating[key] = made
+        try:
+            ns, short = topic.name.namespace, topic.name.topic
+            if start is None:
+                start = topic.start_offset
+            record = SubscriptionRecord(None, consumer_name, name, kind)
+            ops = [Put(keys.topic_subscription(ns, short, name), record.to_json())]
+            if start > 0:
+                cursor = SubscriptionCursor(start - 1)
+                ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
+            await self._store.transaction([], ops, [])
+            return self.attach(topic, name, kind, start)
+        finally:
+            del self._creating[key]
+            made.set_result(None)
 
     def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int,
                delayed: Delayed | None = None) -> Subscription:
