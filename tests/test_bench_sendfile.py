@@ -28,4 +28,8 @@ def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
     # Most is read as spans; how much of that goes by sendfile depends on how soon the client reads (a busy
     # machine's may leave its socket full past native_sendfile.WAIT_S; the rest then goes by the transport).
     assert figures["span_share"]["value"] > 0.5 and figures["sendfile_share"]["value"] > 0
+    # From the folder object store: most records were only there, and most went as spans all the same.
+    assert figures["objects_catchup_on"]["baseline"] == figures["objects_catchup_off"]["value"] > 0
+    assert figures["objects_read_share"]["value"] > 0.5
+    assert figures["objects_span_share"]["value"] > 0.5 and figures["objects_sendfile_share"]["value"] > 0
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"

@@ -34,6 +34,7 @@ from danube_fast.meta.resources_storage import ObjectDescriptor
 from danube_fast.meta.store import MetadataStore
 from danube_fast.storage.file_span import FileSpan
 from danube_fast.storage.objects.catalog import load_descriptors
+from danube_fast.storage.objects.folder import FolderStore
 from danube_fast.storage.objects.format import HEADER_SIZE, parse_footer, scan_body, select_batches
 from danube_fast.storage.objects.store import ObjectStore, object_key
 from danube_fast.storage.wal import Buffer, Wal
@@ -154,11 +155,13 @@ class CloudReader:
         i = bisect.bisect_right(self._starts, offset)
         return self._starts[i] if i < len(self._starts) else None
 
-    async def read(self, offset: int, max_bytes: int = READ_BYTES) -> tuple[memoryview, int] | None:
+    async def read(self, offset: int, max_bytes: int = READ_BYTES, *, span: bool = False
+                   ) -> tuple[memoryview | FileSpan, int] | None:
         """Whole batches of the object holding `offset`, from the batch holding it, about max_bytes (at least
         one batch), with the offset after the last record returned. None when no object holds `offset`.
-        Raises ObjectStoreUnavailable (retriable), ObjectCorrupt, or ObjectNotFound when a descriptor names
-        an object the store does not have."""
+        With `span`, large batches of the folder store's objects come as a FileSpan of the object's file
+        (those from S3 cross the network: read). Raises ObjectStoreUnavailable (retriable), ObjectCorrupt,
+        or ObjectNotFound when a descriptor names an object the store does not have."""
         descriptor = self._covering(offset)
         if descriptor is None and (not self._descriptors or offset > self._descriptors[-1].end_offset):
             await self.refresh()
@@ -166,12 +169,29 @@ class CloudReader:
         if descriptor is None or is_empty(descriptor):
             return None  # an empty descriptor declares a range that holds no records: read on past it
         try:
+            if span and isinstance(self._store, FolderStore) and not self._cached(descriptor, offset):
+                spanned = await self._span(self._store, descriptor, offset, max_bytes)
+                if spanned is not None:
+                    return spanned
             return await self._read_object(descriptor, offset, max_bytes)
         except ObjectNotFound:
             await self.refresh()  # retention may have removed the object and its descriptor
             if self._covering(offset) == descriptor:
                 raise
             return None
+
+    def _cached(self, d: ObjectDescriptor, offset: int) -> bool:
+        return any(r.holds(d.object_id, offset) for r in self._ranges.values())
+
+    async def _span(self, store: FolderStore, d: ObjectDescriptor, offset: int, max_bytes: int
+                    ) -> tuple[FileSpan, int] | None:
+        """The batches from the indexed one at or before `offset`, named in the object's file. Their CRCs
+        are not checked (no byte is read), as a WAL span's are not (docs/TRANSPORT.md, "Catch-up with
+        sendfile")."""
+        index = d.offset_index or ((d.start_offset, HEADER_SIZE),)
+        position = index[max(bisect.bisect_right(index, offset, key=lambda e: e[0]) - 1, 0)][1]
+        return await store.span(object_key(self.namespace, self.topic, d.object_id), position, offset,
+                                max_bytes, d.end_offset + 1)
 
     async def _read_object(self, d: ObjectDescriptor, offset: int,
                            max_bytes: int) -> tuple[memoryview, int]:
@@ -272,7 +292,8 @@ class TopicLog:
 
     async def read_span(self, offset: int, max_bytes: int = READ_BYTES
                         ) -> tuple[Buffer | FileSpan, int] | None:
-        """`read`, with the WAL's batches possibly as a FileSpan (Wal.read_span; the objects' never)."""
+        """`read`, with large batches possibly as a FileSpan of a WAL segment (Wal.read_span) or of a folder
+        store's object (CloudReader.read)."""
         return await self._read(offset, max_bytes, True)
 
     async def _read(self, offset: int, max_bytes: int, span: bool) -> tuple[Buffer | FileSpan, int] | None:
@@ -286,7 +307,7 @@ class TopicLog:
                     return await wal_read(offset, max_bytes)
                 except OffsetOutOfRange:
                     pass  # the uploader deleted that segment meanwhile: it is in the object tier now
-            got = await cloud.read(offset, max_bytes)
+            got = await cloud.read(offset, max_bytes, span=span)
             if got is not None:
                 return got
             wal_start = self.wal.start_offset

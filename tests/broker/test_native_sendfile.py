@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -156,6 +157,42 @@ def test_two_subscriptions_and_a_read_on_one_connection_catch_up_from_files_at_o
 
     for got in asyncio.run(run()):
         assert got == list(enumerate(sent))  # (iter_records checks each batch's CRC: no torn frame)
+
+
+def wal_start(broker: Broker, topic: str) -> int:
+    """The base offset of the oldest segment left in the topic's WAL (0 while there is none)."""
+    ns, short = topic.strip("/").split("/")
+    segments = (broker.data_dir / "wal" / ns / short).glob("*.log")
+    return min((int(p.name.removesuffix(".log")) for p in segments), default=0)
+
+
+def test_catch_up_from_the_folder_stores_objects_goes_by_sendfile_too(broker_factory: BrokerFactory) -> None:
+    """Segments uploaded to the folder object store (standalone's default) and deleted from the WAL: a
+    consumer and a reader of them get the objects' batches from their files by sendfile, as from the WAL's,
+    and exactly the records stored."""
+    topic = "/default/from-objects"
+    broker = broker_factory.start(NO_CACHE + "segment_bytes = 262144\nretain_bytes = 0\n"
+                                  "[cluster]\nupload_interval_ms = 100\n", native=True)
+    sent = asyncio.run(produce(broker, topic))
+    deadline = time.monotonic() + 30
+    while wal_start(broker, topic) < len(sent) * 9 // 10:  # nine tenths only in the objects
+        assert time.monotonic() < deadline, f"the WAL still starts at {wal_start(broker, topic)}"
+        time.sleep(0.1)
+    assert list((broker.data_dir / "objects" / "default" / "from-objects").glob("data-0-*.dnb1"))
+    # More than the WAL holds now can only have come from the objects' files.
+    assert asyncio.run(consume(broker, topic, len(sent))) == list(enumerate(sent))
+    as_spans, by_sendfile = spanned(broker)
+    assert as_spans >= 40 * 16 * 8192 / 2 and by_sendfile > 0
+
+    async def read() -> list[tuple[int, bytes]]:
+        async with TopicReader(broker.target) as reader:
+            out: list[tuple[int, bytes]] = []
+            async for data, _, _ in reader.read(topic, 0, len(sent)):
+                out += records(data)
+            return out
+
+    assert asyncio.run(read()) == list(enumerate(sent))
+    assert spanned(broker)[0] >= as_spans + 40 * 16 * 8192 / 2
 
 
 def test_without_sendfile_the_same_records_come_and_nothing_is_counted(broker_factory: BrokerFactory) -> None:

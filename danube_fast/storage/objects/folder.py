@@ -6,6 +6,9 @@ object's directory, check its length, fsync, rename over the key, fsync the dire
 directory the write created). A crash leaves either no object or the whole object, never a torn one; at worst
 a stray temporary file, which `list` does not show.
 
+`span` names an object's batches as a byte range of its file, for a connection that sends them with
+sendfile (storage/file_span.py), as catch-up reads of the WAL's segment files do.
+
 `put_file` of a file on the same file system (a sealed WAL segment: docs/FORMAT.md, "Sealed segments") is a
 hard link, made atomic and durable the same way: the object costs no byte of copy and no disk space while
 the WAL keeps the segment. Elsewhere (another file system) the file is copied.
@@ -27,8 +30,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from danube_fast.errors import ObjectNotFound, ObjectStoreUnavailable
-from danube_fast.storage.objects.format import Buffer
+from danube_fast.errors import ObjectCorrupt, ObjectNotFound, ObjectStoreUnavailable, WalCorrupt
+from danube_fast.storage import file_span
+from danube_fast.storage.file_span import FileSpan
+from danube_fast.storage.objects.format import FOOTER_GUESS, Buffer, footer_length, parse_footer
 from danube_fast.storage.objects.store import check_key
 from danube_fast.storage.wal_engine import segments
 
@@ -91,6 +96,15 @@ class FolderStore:
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
         return await self._run(lambda: _read_range(self.root, path, start, end), "get", key)
+
+    async def span(self, key: str, position: int, offset: int, max_bytes: int, limit: int
+                   ) -> tuple[FileSpan, int] | None:
+        """Whole batches of the object at `key` from the one holding `offset`, walking from the indexed
+        batch at `position`, named in the object's file (file_span.find: at most max_bytes, all below
+        `limit`); None when the batch holding `offset` is small (read it instead). Raises ObjectNotFound,
+        ObjectCorrupt."""
+        path = self._path(key)
+        return await self._run(lambda: _span(self.root, path, position, offset, max_bytes, limit), "get", key)
 
     async def delete(self, key: str) -> None:
         path = self._path(key)
@@ -239,13 +253,35 @@ def _list_keys(root: str, prefix: str) -> list[str]:
     return sorted(found)
 
 
-def _read_range(root: str, path: str, start: int | None, end: int | None) -> bytes:
+def _span(root: str, path: str, position: int, offset: int, max_bytes: int, limit: int
+          ) -> tuple[FileSpan, int] | None:
+    fd = _open(root, path)
     try:
-        f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, min(FOOTER_GUESS, size), max(size - FOOTER_GUESS, 0))
+        need = footer_length(tail)
+        if need > len(tail):
+            tail = os.pread(fd, need, size - need)
+        body_end = parse_footer(tail).body_end  # the walk must not read the footer as a batch
+        try:
+            return file_span.find(fd, position, body_end, offset, max_bytes, limit, path)
+        except WalCorrupt as e:
+            raise ObjectCorrupt(f"object {os.path.relpath(path, root)!r}: {e}") from e
+    finally:
+        os.close(fd)
+
+
+def _open(root: str, path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError) as e:
         if os.path.isdir(root):  # else the folder itself is gone (unmounted): the store is unavailable
             raise ObjectNotFound(f"no object {os.path.relpath(path, root)!r} in {root}") from e
         raise
+
+
+def _read_range(root: str, path: str, start: int | None, end: int | None) -> bytes:
+    f = open(_open(root, path), "rb")  # noqa: SIM115 (closed by the with below)
     with f:
         size = os.fstat(f.fileno()).st_size
         lo = 0 if start is None else max(size + start, 0) if start < 0 else min(start, size)
