@@ -24,6 +24,7 @@ def test_a_tiny_run_prints_both_transports_figures(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     figures = {f["name"]: f for f in map(json.loads, done.stdout.splitlines())}
     assert figures["native_produce_reliable"]["value"] > 0
+    assert figures["native_produce_reliable_fresh"]["baseline"] == figures["native_produce_reliable"]["value"]
     assert figures["native_produce_reliable"]["baseline"] == figures["fast_produce_reliable"]["value"] > 0
     assert figures["native_consume_catchup_settled"]["baseline"] == \
         figures["fast_consume_catchup_settled"]["value"] > 0
