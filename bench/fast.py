@@ -17,7 +17,8 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   It starts once the broker is quiet (the full-rate runs' uploads done); its own rolled segments are
   uploaded while it runs, as they would be in service. `native_produce_reliable_half_rate_ack_p50/p99`: the
   same through the native transport at half the rate `native_produce_reliable` reached (the issue's target,
-  p99 <= 2 ms, is on this row).
+  p99 <= 2 ms, is on this row). `disk_sync_p50/p99`: the disk's own part of such an ack, an O_DIRECT append
+  of one batch's size with an fdatasync after it, timed alone (bench/micro/disk.py `sync_latencies`).
 - `native_consume_catchup_settled`: `fast_consume_catchup_settled` through the native transport
   (FastConsumer(transport="native")), its ratio to the gRPC figure (transport="grpc") of the same run.
 - `raw_native_produce`, `raw_native_consume`: the raw-socket ceilings, NativeProducer and NativeConsumer
@@ -51,6 +52,7 @@ raw-socket ceiling's) on the `native_*_64k` rows.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -64,6 +66,7 @@ import uvloop
 from bench.broker import bare_server, metered, percentile, start_bare_native, start_bare_server, start_broker
 from bench.common import Options, Result, Target, median, paired_ratio, process_cpu, progress
 from bench.e2e import disk_baseline
+from bench.micro import disk as micro_disk
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.credentials import Credentials
 from danube_fast.client.native import NativeConnection, NativeConsumer, NativeProducer
@@ -87,6 +90,8 @@ LARGE_BYTES = 64 * 1024
 LARGE_BATCH = 16  # records of LARGE_BYTES to a batch: 1 MiB, as bench e2e's batches of 64 KiB records
 DISK_BYTES = 512 * 1024 * 1024  # written for the O_DIRECT disk line of each run
 FILL_BYTES = 1280 * 1024 * 1024  # produced before the figures: past the broker's 1 GiB of tail cache
+SYNC_COUNT = 2000  # appends timed for the disk_sync_* rows
+SYNC_INTERVAL = 0.002  # seconds between them
 ACK_P99_TARGET = Target("<= 2 ms", "<=", 2.0)
 Figures = dict[str, tuple[float, float | None, float | None]]  # rate (records/s), ack p50, p99 (ms)
 
@@ -278,6 +283,15 @@ async def read_through_broker(server: ServerProcess, topic: str, transport: str)
         return got / usage.wall, None, None
 
 
+def disk_sync(scratch: Path) -> tuple[float, float, float]:
+    """(appends/s, p50 ms, p99 ms) of SYNC_COUNT appends of a 256 B batch's size (rounded up to 4 KiB)
+    through O_DIRECT, fdatasync each, one every SYNC_INTERVAL s: the floor under a durable ack's latency."""
+    size = (len(batches(1)[0]) + 4095) // 4096 * 4096
+    latencies = micro_disk.sync_latencies(str(scratch / "sync-probe"), size, SYNC_COUNT, SYNC_INTERVAL)
+    os.unlink(scratch / "sync-probe")
+    return 1 / SYNC_INTERVAL, percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
+
+
 async def fill_cache(broker: ServerProcess, size: int) -> None:
     """`size` bytes of 64 KiB records produced durably to a topic of their own, then the broker quiet."""
     count = size // (LARGE_BYTES * LARGE_BATCH)
@@ -319,7 +333,7 @@ def run_fast(options: Options) -> list[Result]:
     try:
         for run in range(options.runs):
             disk = disk_baseline(str(scratch), DISK_BYTES // (8 if options.quick else 1), direct=True)
-            figures: Figures = {"disk_direct": (disk, None, None)}
+            figures: Figures = {"disk_direct": (disk, None, None), "disk_sync": disk_sync(scratch)}
             broker = start_broker(scratch / f"broker-{run}", native=True)
             try:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -409,6 +423,10 @@ def summarise(runs: list[Figures]) -> list[Result]:
         results.append(Result(f"{name}_ack_p50", "ms", median([h[1] for h in half if h[1] is not None]), n))
         results.append(Result(f"{name}_ack_p99", "ms", median([h[2] for h in half if h[2] is not None]), n,
                               target=target))
+    sync = [r["disk_sync"] for r in runs]
+    for i, q in ((1, "p50"), (2, "p99")):
+        values = [x for v in sync if (x := v[i]) is not None]
+        results.append(Result(f"disk_sync_{q}", "ms", median(values), n))
     consume_bare = [r["bare_batch_consume"][0] for r in runs]
     consume = [r["fast_consume_catchup"][0] for r in runs]
     results.append(Result("bare_batch_consume", "records/s", median(consume_bare), n))

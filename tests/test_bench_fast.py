@@ -44,6 +44,7 @@ def test_a_tiny_run_prints_both_transports_figures(tmp_path: Path) -> None:
                for p in ("produce", "consume"))
     p50, p99 = (figures[f"native_produce_reliable_ack_{q}"]["value"] for q in ("p50", "p99"))
     assert 0 < p50 <= p99
+    assert 0 < figures["disk_sync_p50"]["value"] <= figures["disk_sync_p99"]["value"]
     half_p50, half_p99 = (figures[f"native_produce_reliable_half_rate_ack_{q}"] for q in ("p50", "p99"))
     assert half_p99["target"] and half_p99["value"] >= half_p50["value"] > 0
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"

@@ -55,6 +55,31 @@ def write_baseline(path: str, chunk: bytes, chunks: int, direct: bool = False) -
     return elapsed
 
 
+def sync_latencies(path: str, chunk_bytes: int, count: int, interval: float) -> list[float]:
+    """Seconds each of `count` appends of `chunk_bytes` (a multiple of 4 KiB) took through O_DIRECT with an
+    fdatasync after each, one every `interval` seconds to a new file, sorted: the disk's own part of a
+    durable acknowledgement at a rate the disk keeps up with."""
+    latencies: list[float] = []
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(mmap.mmap(-1, chunk_bytes))  # anonymous maps are page-aligned
+        source[:] = os.urandom(chunk_bytes)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o644)
+        stack.callback(os.close, fd)
+        view = stack.enter_context(memoryview(source))
+        with no_gc():
+            start = time.perf_counter()
+            for i in range(count):
+                if (wait := start + i * interval - time.perf_counter()) > 0:
+                    time.sleep(wait)
+                t0 = time.perf_counter()
+                done = 0
+                while done < chunk_bytes:
+                    done += os.write(fd, view[done:])
+                os.fdatasync(fd)
+                latencies.append(time.perf_counter() - t0)
+    return sorted(latencies)
+
+
 def wal_facade_append(directory: str, batch: bytes, appends: int, in_flight: int) -> float:
     """`appends` appends of `batch` through the asyncio Wal (sync=always) on uvloop, `in_flight` at a time."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
