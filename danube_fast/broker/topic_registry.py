@@ -15,7 +15,6 @@ placement assigns here.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,6 +24,7 @@ from danube_fast.broker.clients import Clients
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Delayed
+from danube_fast.broker.keyed_locks import KeyedLocks
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
@@ -86,7 +86,8 @@ class TopicRegistry:
         self._clients = clients
         self.broker_id = broker_id
         self._topics: dict[str, Topic] = {}
-        self._creating: dict[str, asyncio.Lock] = {}
+        self._creating = KeyedLocks()  # topic names being created
+        self._adding = KeyedLocks()  # (topic, producer name) being registered
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.
         self._broken: dict[str, str] = {}
@@ -298,10 +299,8 @@ class TopicRegistry:
         if topic is None:
             topic = self._served_here(name)
         if topic is None:
-            lock = self._creating.setdefault(name.full, asyncio.Lock())
-            async with lock:
+            async with self._creating.hold(name.full):
                 topic = self._topics.get(name.full) or await self._create(name, delivery)
-            self._creating.pop(name.full, None)
         if topic.delivery != delivery:
             raise precondition(f"Producer requested dispatch strategy does not match topic strategy: "
                                f"{name} is {topic.delivery.value}, the producer asked for {delivery.value}")
@@ -417,23 +416,28 @@ class TopicRegistry:
     # -- producers -----------------------------------------------------------------------------------
 
     async def add_producer(self, topic: Topic, producer_name: str, access_mode: int) -> int:
-        """The producer's id; the existing one for a name already on the topic (docs/WIRE.md C.5)."""
+        """The producer's id; the existing one for a name already on the topic (docs/WIRE.md C.5), also when
+        two calls for a new name come at once (the second waits for the first's store write)."""
         names.check_name(producer_name, "producer name")
         entry = topic.producers.get(producer_name)
         if entry is not None:
             return entry.producer_id
-        limit = topic.policy.max_producers_per_topic
-        if limit and len(topic.producers) >= limit:
-            raise exhausted(f"topic {topic.full} has reached max_producers_per_topic ({limit})")
-        pid = self._clients.new_producer_id()
-        mode = ProducerAccessMode(access_mode) if access_mode in (0, 1) else ProducerAccessMode.SHARED
-        record = Producer(mode, pid, producer_name, True, topic.full)
-        key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
-        await self._store.put(key, record.to_json())
-        entry = ProducerEntry(pid, producer_name, topic)
-        topic.add_producer(entry)
-        self._clients.add_producer(entry)
-        return pid
+        async with self._adding.hold((topic.full, producer_name)):
+            entry = topic.producers.get(producer_name)
+            if entry is not None:
+                return entry.producer_id
+            limit = topic.policy.max_producers_per_topic
+            if limit and len(topic.producers) >= limit:
+                raise exhausted(f"topic {topic.full} has reached max_producers_per_topic ({limit})")
+            pid = self._clients.new_producer_id()
+            mode = ProducerAccessMode(access_mode) if access_mode in (0, 1) else ProducerAccessMode.SHARED
+            record = Producer(mode, pid, producer_name, True, topic.full)
+            key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
+            await self._store.put(key, record.to_json())
+            entry = ProducerEntry(pid, producer_name, topic)
+            topic.add_producer(entry)
+            self._clients.add_producer(entry)
+            return pid
 
 
 def _named(parse: Callable[[str], tuple[str, str, str]], key: str) -> str | None:

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from danube_fast.broker import messages
-from danube_fast.broker.config import DispatchConfig
+from danube_fast.broker.assemble import assemble
+from danube_fast.broker.broker import Broker
+from danube_fast.broker.config import BrokerConfig, DispatchConfig
 from danube_fast.broker.consumer import Consumer
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Cursor
@@ -160,3 +162,18 @@ def attach_subscription(topic: Topic, name: str, kind: SubscriptionType, buffer:
     sub.dispatcher = topic.dispatcher_for(sub, 0, parts)
     topic.add_subscription(sub)
     return sub
+
+
+@contextlib.asynccontextmanager
+async def in_process_broker(data_dir: Path) -> AsyncIterator[Broker]:
+    """A standalone broker in this process on ephemeral ports (no native transport, console or metrics),
+    WAL without fsync; stopped after."""
+    config = BrokerConfig(data_dir=str(data_dir), wal=WalConfig(sync=SyncPolicy("none")),
+                          broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="",
+                          fast_addr="", console_addr="")
+    broker = await assemble(config)
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_support import Run
+from broker_support import Run, in_process_broker
 
-from danube_fast.broker.assemble import assemble
-from danube_fast.broker.config import BrokerConfig
 from danube_fast.meta.resources import DeliveryMode
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
-from danube_fast.storage import SyncPolicy, WalConfig
 
 
 def test_a_discarded_topic_ends_its_consumers_streams(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
-        config = BrokerConfig(data_dir=str(tmp_path / "data"), wal=WalConfig(sync=SyncPolicy("none")),
-                              broker_addr="127.0.0.1:0", admin_addr="127.0.0.1:0", prom_exporter="",
-                              fast_addr="", console_addr="")
-        broker = await assemble(config)
-        await broker.start()
-        ctx = broker.ctx
-        try:
+        async with in_process_broker(tmp_path / "data") as broker:
+            ctx = broker.ctx
             name = TopicName("default", "t")
             topic = await ctx.topics.topic_for_producer(name, DeliveryMode.RELIABLE)
             consumer_id = await ctx.subscriptions.subscribe(topic, pb.ConsumerRequest(
@@ -37,7 +29,5 @@ def test_a_discarded_topic_ends_its_consumers_streams(tmp_path: Path, run: Run) 
             assert ctx.clients.find_consumer(consumer_id) is None
             assert ctx.clients.gone(consumer_id) is not None  # a health check answers CLOSE
             assert ctx.topics.find(topic.full) is None and ctx.topics.broken() == [topic.full]
-        finally:
-            await broker.stop()
 
     run(main(), timeout=20)

@@ -226,6 +226,34 @@ def test_an_ack_for_no_subscription_is_refused_and_a_missing_topic_named(broker:
     assert "names no subscription" in frames.Error.decode(got[1].body).message
 
 
+def test_two_subscribes_with_one_request_id_make_one_subscription(broker: Broker) -> None:
+    """The second SUBSCRIBE of a request id still being subscribed is refused, not a second subscription
+    whose acks would land on the first's."""
+    async def make_topic() -> None:
+        conn = await NativeConnection.connect(target(broker))
+        producer = await NativeProducer.open(conn, "/default/one-id", "p")
+        await (await producer.send_batch([b"x"]))
+        conn.close()
+
+    asyncio.run(make_topic())
+
+    def subscribe(subscription: str) -> bytes:
+        return frames.frame(FrameType.SUBSCRIBE, frames.Subscribe("/default/one-id", subscription, "c", 0,
+                                                                  True).encode(), 7)
+
+    with socket.create_connection(("127.0.0.1", port(broker)), timeout=10) as s:
+        s.sendall(hello() + subscribe("first") + subscribe("second"))
+        decoder = frames.FrameDecoder()
+        got: list[frames.Frame] = []
+        while sum(f.type in (FrameType.SUBSCRIBED, FrameType.ERROR) for f in got) < 2:
+            got += decoder.feed(s.recv(65536))
+    answers = [f for f in got if f.type in (FrameType.SUBSCRIBED, FrameType.ERROR)]
+    assert [f.request_id for f in answers] == [7, 7]
+    assert sorted(f.type.name for f in answers) == ["ERROR", "SUBSCRIBED"]
+    refusal = frames.Error.decode(next(f for f in answers if f.type == FrameType.ERROR).body)
+    assert refusal.code == "ALREADY_EXISTS" and "already names a subscription" in refusal.message
+
+
 LIMITS = "[broker]\nfast_keepalive_ms = 300\nfast_max_connections = 3\n"
 
 

@@ -164,6 +164,7 @@ class Connection(asyncio.BufferedProtocol):
         self._producers: dict[int, _Producer] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # opening producers, serving subscriptions
         self._consumers: dict[int, BatchDispatcher] = {}  # by their SUBSCRIBE's request id
+        self._subscribing: set[int] = set()  # SUBSCRIBE request ids whose subscription is being made
         self._reads: dict[int, asyncio.Task[None]] = {}  # by their READ's request id (CANCEL stops one)
         self._inflight = 0
         self._paused = False
@@ -388,10 +389,11 @@ class Connection(asyncio.BufferedProtocol):
     async def _subscribe(self, request_id: int, request: frames.Subscribe) -> None:
         """A consumer: SUBSCRIBED, then RECORDS within its byte window for as long as it holds the
         subscription (services/fast.py `FastConsumerService.Consume`, frame for message)."""
-        if request_id in self._consumers:
+        if request_id in self._consumers or request_id in self._subscribing:
             self._error(request_id, "ALREADY_EXISTS", f"request id {request_id} already names a subscription")
             return
         ctx = self._server._ctx
+        self._subscribing.add(request_id)  # taken from here on: a second SUBSCRIBE meanwhile is refused
         try:
             self._authorize(CONSUME_METHOD, fast.ConsumeRequest(subscribe=fast.Subscribe(
                 topic=request.topic, subscription=request.subscription, consumer_name=request.consumer)))
@@ -401,6 +403,8 @@ class Connection(asyncio.BufferedProtocol):
         except DanubeError as e:
             self._error(request_id, e.grpc_code, str(e), e.retriable)
             return
+        finally:
+            self._subscribing.discard(request_id)
         holder = new_id()
         batches.holder = holder
         self._consumers[request_id] = batches
