@@ -27,7 +27,7 @@ from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Delayed, Keep, Saver
 from danube_fast.broker.dispatch.dispatcher import Dispatcher
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic
+from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic, gone
 from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import (
@@ -242,6 +242,11 @@ class Subscriptions:
                 cursor = SubscriptionCursor(start - 1)
                 ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
             await self._store.transaction([], ops, [])
+            if topic.gone is not None:
+                if topic.gone == "deleted":  # not left under a topic that no longer exists
+                    await self._store.transaction([], [Delete(keys.topic_subscription(ns, short, name)),
+                                                       Delete(keys.subscription_cursor(ns, short, name))], [])
+                raise gone(topic)
             return self.attach(topic, name, kind, start)
         finally:
             del self._creating[key]

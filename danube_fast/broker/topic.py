@@ -34,7 +34,7 @@ from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.replicas import Replicas
 from danube_fast.broker.sequences import Append, Outcome, ProducerSequences
 from danube_fast.broker.subscription import Subscription
-from danube_fast.errors import precondition
+from danube_fast.errors import ApiError, precondition, unavailable
 from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
@@ -83,6 +83,10 @@ class Topic:
         # What every append, acknowledgement and metadata write passes (broker/ownership.py): a no-op
         # standalone, the assignment's fence in cluster mode.
         self.fence = fence
+        # Why this broker stopped serving the topic ("unloaded", "deleted", "broken"); None while it serves
+        # it. Set by the topic registry before it takes the topic apart: a Subscribe or CreateProducer that
+        # awaited its store write meanwhile must not add to it (nothing would ever serve or close that).
+        self.gone: str | None = None
 
     @property
     def reliable(self) -> bool:
@@ -312,6 +316,11 @@ class NonReliableTopic(Topic):
 
 def _nothing(first: int, last: int) -> None:
     pass
+
+
+def gone(topic: Topic) -> ApiError:
+    """UNAVAILABLE (retriable) for work that found `topic` no longer served here once it was done."""
+    return unavailable(f"topic {topic.full} was {topic.gone} here meanwhile: look it up again")
 
 
 def stored(topic: Topic) -> ReliableTopic | None:

@@ -29,7 +29,7 @@ from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
 from danube_fast.broker.tiering import Tier, WalOnly
-from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, new_topic, stored
+from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, gone, new_topic, stored
 from danube_fast.errors import ApiError, exhausted, invalid, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
@@ -162,6 +162,7 @@ class TopicRegistry:
         topic = self._topics.pop(name.full, None)
         if topic is None:
             return
+        topic.gone = "broken"
         self._clients.forget_producers(topic)
         with contextlib.suppress(Exception):
             await self.subscriptions.close(topic, save=False)
@@ -238,6 +239,7 @@ class TopicRegistry:
         flushed through the topic's fence and `seal` runs before the WAL is deleted (unless it returns
         True: the caller keeps the closed WAL); without it (the ownership was lost) nothing is written and
         the WAL stays on disk for orphan recovery."""
+        topic.gone = "unloaded"
         topic.fence.close()
         await topic.fence.settle()
         self._topics.pop(topic.full, None)
@@ -385,11 +387,16 @@ class TopicRegistry:
         """Remove the topic, its subscriptions, cursors and stored messages. Producers and consumers go with
         it: their health checks answer CLOSE and consumer streams end with OK, so clients notice (C.12)."""
         ns, short = topic.name.namespace, topic.name.topic
-        await self._store.transaction([], [
-            Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
-            Delete(keys.namespace_topic(ns, short)), Delete(keys.unassigned(ns, short)),
-            Delete(keys.storage_topic_prefix(ns, short), prefix=True), Delete(keys.replicas(ns, short)),
-            Delete(keys.broker_topic(self.broker_id, ns, short))], [])
+        topic.gone = "deleted"  # before the write: a subscription or producer written meanwhile is undone
+        try:
+            await self._store.transaction([], [
+                Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
+                Delete(keys.namespace_topic(ns, short)), Delete(keys.unassigned(ns, short)),
+                Delete(keys.storage_topic_prefix(ns, short), prefix=True), Delete(keys.replicas(ns, short)),
+                Delete(keys.broker_topic(self.broker_id, ns, short))], [])
+        except BaseException:
+            topic.gone = None
+            raise
         self._topics.pop(topic.full, None)
         self._clients.forget_producers(topic)
         await self.subscriptions.close(topic, save=False)
@@ -434,6 +441,10 @@ class TopicRegistry:
             record = Producer(mode, pid, producer_name, True, topic.full)
             key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
             await self._store.put(key, record.to_json())
+            if topic.gone is not None:
+                if topic.gone == "deleted":  # not left under a topic that no longer exists
+                    await self._store.delete(key)
+                raise gone(topic)
             entry = ProducerEntry(pid, producer_name, topic)
             topic.add_producer(entry)
             self._clients.add_producer(entry)
