@@ -187,7 +187,7 @@ class TopicSchemas:
         if current.schema_subject == subject:
             return
         async with self._lock:
-            current = self.config(topic)
+            current = await self._stored(topic)
             if current.schema_subject == subject:
                 return
             if current.schema_subject is not None:
@@ -208,6 +208,20 @@ class TopicSchemas:
             return None
         return TopicSchemaInfo(subject, view.schema_id, view.version.version,
                                type_of(view.version.schema_def).value, view.compatibility_mode.value.upper())
+
+    async def _stored(self, topic: SchemaTopic) -> TopicSchemaConfig:
+        """The topic's configuration, read from the store (and applied) when the topic has none in memory:
+        a topic just loaded in cluster mode serves producers before `load` has applied what is stored, and
+        a decision on the defaults would overwrite a stored subject or policy."""
+        if topic.schema_config is not None:
+            return topic.schema_config
+        key = keys.topic_schema(topic.name.namespace, topic.name.topic)
+        kv = await self._store.get(key)
+        if kv is None:
+            return DEFAULT
+        config = TopicSchemaConfig.from_json(kv.value, key=key)
+        await self._apply(topic, config)
+        return config
 
     async def _write(self, topic: SchemaTopic, config: TopicSchemaConfig) -> None:
         ns, short = topic.name.namespace, topic.name.topic

@@ -110,6 +110,29 @@ def test_defaults_and_subject_adoption(run: Run, tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_producers_subject_before_the_stored_config_is_loaded_keeps_it(run: Run, tmp_path: Path) -> None:
+    """A topic that has just been loaded (cluster mode: before `load` applied its stored configuration)
+    serves a producer with a schema_ref: the stored subject and ENFORCE hold, nothing is overwritten."""
+    async def main() -> None:
+        async with env_at(tmp_path) as env:
+            await env.registry.register("people", "json_schema", PERSON)
+            await env.registry.register("other", "string", b"s")
+            earlier = await env.topic("t")
+            await env.schemas.configure(earlier, "people", "enforce", False)
+            loaded = await env.topic("t")  # the same topic as a broker that has not applied the config yet
+            assert loaded.schema_config is None
+            with pytest.raises(SubjectConflict, match="uses schema subject 'people'"):
+                await env.schemas.assign_subject(loaded, "other")
+            kv = await env.store.get(keys.topic_schema("default", "t"))
+            assert kv is not None and TopicSchemaConfig.from_json(kv.value) == TopicSchemaConfig(
+                "people", ValidationPolicy.ENFORCE)
+            assert loaded.schema_config == TopicSchemaConfig("people", ValidationPolicy.ENFORCE)
+            assert loaded.schema_gate is not None  # applied: its sends are checked from now on
+            await env.schemas.assign_subject(loaded, "people")  # its own subject: fine
+
+    run(main())
+
+
 def test_warn_policy_accepts_all_but_unknown_ids(run: Run, tmp_path: Path, caplog: Any) -> None:
     async def main() -> None:
         async with env_at(tmp_path) as env:
