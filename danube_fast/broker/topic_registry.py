@@ -177,10 +177,12 @@ class TopicRegistry:
                                "broker serves its other topics: see its log")
 
     async def load_topic(self, name: TopicName, fence: Fence | None = None, initial_offset: int = 0,
-                         gaps: Sequence[Gap] = (), sequences: JSON = None) -> Topic | None:
+                         gaps: Sequence[Gap] = (), sequences: JSON = None,
+                         prepare: Callable[[Topic], Awaitable[None]] | None = None) -> Topic | None:
         """Serve `name` from its metadata: the WAL (recovered, or new at `initial_offset`), its producers,
-        subscriptions and cursors, and the idempotent producers' table a move carried (`sequences`). None
-        when the topic has no delivery key (a half-made topic)."""
+        subscriptions and cursors, and the idempotent producers' table a move carried (`sequences`); with
+        `prepare`, what must hold before anyone finds the topic (its schema configuration), awaited before
+        it is served. None when the topic has no delivery key (a half-made topic)."""
         ns, short = name.namespace, name.topic
         delivery_kv = await self._store.get(keys.topic_delivery(ns, short))
         if delivery_kv is None:
@@ -189,7 +191,7 @@ class TopicRegistry:
         delivery = TopicDelivery.from_json(delivery_kv.value, key=delivery_kv.key).mode
         producers = await self._store.get_prefix(keys.topic_producers_prefix(ns, short))
         subscriptions = await self._store.get_prefix(keys.topic_subscriptions_prefix(ns, short))
-        topic = await self._open_topic(name, delivery, fence, initial_offset, gaps, sequences)
+        topic = await self._open_topic(name, delivery, fence, initial_offset, gaps, sequences, prepare)
         for kv in producers:
             p = Producer.from_json(kv.value, key=kv.key)
             entry = ProducerEntry(p.producer_id, p.producer_name, topic)
@@ -217,7 +219,8 @@ class TopicRegistry:
         return topic
 
     async def _open_topic(self, name: TopicName, delivery: DeliveryMode, fence: Fence | None = None,
-                          initial_offset: int = 0, gaps: Sequence[Gap] = (), sequences: JSON = None) -> Topic:
+                          initial_offset: int = 0, gaps: Sequence[Gap] = (), sequences: JSON = None,
+                          prepare: Callable[[Topic], Awaitable[None]] | None = None) -> Topic:
         """`fence` None: standalone's (Unfenced)."""
         wal = readable = None
         if delivery == DeliveryMode.RELIABLE:
@@ -230,6 +233,12 @@ class TopicRegistry:
             if sequences is not None:
                 reliable.sequences.restore(sequences)  # before the topic is served: no batch can come first
             reliable.sequences.with_tier(readable, self._config.cluster.producer_gap_wait_ms / 1000)
+        if prepare is not None:
+            try:
+                await prepare(topic)
+            except BaseException:
+                await self._close_storage(topic)  # nobody found it: nothing else would close its WAL
+                raise
         self._topics[name.full] = topic
         return topic
 

@@ -202,8 +202,10 @@ class Reconciler:
         block = self._config.cluster.reserve_offsets
         guard = TopicGuard(name.full, ownership, lambda: (m.session, m.pauses), m.paused,
                            lambda write: handoff.Reservation(ns, t, self.me, write, block, point.gaps))
+        # Its schema configuration applies before anyone finds it: a send before that would skip the
+        # topic's ENFORCE check, and a producer's subject would be decided on the defaults.
         topic = await self._topics.load_topic(name, guard, initial_offset=point.start, gaps=point.gaps,
-                                              sequences=point.sequences)
+                                              sequences=point.sequences, prepare=self._on_loaded)
         if topic is None:
             return
         reliable = stored(topic)
@@ -211,7 +213,6 @@ class Reconciler:
             # First, before anything can be published (the topic is served from here): attach sets the
             # topic's copies before its first await, so no send is acknowledged with one copy meanwhile.
             await self._replication.attach(reliable, guard)
-        await self._on_loaded(topic)
         if reliable is None:
             guard.stores_nothing()
         else:
