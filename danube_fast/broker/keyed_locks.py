@@ -2,7 +2,7 @@
 producer): two coroutines for the same key take turns and the second finds what the first made, while
 different keys go on at once. A key's lock lives only while someone holds or waits for it.
 
-Owner: the event loop; each user (TopicRegistry) keeps its own KeyedLocks.
+Owner: the event loop; each user (TopicRegistry, Subscriptions) keeps its own KeyedLocks.
 """
 
 from __future__ import annotations
@@ -32,5 +32,6 @@ class KeyedLocks:
             else:
                 self._locks[key] = (lock, users - 1)
 
-    def __len__(self) -> int:
-        return len(self._locks)
+    def __contains__(self, key: Hashable) -> bool:
+        """Someone holds or waits for `key`'s lock."""
+        return key in self._locks

@@ -26,8 +26,9 @@ from danube_fast.broker.dispatch.batches import BatchDispatcher
 from danube_fast.broker.dispatch.budget import ByteBudget
 from danube_fast.broker.dispatch.cursor import Delayed, Keep, Saver
 from danube_fast.broker.dispatch.dispatcher import Dispatcher
+from danube_fast.broker.keyed_locks import KeyedLocks
 from danube_fast.broker.subscription import Subscription
-from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic, gone
+from danube_fast.broker.topic import DispatchParts, ReliableTopic, Topic, check_served
 from danube_fast.errors import already_exists, denied, exhausted, invalid, not_found, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import (
@@ -62,8 +63,7 @@ class Subscriptions:
         self._served = served
         self._parts = DispatchParts(config.dispatch, budget, self._cursor_saver, self._dead_letter)
         self._reaper: asyncio.Task[None] | None = None
-        # (topic, subscription) being written to the store by _create_subscription: done when it is
-        self._creating: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._creating = KeyedLocks()  # (topic, subscription) being written to the store
         self.stopping = False  # the broker is shutting down: fast consumer streams end with UNAVAILABLE
 
     def start(self) -> None:
@@ -224,15 +224,10 @@ class Subscriptions:
         Calls for one new name at once get one subscription: the later ones wait for the first's write and
         return what it made (or make it themselves if that write failed). Each making its own would leave two
         dispatchers delivering the same records, and acks reaching only the one the topic lists."""
-        key = (topic.full, name)
-        while (making := self._creating.get(key)) is not None:
-            await asyncio.wait([making])
-        sub = topic.subscriptions.get(name)
-        if sub is not None:
-            return sub
-        made = asyncio.get_running_loop().create_future()
-        self._creating[key] = made
-        try:
+        async with self._creating.hold((topic.full, name)):
+            sub = topic.subscriptions.get(name)
+            if sub is not None:
+                return sub
             ns, short = topic.name.namespace, topic.name.topic
             if start is None:
                 start = topic.start_offset
@@ -242,15 +237,8 @@ class Subscriptions:
                 cursor = SubscriptionCursor(start - 1)
                 ops.append(Put(keys.subscription_cursor(ns, short, name), cursor.to_json()))
             await self._store.transaction([], ops, [])
-            if topic.gone is not None:
-                if topic.gone == "deleted":  # not left under a topic that no longer exists
-                    await self._store.transaction([], [Delete(keys.topic_subscription(ns, short, name)),
-                                                       Delete(keys.subscription_cursor(ns, short, name))], [])
-                raise gone(topic)
+            await check_served(topic, self._store, [op.key for op in ops])
             return self.attach(topic, name, kind, start)
-        finally:
-            del self._creating[key]
-            made.set_result(None)
 
     def attach(self, topic: Topic, name: str, kind: SubscriptionType, start: int,
                delayed: Delayed | None = None) -> Subscription:

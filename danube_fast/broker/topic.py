@@ -18,7 +18,7 @@ uploader, and the schema layer sets the topic's schema configuration, each throu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -34,8 +34,9 @@ from danube_fast.broker.ratelimit import RateLimiter
 from danube_fast.broker.replicas import Replicas
 from danube_fast.broker.sequences import Append, Outcome, ProducerSequences
 from danube_fast.broker.subscription import Subscription
-from danube_fast.errors import ApiError, precondition, unavailable
+from danube_fast.errors import precondition, unavailable
 from danube_fast.meta.resources import DeliveryMode, Policy, TopicSchemaConfig
+from danube_fast.meta.store import Delete, MetadataStore
 from danube_fast.names import TopicName
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.storage.tiered import TopicLog
@@ -318,9 +319,15 @@ def _nothing(first: int, last: int) -> None:
     pass
 
 
-def gone(topic: Topic) -> ApiError:
-    """UNAVAILABLE (retriable) for work that found `topic` no longer served here once it was done."""
-    return unavailable(f"topic {topic.full} was {topic.gone} here meanwhile: look it up again")
+async def check_served(topic: Topic, store: MetadataStore, written: Sequence[str]) -> None:
+    """After a store write made for `topic` (a subscription's or a producer's record): UNAVAILABLE
+    (retriable) if the registry let the topic go meanwhile, the `written` keys deleted first when it was
+    deleted (not left under a topic that no longer exists)."""
+    if topic.gone is None:
+        return
+    if topic.gone == "deleted":
+        await store.transaction([], [Delete(key) for key in written], [])
+    raise unavailable(f"topic {topic.full} was {topic.gone} here meanwhile: look it up again")
 
 
 def stored(topic: Topic) -> ReliableTopic | None:

@@ -29,7 +29,7 @@ from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
 from danube_fast.broker.tiering import Tier, WalOnly
-from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, gone, new_topic, stored
+from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, check_served, new_topic, stored
 from danube_fast.errors import ApiError, exhausted, invalid, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
@@ -450,10 +450,7 @@ class TopicRegistry:
             record = Producer(mode, pid, producer_name, True, topic.full)
             key = keys.topic_producer(topic.name.namespace, topic.name.topic, pid)
             await self._store.put(key, record.to_json())
-            if topic.gone is not None:
-                if topic.gone == "deleted":  # not left under a topic that no longer exists
-                    await self._store.delete(key)
-                raise gone(topic)
+            await check_served(topic, self._store, [key])
             entry = ProducerEntry(pid, producer_name, topic)
             topic.add_producer(entry)
             self._clients.add_producer(entry)

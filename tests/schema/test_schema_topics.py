@@ -42,6 +42,11 @@ class Env:
     registry: SchemaRegistry
     schemas: TopicSchemas
 
+    async def people_and_other(self) -> None:
+        """Subjects "people" (JSON Schema PERSON, id 1) and "other" (string, id 2)."""
+        await self.registry.register("people", "json_schema", PERSON)
+        await self.registry.register("other", "string", b"s")
+
     async def topic(self, short: str) -> Topic:
         """A topic as the broker has it, with its root key in the store."""
         name = TopicName("default", short)
@@ -90,8 +95,7 @@ def test_defaults_and_subject_adoption(run: Run, tmp_path: Path) -> None:
                 await env.schemas.assign_subject(topic, "people")
             assert await env.store.get(keys.topic_schema("default", "t")) is None
 
-            await env.registry.register("people", "json_schema", PERSON)
-            await env.registry.register("other", "string", b"s")
+            await env.people_and_other()
             await env.schemas.assign_subject(topic, "people")
             kv = await env.store.get(keys.topic_schema("default", "t"))
             assert kv is not None
@@ -115,8 +119,7 @@ def test_a_producers_subject_before_the_stored_config_is_loaded_keeps_it(run: Ru
     serves a producer with a schema_ref: the stored subject and ENFORCE hold, nothing is overwritten."""
     async def main() -> None:
         async with env_at(tmp_path) as env:
-            await env.registry.register("people", "json_schema", PERSON)
-            await env.registry.register("other", "string", b"s")
+            await env.people_and_other()
             earlier = await env.topic("t")
             await env.schemas.configure(earlier, "people", "enforce", False)
             loaded = await env.topic("t")  # the same topic as a broker that has not applied the config yet
@@ -136,8 +139,7 @@ def test_a_producers_subject_before_the_stored_config_is_loaded_keeps_it(run: Ru
 def test_warn_policy_accepts_all_but_unknown_ids(run: Run, tmp_path: Path, caplog: Any) -> None:
     async def main() -> None:
         async with env_at(tmp_path) as env:
-            await env.registry.register("people", "json_schema", PERSON)
-            await env.registry.register("other", "string", b"s")
+            await env.people_and_other()
             topic = await env.topic("t")
             await env.schemas.assign_subject(topic, "people")
             assert await accepted(topic, msg(1))
@@ -153,8 +155,7 @@ def test_warn_policy_accepts_all_but_unknown_ids(run: Run, tmp_path: Path, caplo
 def test_enforce_policy(run: Run, tmp_path: Path) -> None:
     async def main() -> None:
         async with env_at(tmp_path) as env:
-            await env.registry.register("people", "json_schema", PERSON)
-            await env.registry.register("other", "string", b"s")
+            await env.people_and_other()
             topic = await env.topic("t")
             await env.schemas.configure(topic, "people", "ENFORCE", False)
             assert env.schemas.config(topic).validation_policy is ValidationPolicy.ENFORCE
