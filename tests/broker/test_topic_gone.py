@@ -26,8 +26,15 @@ def test_a_subscribe_and_a_producer_finishing_after_their_topic_was_deleted_are_
         async with in_process_broker(tmp_path / "data") as broker:
             ctx, store = broker.ctx, broker.store
             topic = await ctx.topics.topic_for_producer(TopicName("default", "doomed"), DeliveryMode.RELIABLE)
-            held = asyncio.Event()
+            waiting: list[str] = []  # the held writes' keys
+            both = asyncio.Event()
             go = asyncio.Event()
+
+            async def hold(key: str) -> None:
+                waiting.append(key)
+                if len(waiting) == 2:
+                    both.set()
+                await go.wait()
             transaction, put = store.transaction, store.put
 
             def ours(key: str) -> bool:  # the subscription's or the producer's record
@@ -36,15 +43,14 @@ def test_a_subscribe_and_a_producer_finishing_after_their_topic_was_deleted_are_
 
             async def held_transaction(compare: Sequence[Any], success: Sequence[Op],
                                        failure: Sequence[Op] = ()) -> TxnResult:
-                if any(isinstance(op, Put) and ours(op.key) for op in success):
-                    held.set()
-                    await go.wait()
+                held = [op.key for op in success if isinstance(op, Put) and ours(op.key)]
+                if held:
+                    await hold(held[0])
                 return await transaction(compare, success, failure)
 
             async def held_put(key: str, value: bytes) -> Any:
                 if ours(key):
-                    held.set()
-                    await go.wait()
+                    await hold(key)
                 return await put(key, value)
 
             store.transaction = held_transaction  # type: ignore[method-assign]
@@ -52,8 +58,7 @@ def test_a_subscribe_and_a_producer_finishing_after_their_topic_was_deleted_are_
             subscribing = asyncio.create_task(ctx.subscriptions.subscribe(topic, pb.ConsumerRequest(
                 topic_name=topic.full, consumer_name="c", subscription="s", subscription_type=0)))
             producing = asyncio.create_task(ctx.topics.add_producer(topic, "p", 0))
-            await asyncio.wait_for(held.wait(), 5)
-            await asyncio.sleep(0.05)  # both are at their writes
+            await asyncio.wait_for(both.wait(), 5)  # both are at their writes
             await ctx.topics.delete_topic(topic)
             go.set()
             for task in (subscribing, producing):

@@ -21,15 +21,16 @@ def test_a_loading_topic_is_found_only_after_it_is_prepared(tmp_path: Path, run:
             topics = broker.ctx.topics
             name = TopicName("default", "prepared")
             await topics.unload_topic(await topics.topic_for_producer(name, DeliveryMode.RELIABLE), None)
-            go = asyncio.Event()
+            go, preparing = asyncio.Event(), asyncio.Event()
             seen: list[Topic | None] = []
 
             async def prepare(topic: Topic) -> None:
                 seen.append(topics.find(name.full))
+                preparing.set()
                 await go.wait()
 
             loading = asyncio.create_task(topics.load_topic(name, prepare=prepare))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(preparing.wait(), 5)
             assert seen == [None] and topics.find(name.full) is None  # not served while it is prepared
             go.set()
             loaded = await asyncio.wait_for(loading, 5)
