@@ -42,7 +42,7 @@ they are; acks read concurrently; at most IN_FLIGHT batches unacknowledged):
   here), so that each new group's buffer reuses one the cache let go of. On a fresh broker the first GiB's
   group buffers are memory the process touches for the first time: its page faults made the copy into them
   cost 0.73 ms/MB (as much as the disk write), and 256 B produce ran at 2.0-2.4 M records/s against
-  2.6-3.0 M once the cache recycled (a probe in the session that added the fill).
+  2.6-3.0 M once the cache recycled (a probe against a bench broker, when the fill was added).
 The issue's targets (>= 2,000,000 records/s reliable publish, >= 3,000,000 catch-up consume) are put on
 `fast_produce_reliable` and `fast_consume_catchup`; the native transport's (durable produce of 64 KiB
 records >= 0.8x the O_DIRECT disk line, their catch-up consume >= 2x the gRPC ceiling's and >= 0.8x the
