@@ -74,8 +74,15 @@ class Tier:
         uploader = Uploader(topic.wal, self.objects, self._store, topic.name.namespace, topic.name.topic,
                             checkpoint=checkpoint, write_meta=topic.fence.write, config=self.uploader_config,
                             on_uploaded=cloud.add if cloud is not None else None)
-        await uploader.start()
+        # Attached before it starts: a delete or unload meanwhile finds it to close (a start then starts
+        # nothing) instead of leaving it to upload from a closed WAL.
         topic.attach_uploader(uploader)
+        try:
+            await uploader.start()
+        except BaseException:
+            if topic.uploader is uploader:
+                topic.detach_uploader()
+            raise
 
     async def drain(self, topic: ReliableTopic) -> None:
         """Everything committed into the object tier (the sealed unload)."""

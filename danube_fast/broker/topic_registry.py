@@ -15,6 +15,7 @@ placement assigns here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +31,7 @@ from danube_fast.broker.ownership import Fence, Placement, Unfenced
 from danube_fast.broker.subscriptions import Subscriptions
 from danube_fast.broker.tiering import Tier, WalOnly
 from danube_fast.broker.topic import ProducerEntry, ReliableTopic, Topic, check_served, new_topic, stored
-from danube_fast.errors import ApiError, exhausted, invalid, precondition, unavailable
+from danube_fast.errors import ApiError, exhausted, invalid, not_found, precondition, unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import (
@@ -88,6 +89,7 @@ class TopicRegistry:
         self._topics: dict[str, Topic] = {}
         self._creating = KeyedLocks()  # topic names being created
         self._adding = KeyedLocks()  # (topic, producer name) being registered
+        self._deleting: dict[str, asyncio.Event] = {}  # topics whose delete runs here, set when it ends
         # Topics whose load failed (their WAL cannot be opened, their metadata cannot be read) -> why. They
         # are logged and refused with FAILED_PRECONDITION; every other topic is served.
         self._broken: dict[str, str] = {}
@@ -301,6 +303,11 @@ class TopicRegistry:
     async def topic_for_producer(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The topic, created with `delivery` if it does not exist (producers auto-create, docs/WIRE.md
         C.4)."""
+        return await self._topic(name, delivery, new=False)
+
+    async def _topic(self, name: TopicName, delivery: DeliveryMode, new: bool) -> Topic:
+        """The topic, created with `delivery` if it does not exist; `new`: ALREADY_EXISTS if it does (also
+        when another call created it meanwhile)."""
         topic = self._topics.get(name.full)
         if topic is None and self._placement.clustered:
             # A moved topic's producers come as soon as a lookup names this broker, some ms before its
@@ -311,7 +318,11 @@ class TopicRegistry:
             topic = self._served_here(name)
         if topic is None:
             async with self._creating.hold(name.full):
-                topic = self._topics.get(name.full) or await self._create(name, delivery)
+                topic = self._topics.get(name.full)
+                if topic is None:
+                    return await self._create(name, delivery)
+        if new:
+            raise ApiError("ALREADY_EXISTS", f"topic {name} already exists")
         if topic.delivery != delivery:
             raise precondition(f"Producer requested dispatch strategy does not match topic strategy: "
                                f"{name} is {topic.delivery.value}, the producer asked for {delivery.value}")
@@ -350,14 +361,19 @@ class TopicRegistry:
             raise ApiError("ALREADY_EXISTS", f"Cannot create topic {name}: partitioned topics with this base "
                                              "name already exist")
         root = keys.topic_root(ns, short)
+        # The checks above read memory; these compares make them hold against a creation elsewhere (another
+        # broker, another call) and a namespace deleted meanwhile.
+        other = _counterpart_root(ns, short, base)
+        compares = [Compare(root, "version", "==", 0), Compare(keys.namespace_policy(ns), "version", ">", 0),
+                    Compare(other, "version", "==", 0)]
         # Standalone assigns the topic to itself; in a cluster the leader's load manager places it (C.4).
         place = self._placement.place_new(name)
         txn = await self._store.transaction(
-            [Compare(root, "version", "==", 0)],
+            compares,
             [Put(root, TopicRoot(0).to_json()), Put(keys.namespace_topic(ns, short), NULL),
              Put(keys.topic_delivery(ns, short), TopicDelivery(delivery).to_json()), place], [])
         if not txn.succeeded:
-            raise self._placement.taken(name)
+            raise await self._refused_creation(name, base, other)
 
         async def open_here() -> Topic:
             try:
@@ -371,6 +387,20 @@ class TopicRegistry:
         topic = await self._placement.created(name, open_here, self._topics.get)
         log.info("created topic %s (%s)", name, delivery.value)
         return topic
+
+    async def _refused_creation(self, name: TopicName, base: str | None, other: str) -> ApiError:
+        """Why the creation's transaction failed, from what the store holds now."""
+        ns, short = name.namespace, name.topic
+        if await self._store.get(keys.topic_root(ns, short)) is not None:
+            return self._placement.taken(name)
+        if await self._store.get(keys.namespace_policy(ns)) is None:
+            return unavailable(f"Unable to find the namespace {ns}, the topic can be created only for an "
+                               "existing namespace")
+        if base is not None:
+            return ApiError("ALREADY_EXISTS", f"Cannot create partitioned topic {name}: "
+                                              f"{TopicName(ns, base)} exists as a non-partitioned topic")
+        return ApiError("ALREADY_EXISTS", f"Cannot create topic {name}: partitioned topics with this base "
+                                          f"name already exist ({other})")
 
     async def _undo_create(self, name: TopicName, cause: BaseException) -> None:
         """Take back a creation whose storage failed, so that no restart trips over a half-made topic."""
@@ -388,15 +418,32 @@ class TopicRegistry:
 
     async def create_topic(self, name: TopicName, delivery: DeliveryMode) -> Topic:
         """The admin API's CreateTopic: like a producer's auto-creation, but an existing topic is an error."""
-        if name.full in self._topics:
-            raise ApiError("ALREADY_EXISTS", f"topic {name} already exists")
-        return await self.topic_for_producer(name, delivery)
+        return await self._topic(name, delivery, new=True)
 
     async def delete_topic(self, topic: Topic) -> None:
         """Remove the topic, its subscriptions, cursors and stored messages. Producers and consumers go with
         it: their health checks answer CLOSE and consumer streams end with OK, so clients notice (C.12)."""
-        ns, short = topic.name.namespace, topic.name.topic
+        if topic.gone == "deleted":
+            raise not_found(f"topic {topic.full} is being deleted")
+        if topic.gone is not None:  # a move's seal or a lost ownership is taking it apart: not twice
+            raise unavailable(f"topic {topic.full} is being {topic.gone} here: look it up again")
         topic.gone = "deleted"  # before the write: a subscription or producer written meanwhile is undone
+        self._deleting[topic.full] = done = asyncio.Event()
+        try:
+            await self._delete(topic)
+        finally:
+            del self._deleting[topic.full]
+            done.set()
+
+    async def settled(self, name: TopicName) -> None:
+        """Once no delete of `name` runs here (at once when none does): the cluster's reconciler, which
+        hears of the deleted assignment while the delete still runs, leaves the topic to it."""
+        done = self._deleting.get(name.full)
+        if done is not None:
+            await done.wait()
+
+    async def _delete(self, topic: Topic) -> None:
+        ns, short = topic.name.namespace, topic.name.topic
         try:
             await self._store.transaction([], [
                 Delete(keys.topic_prefix(ns, short), prefix=True), Delete(keys.topic_root(ns, short)),
@@ -455,6 +502,12 @@ class TopicRegistry:
             topic.add_producer(entry)
             self._clients.add_producer(entry)
             return pid
+
+
+def _counterpart_root(ns: str, short: str, base: str | None) -> str:
+    """The root key whose existence rules out creating `short`: its base topic's for a partition, its first
+    partition's for a topic (partitions are created from -part-0 up)."""
+    return keys.topic_root(ns, base if base is not None else f"{short}-part-0")
 
 
 def _named(parse: Callable[[str], tuple[str, str, str]], key: str) -> str | None:

@@ -129,6 +129,7 @@ class Uploader:
         self._pending: _Pending | None = None
         self._stopped: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def checkpoint(self) -> int:
@@ -149,11 +150,16 @@ class Uploader:
         if self._wal.committed_offset <= self._checkpoint:
             log.warning("%s/%s: the WAL ends at %d but the object tier holds offsets up to %d",
                         self.namespace, self.topic, self._wal.committed_offset - 1, self._checkpoint)
+        if self._closed:  # closed while it read the descriptors: its WAL may be closing too
+            return
         await self._delete_local()  # a crash after publishing an object may have kept its segments
-        self._task = asyncio.create_task(self._run(), name=f"uploader:{self.namespace}/{self.topic}")
+        if not self._closed:
+            self._task = asyncio.create_task(self._run(), name=f"uploader:{self.namespace}/{self.topic}")
 
     async def close(self) -> None:
-        """Stop the background task (an upload in progress is abandoned; its local data stays)."""
+        """Stop the background task (an upload in progress is abandoned; its local data stays); a start
+        still under way then starts nothing."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

@@ -45,7 +45,10 @@ class Cache:
 
 def reconciler(tmp_path: Path, cache: Cache, recovered: list[str], failures: int = 0) -> Reconciler:
     wal_root = tmp_path / "wal"
-    topics = SimpleNamespace(find=lambda full: None, forget_broken=lambda name: None)
+    async def settled(name: TopicName) -> None:  # no delete runs
+        pass
+
+    topics = SimpleNamespace(find=lambda full: None, forget_broken=lambda name: None, settled=settled)
     logs = LogManager(str(wal_root), WalConfig())
     left = [failures]
 

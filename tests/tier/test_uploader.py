@@ -3,6 +3,7 @@ deleted only after the descriptor is durable, retries while the store is down, d
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -305,6 +306,36 @@ def test_a_fenced_descriptor_write_stops_the_uploader_and_keeps_local_data(
             await up.drain()
         check_sequence(await read_all(wal, first_active), range(first_active, 120))
         await up.close()
+        await close_all(store, meta, wal)
+
+    run(main())
+
+
+def test_an_uploader_closed_while_it_starts_never_runs(backend: Backend, tmp_path: Path, run: Run) -> None:
+    """A topic deleted or unloaded while its uploader reads the descriptors at start: the close comes
+    first, and the start must not go on to upload from (and delete segments of) a WAL being closed."""
+    async def main() -> None:
+        store, meta, wal = await open_topic(await backend.open(), tmp_path, 2048)
+        await fill(wal, 0, 40)
+        at_read, go = asyncio.Event(), asyncio.Event()
+        get_prefix = meta.get_prefix
+
+        async def held(prefix: str) -> Any:
+            at_read.set()
+            await go.wait()
+            return await get_prefix(prefix)
+
+        meta.get_prefix = held  # type: ignore[method-assign]
+        up = uploader(wal, store, meta, checkpoint=None)
+        starting = asyncio.create_task(up.start())
+        await asyncio.wait_for(at_read.wait(), 5)
+        await up.close()
+        go.set()
+        await asyncio.wait_for(starting, 5)
+        await asyncio.sleep(0.1)  # FAST polls every 10 ms: a running uploader would have uploaded
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("uploader:")] == []
+        assert await store.list(f"{NS}/{TOPIC}/") == []
+        assert wal.start_offset == 0  # nothing deleted locally
         await close_all(store, meta, wal)
 
     run(main())

@@ -147,6 +147,7 @@ class Reconciler:
             self._placement.changed()
 
     async def _reconcile_once(self, name: TopicName) -> None:
+        await self._topics.settled(name)  # a delete here ends first: it takes the topic apart itself
         kv = self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic))
         topic = self._topics.find(name.full)
         if kv is None:
@@ -375,6 +376,7 @@ class Reconciler:
         delay = RETRY_DELAY
         while True:
             async with self._locks.setdefault((name.namespace, name.topic), asyncio.Lock()):
+                await self._topics.settled(name)  # a deleted topic's WAL is the delete's to remove
                 directory = self._logs.directory(name)
                 if self._cache.get(keys.broker_topic(self.me, name.namespace, name.topic)) is not None or \
                         self._topics.find(name.full) is not None or not os.path.isdir(directory):

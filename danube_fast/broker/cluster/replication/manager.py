@@ -182,6 +182,8 @@ class Replication:
             if not isinstance(guard, TopicGuard):  # not loaded by the reconciler: nothing to replicate
                 continue
             policy = await self._namespaces.read_topic_policy(topic.name)
+            if topic.gone is not None or self._topics.find(topic.full) is not topic:
+                continue  # unloaded or deleted during the read: no copies for a topic not served
             rs = self._sets.get(topic.full)
             if rs is None:
                 if policy.copies > 1:
