@@ -30,6 +30,7 @@ from danube_fast.tables.catalog import (
     committed_offsets,
     dump_offsets,
 )
+from danube_fast.tables.flush import flush
 from danube_fast.tables.worker_messages import Committed
 
 if TYPE_CHECKING:
@@ -95,7 +96,9 @@ def _append(table: Table, offsets: dict[str, int], rows: pa.Table,
     snapshot (module docstring)."""
     tx = table.transaction()
     with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
-        for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
+        written = data_files(tx.table_metadata, table.io, rows, append.commit_uuid)
+        flush(f.file_path for f in written)  # durable before any snapshot names them (tables/flush.py)
+        for data_file in written:
             append.append_data_file(data_file)
     before_commit()
     return state(tx.commit_transaction())

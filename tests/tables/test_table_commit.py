@@ -313,3 +313,43 @@ def s3_keys(endpoint: str, bucket: str) -> list[str]:
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
     finally:
         client.close()
+
+
+def test_a_commits_files_are_flushed_before_the_commit_and_a_failed_flush_commits_nothing(
+        cat, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    commit.append_range(table, TOPIC, 0, 50, rows(TOPIC, -1, 0, 50))
+    seen: list[tuple[list[str], int]] = []  # (the flushed files, the table's files when they were flushed)
+    real = commit.flush
+
+    def recorded(locations: Any) -> int:
+        paths = list(locations)
+        seen.append((paths, len(list(cat.load_table(("default", "orders")).scan().plan_files()))))
+        return real(paths)
+
+    monkeypatch.setattr(commit, "flush", recorded)
+    commit.append_range(cat.load_table(("default", "orders")), TOPIC, 50, 100, rows(TOPIC, -1, 50, 100))
+    [(flushed, files_then)] = seen
+    planned = {t.file.file_path for t in cat.load_table(("default", "orders")).scan().plan_files()}
+    assert files_then == 1 and len(flushed) == 1 and flushed[0] in planned  # flushed, then committed
+
+    def failing(locations: Any) -> int:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(commit, "flush", failing)
+    with pytest.raises(OSError):
+        commit.append_range(cat.load_table(("default", "orders")), TOPIC, 100, 150, rows(TOPIC, -1, 100, 150))
+    assert offsets_in(cat.load_table(("default", "orders"))) == list(range(100))
+
+
+def test_flush_writes_back_local_files_and_leaves_object_store_ones(tmp_path: Path) -> None:
+    from danube_fast.tables import flush
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b c.parquet"
+    a.write_bytes(b"x" * (flush.CHUNK * 2 + 5))
+    b.write_bytes(b"y" * 10)
+    assert flush.flush([str(a), f"file://{str(b).replace(' ', '%20')}", "s3://bucket/t/c.parquet"],
+                       chunk=flush.CHUNK) == flush.CHUNK * 2 + 15
+    assert flush.local_path("s3://bucket/x") is None and flush.local_path("relative/x") is None
+    with pytest.raises(FileNotFoundError):
+        flush.flush([str(tmp_path / "missing.parquet")])
