@@ -22,7 +22,8 @@ The table is rebuilt once per topic, before its first producer of the fast API i
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
 there. Topics that only the Danube API publishes to never read them. A topic moved in cluster mode takes its
 table along: the old owner puts `snapshot()` (the last CARRY outcomes of the MAX_CARRIED producers used last)
-into the sealed state and the new owner `restore`s it before anything is published. A topic moved after its
+into the sealed state and the new owner `restore`s it before anything is published, and reads nothing more
+(the old owner's table was complete: rebuilt or carried in turn). A topic moved after its
 owner crashed has no sealed state: what the dead owner stored last sits in a gap (storage/gaps.py) until that
 broker, restarted, recovers it into the object tier. So with an object tier `ready` also learns the tier's
 last TIER_SCAN_BYTES below the WAL (what earlier owners stored, recovered gaps included: a topic can pass
@@ -109,6 +110,7 @@ class ProducerSequences:
         self._producers: dict[str, _Producer] = {}
         self._rebuilt: asyncio.Future[int] | None = None
         self._tier: tuple[TopicLog, float] | None = None
+        self._carried = False  # restored from a sealed move: complete, nothing to rebuild
         self.duplicates = 0  # batches answered from a first copy instead of stored again
 
     def with_tier(self, log: TopicLog, gap_wait: float) -> None:
@@ -118,7 +120,10 @@ class ProducerSequences:
 
     async def ready(self, wal: Wal) -> None:
         """Return once the table holds what `wal` holds, and the tail of the tier of `with_tier` (the first
-        call rebuilds it; the others wait for that; a failed rebuild is tried again by the next call)."""
+        call rebuilds it; the others wait for that; a failed rebuild is tried again by the next call), at
+        once for a table a sealed move carried."""
+        if self._carried:
+            return
         if self._rebuilt is None or (self._rebuilt.done() and self._rebuilt.exception() is not None):
             self._rebuilt = asyncio.ensure_future(self._rebuild(wal))
         await asyncio.shield(self._rebuilt)
@@ -209,6 +214,10 @@ class ProducerSequences:
         checked, not trusted: a bad entry costs only idempotence, never a refusal)."""
         if not isinstance(carried, dict):
             return
+        # The old owner drained every append and knew its own tail (rebuilt or carried in turn): the table
+        # is complete, and the first producer after the move is answered without reading the WAL's last
+        # segments and the tier's tail (a few hundred ms on a full WAL, every move).
+        self._carried = True
         for name, value in carried.items():
             if not (isinstance(value, list) and len(value) == 2):
                 continue

@@ -209,6 +209,31 @@ def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
     run(main())
 
 
+def test_a_table_a_move_carried_reads_nothing_before_the_first_producer(tmp_path: Path, run: Run) -> None:
+    """The sealed move's table is complete: `ready` answers at once instead of reading the WAL's last two
+    segments (and the tier's tail), which cost every move a few hundred ms once the WAL was full. A table
+    not carried still rebuilds."""
+
+    class Unread:
+        segment_bases = [0]
+        start_offset = 0
+        committed_offset = 10
+
+        async def read(self, offset: int, max_bytes: int) -> None:
+            raise AssertionError("a carried table read the WAL")
+
+    async def main() -> None:
+        carried = ProducerSequences()
+        carried.restore({"p": [7, [[1, 0, 9, 10]]]})
+        await carried.ready(Unread())  # type: ignore[arg-type]
+        assert await carried.publish("p", 7, 1, Appender()(), ok) == (0, 9, 10)
+        rebuilt = ProducerSequences()
+        with pytest.raises(AssertionError, match="read the WAL"):
+            await rebuilt.ready(Unread())  # type: ignore[arg-type]
+
+    run(main())
+
+
 def test_a_snapshot_carries_the_last_outcomes_of_the_last_producers_and_restores(run: Run) -> None:
     """What a move puts in the sealed state: stored outcomes only, the last CARRY per producer, the
     MAX_CARRIED producers used last; restore takes it back and leaves out whatever is malformed."""
