@@ -22,8 +22,9 @@ The table is rebuilt once per topic, before its first producer of the fast API i
 sequenced batches of the WAL's last two segments: a retry after a broker restart or crash finds the first copy
 there. Topics that only the Danube API publishes to never read them. A topic moved in cluster mode takes its
 table along: the old owner puts `snapshot()` (the last CARRY outcomes of the MAX_CARRIED producers used last)
-into the sealed state and the new owner `restore`s it before anything is published, and reads nothing more
-(the old owner's table was complete: rebuilt or carried in turn). A topic moved after its
+into the sealed state and the new owner `restore`s it before anything is published; when the old owner's
+table was complete (rebuilt, or carried complete in turn: the snapshot says so) the new owner reads nothing
+more. A topic moved after its
 owner crashed has no sealed state: what the dead owner stored last sits in a gap (storage/gaps.py) until that
 broker, restarted, recovers it into the object tier. So with an object tier `ready` also learns the tier's
 last TIER_SCAN_BYTES below the WAL (what earlier owners stored, recovered gaps included: a topic can pass
@@ -59,6 +60,7 @@ WINDOW = 256  # sequences remembered per producer: twice what our producer may h
 MAX_PRODUCERS = 1024  # producers remembered per topic (the ones used last)
 SCAN_READ_BYTES = 8 * 1024 * 1024
 CARRY = 64  # outcomes per producer a move carries: what one producer stream may have in flight
+COMPLETE = ""  # the snapshot's mark of a complete table (no producer is named "": names.check_name)
 MAX_CARRIED = 128  # producers a move carries (the sealed state is one metadata value: ~1.3 KB per producer)
 GAP_POLL_S = 0.5  # how often `ready` looks whether a dead owner recovered its gap
 TIER_SCAN_BYTES = 16 * 1024 * 1024  # of the object tier's tail `ready` learns (a retry comes soon after)
@@ -110,7 +112,7 @@ class ProducerSequences:
         self._producers: dict[str, _Producer] = {}
         self._rebuilt: asyncio.Future[int] | None = None
         self._tier: tuple[TopicLog, float] | None = None
-        self._carried = False  # restored from a sealed move: complete, nothing to rebuild
+        self._carried = False  # restored from a sealed move of a complete table: nothing to rebuild
         self.duplicates = 0  # batches answered from a first copy instead of stored again
 
     def with_tier(self, log: TopicLog, gap_wait: float) -> None:
@@ -200,8 +202,13 @@ class ProducerSequences:
 
     def snapshot(self) -> JSON:
         """What a move carries: `{name: [session, [[sequence, first, last, records], ...]]}`, stored outcomes
-        only (a move drains every append first)."""
+        only (a move drains every append first), and `COMPLETE: 1` when the table knows the topic's tail
+        (it was rebuilt, or carried complete in turn): the next owner then reads nothing more."""
         out: dict[str, JSON] = {}
+        rebuilt = self._rebuilt
+        if self._carried or (rebuilt is not None and rebuilt.done() and not rebuilt.cancelled()
+                             and rebuilt.exception() is None):
+            out[COMPLETE] = 1
         for name in list(self._producers)[-MAX_CARRIED:]:
             producer = self._producers[name]
             done = producer.stored()
@@ -214,10 +221,12 @@ class ProducerSequences:
         checked, not trusted: a bad entry costs only idempotence, never a refusal)."""
         if not isinstance(carried, dict):
             return
-        # The old owner drained every append and knew its own tail (rebuilt or carried in turn): the table
-        # is complete, and the first producer after the move is answered without reading the WAL's last
-        # segments and the tier's tail (a few hundred ms on a full WAL, every move).
-        self._carried = True
+        # The old owner drained every append and knew its own tail (rebuilt, or carried complete in turn):
+        # the first producer after the move is answered without reading the WAL's last segments and the
+        # tier's tail (a few hundred ms on a full WAL, every move). An owner that never rebuilt (no fast
+        # producer came while it owned the topic) carries no such mark: what a dead owner before it stored
+        # is learnt from the tier as after a crash.
+        self._carried = carried.get(COMPLETE) == 1
         for name, value in carried.items():
             if not (isinstance(value, list) and len(value) == 2):
                 continue

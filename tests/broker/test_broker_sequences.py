@@ -197,6 +197,7 @@ def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
         table, append = ProducerSequences(), Appender()
         await table.ready(wal)
         await table.ready(wal)  # once only
+        assert table.snapshot()[sequences.COMPLETE] == 1  # type: ignore[index]  # a move carries it complete
         last = wal.committed_offset
         assert await table.publish("p", 9, 40, append(), ok) == (*offsets[40], 2)
         assert await table.publish("p", 9, 39, append(), ok) == (*offsets[39], 2)
@@ -210,9 +211,10 @@ def test_the_table_is_rebuilt_from_the_wal(tmp_path: Path, run: Run) -> None:
 
 
 def test_a_table_a_move_carried_reads_nothing_before_the_first_producer(tmp_path: Path, run: Run) -> None:
-    """The sealed move's table is complete: `ready` answers at once instead of reading the WAL's last two
-    segments (and the tier's tail), which cost every move a few hundred ms once the WAL was full. A table
-    not carried still rebuilds."""
+    """A sealed move's table marked complete: `ready` answers at once instead of reading the WAL's last two
+    segments (and the tier's tail), which cost every move a few hundred ms once the WAL was full, and the
+    mark goes on with it. A table carried without the mark (its owner never rebuilt), or none, rebuilds,
+    and a rebuild that failed marks nothing."""
 
     class Unread:
         segment_bases = [0]
@@ -224,12 +226,16 @@ def test_a_table_a_move_carried_reads_nothing_before_the_first_producer(tmp_path
 
     async def main() -> None:
         carried = ProducerSequences()
-        carried.restore({"p": [7, [[1, 0, 9, 10]]]})
+        carried.restore({"p": [7, [[1, 0, 9, 10]]], sequences.COMPLETE: 1})
         await carried.ready(Unread())  # type: ignore[arg-type]
         assert await carried.publish("p", 7, 1, Appender()(), ok) == (0, 9, 10)
-        rebuilt = ProducerSequences()
-        with pytest.raises(AssertionError, match="read the WAL"):
-            await rebuilt.ready(Unread())  # type: ignore[arg-type]
+        assert carried.snapshot()[sequences.COMPLETE] == 1  # type: ignore[index]  # and carries it on
+        unmarked = ProducerSequences()
+        unmarked.restore({"p": [7, [[1, 0, 9, 10]]]})  # its owner never rebuilt: not complete
+        for table in (unmarked, ProducerSequences()):
+            with pytest.raises(AssertionError, match="read the WAL"):
+                await table.ready(Unread())  # type: ignore[arg-type]
+            assert sequences.COMPLETE not in table.snapshot()  # type: ignore[operator]
 
     run(main())
 
