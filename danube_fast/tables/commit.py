@@ -96,9 +96,7 @@ def _append(table: Table, offsets: dict[str, int], rows: pa.Table,
     snapshot (module docstring)."""
     tx = table.transaction()
     with tx.update_snapshot(snapshot_properties={OFFSETS: dump_offsets(offsets)}).fast_append() as append:
-        written = data_files(tx.table_metadata, table.io, rows, append.commit_uuid)
-        flush(f.file_path for f in written)  # durable before any snapshot names them (tables/flush.py)
-        for data_file in written:
+        for data_file in data_files(tx.table_metadata, table.io, rows, append.commit_uuid):
             append.append_data_file(data_file)
     before_commit()
     return state(tx.commit_transaction())
@@ -121,7 +119,8 @@ def evolve(table: Table, columns: pa.Schema, version: str, value_format: str) ->
 
 
 def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid.UUID) -> list[DataFile]:
-    """`rows` written as Parquet data files of the table, one per partition they fall in.
+    """`rows` written as Parquet data files of the table, one per partition they fall in, and made durable
+    (tables/flush.py) before any commit can name them.
 
     pyiceberg's own path (`Table.append`, `_dataframe_to_data_files`) partitions any table by filtering it
     once per partition and copying each part (combine_chunks): for 64 MB of 256 B records in one hour it
@@ -162,4 +161,6 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     counter = itertools.count()
     tasks = (WriteTask(write_uuid=write_uuid, task_id=next(counter), schema=task_schema,
                        record_batches=part.to_batches(), partition_key=key) for key, part in parts)
-    return list(write_file(io, metadata, tasks))
+    written = list(write_file(io, metadata, tasks))
+    flush(f.file_path for f in written)  # durable before any snapshot names them (tables/flush.py)
+    return written

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from danube_fast.tables.catalog import OFFSETS, committed_offsets, dump_offsets
-from danube_fast.tables.flush import flush
 
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
@@ -165,9 +164,7 @@ def compact(table: Table, files: list[DataFile]) -> int:
         with update.overwrite() as overwrite:
             for f in files:
                 overwrite.delete_data_file(f)
-            compacted = data_files(tx.table_metadata, table.io, rows, overwrite.commit_uuid)
-            flush(f.file_path for f in compacted)  # durable before the snapshot names them (tables/flush.py)
-            for new in compacted:
+            for new in data_files(tx.table_metadata, table.io, rows, overwrite.commit_uuid):
                 overwrite.append_data_file(new)
                 written += 1
     return written
