@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -247,9 +249,10 @@ def test_s3_puts_carry_a_crc32_checksum_and_no_body_signature(moto_server: MotoS
     """Bodies are not SHA-256 signed on the event loop (storage/objects/s3.py): each put carries a CRC32
     computed off it. moto neither keeps nor checks S3 checksums, so the request itself is looked at, through
     botocore's before-send event on the store's client."""
-    from danube_fast.storage.objects.s3 import crc32_checksum
+    from danube_fast.storage.objects.s3_body import crc32_checksum
 
-    assert crc32_checksum(b"123456789") == "y/Q5Jg=="  # CRC-32's check value 0xCBF43926
+    assert crc32_checksum([b"123456789"]) == "y/Q5Jg=="  # CRC-32's check value 0xCBF43926
+    assert crc32_checksum([b"1234", b"", memoryview(b"56789")]) == "y/Q5Jg=="
 
     async def main() -> None:
         bucket = moto_server.create_bucket()
@@ -263,7 +266,38 @@ def test_s3_puts_carry_a_crc32_checksum_and_no_body_signature(moto_server: MotoS
         await store.close()
         [headers] = sent
         lower = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in headers.items()}
-        assert lower["x-amz-checksum-crc32"] == crc32_checksum(data)
+        assert lower["x-amz-checksum-crc32"] == crc32_checksum([data])
         assert lower["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+
+    run(main())
+
+
+def test_an_s3_put_cut_in_its_body_is_sent_again_whole(moto_server: MotoServer, run: Run) -> None:
+    """A put is tried again from the start of its body (s3_body.py PartsBody is rewound, by aiohttp or
+    botocore, whichever retries): a connection reset halfway through the first try leaves the whole object
+    stored by the second."""
+    from danube_fast.testing.proxy import Proxy
+
+    async def main() -> None:
+        bucket = moto_server.create_bucket()
+        with Proxy(moto_server.endpoint.removeprefix("http://")) as proxy:
+            store = await S3Store.open(bucket, endpoint_url=f"http://{proxy.target}", region=REGION,
+                                       **CREDENTIALS)
+            tries: list[object] = []
+            store._client.meta.events.register("before-send.s3.PutObject",
+                                               lambda request, **_: tries.append(request.body))
+            parts = [os.urandom(3 * 1024 * 1024), b"", os.urandom(5 * 1024 * 1024 + 3)]
+            proxy.delay(0.01)  # 64 KiB per 10 ms: the body takes over a second to pass
+            put = asyncio.ensure_future(store.put_parts("t/obj", parts))
+            while not tries:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert not put.done()
+            assert proxy.reset() >= 1
+            proxy.pass_through()
+            await put
+            assert proxy.accepted == 2 and not isinstance(tries[0], io.BytesIO)
+            assert await store.get("t/obj") == b"".join(parts)
+            await store.close()
 
     run(main())

@@ -14,9 +14,7 @@ ObjectStoreError. The botocore exception is chained as the cause.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,17 +25,13 @@ from aiobotocore.session import get_session
 
 from danube_fast.errors import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable
 from danube_fast.storage.objects.format import Buffer
+from danube_fast.storage.objects.s3_body import PartsBody, crc32_checksum
 from danube_fast.storage.objects.store import check_key
 
 _TRANSIENT_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                               "RequestTimeTooSkewed", "Throttling", "ThrottlingException"})
 _TRANSIENT = (boto_errors.ConnectionError, boto_errors.HTTPClientError, aiohttp.ClientError, OSError,
               TimeoutError)
-
-
-def crc32_checksum(data: bytes) -> str:
-    """S3's ChecksumCRC32 of `data`: the big-endian CRC-32 in base64 (zlib drops the GIL while it runs)."""
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
 class S3Store:
@@ -77,21 +71,19 @@ class S3Store:
         return self.prefix + check_key(key)
 
     async def put(self, key: str, data: bytes) -> str | None:
+        return await self.put_parts(key, (data,))
+
+    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
+        # Sent from the parts in place (s3_body.py): neither joined nor copied whole on the event loop.
         path = self._key(key)
-        checksum = await asyncio.get_running_loop().run_in_executor(None, crc32_checksum, data)
+        checksum = await asyncio.get_running_loop().run_in_executor(None, crc32_checksum, parts)
         try:
-            answer = await self._client.put_object(Bucket=self.bucket, Key=path, Body=data,
+            answer = await self._client.put_object(Bucket=self.bucket, Key=path, Body=PartsBody(parts),
                                                    ChecksumCRC32=checksum)
         except Exception as e:
             raise self._error(e, "put", key) from e
         etag = answer.get("ETag")
         return etag.strip('"') if isinstance(etag, str) else None
-
-    async def put_parts(self, key: str, parts: Sequence[Buffer]) -> str | None:
-        # aiobotocore sends (and checksums) one body, so the parts are joined: in a worker thread, since
-        # bytes.join drops the GIL while it copies a large result and the event loop keeps running.
-        data = await asyncio.get_running_loop().run_in_executor(None, b"".join, parts)
-        return await self.put(key, data)
 
     async def put_file(self, key: str, path: str) -> str | None:
         def read() -> bytes:
