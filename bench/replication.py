@@ -24,8 +24,9 @@ Per run, in one cluster:
   it hands the topic to its in-sync follower (docs/REPLICATION.md, "A planned move"). Target for factor
   2: p99 <= 100 ms. `move_ack_errors`: acknowledgements lost, failed or out of sequence over both (0).
 
-The 2-core machine runs the producer and all three brokers: copies cost CPU there that a real cluster
-spreads over machines.
+The brokers serve the native transport (docs/TRANSPORT.md): FastProducer sends over it, and followers
+fetch their copies over it (docs/REPLICATION.md, "Fetches"). The 2-core machine runs the producer and all
+three brokers: copies cost CPU there that a real cluster spreads over machines.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ MOVE_TARGET = Target("<= 100 ms", "<=", 100.0)
 
 def load_line(quick: bool) -> str:
     count = QUICK_COUNT if quick else COUNT
-    return (f"- Load: 3 brokers (`--mode cluster`, lease {LEASE_S} s, replica_lag_ms 2000), one etcd, moto "
+    return (f"- Load: 3 brokers (`--mode cluster`, lease {LEASE_S} s, replica_lag_ms 2000, the native "
+            f"transport served: producers and followers use it), one etcd, moto "
             f"S3; per factor {count * BATCH_RECORDS:,} records of {RECORD_BYTES} B in batches of "
             f"{BATCH_RECORDS} through FastProducer at full speed, then {PACED_RATE:,} records/s paced; the "
             f"failover: {FAILOVER_RATE:,} records/s in batches of {FAILOVER_BATCH} to a factor-2 topic, its "
@@ -93,7 +95,7 @@ def run_replication(options: Options) -> list[Result]:
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-replication-", dir=options.parent_dir))
     runs: list[dict[str, Any]] = []
     try:
-        with running_cluster(scratch, settings=SETTINGS) as cluster:
+        with running_cluster(scratch, settings=SETTINGS, native=True) as cluster:
             for r in range(options.runs):
                 progress(f"run {r + 1}/{options.runs}")
                 runs.append(uvloop.run(_run(cluster, r, options.quick)))

@@ -45,10 +45,11 @@ class RunningCluster:
 
 
 @contextmanager
-def running_cluster(scratch: Path, brokers: int = 3, settings: dict[str, int | str] | None = None
-                    ) -> Iterator[RunningCluster]:
+def running_cluster(scratch: Path, brokers: int = 3, settings: dict[str, int | str] | None = None,
+                    native: bool = False) -> Iterator[RunningCluster]:
     """etcd, moto with a bucket, and `brokers` brokers sharing both (object store s3://bucket/cluster);
-    `settings`: [cluster] settings over CLUSTER_SETTINGS."""
+    `settings`: [cluster] settings over CLUSTER_SETTINGS; `native`: the brokers serve the native transport
+    too (the fast clients then use it, and so do replicated topics' followers)."""
     with ExitStack() as stack:
         etcd = start_etcd(scratch / "etcd" / "data", name="bench")
         stack.callback(etcd.stop)
@@ -58,6 +59,7 @@ def running_cluster(scratch: Path, brokers: int = 3, settings: dict[str, int | s
                   "s3_access_key": S3_KEY, "s3_secret_key": S3_KEY}
         nodes = Cluster(scratch, f"etcd://{etcd.endpoint}", f"s3://{BUCKET}/cluster", chosen, metrics=False,
                         die_with_parent=True)
+        nodes.native = native
         started = [nodes.add() for _ in range(brokers)]
         for broker in started:  # all start at once; then each must be ready
             stack.callback(broker.stop)

@@ -184,6 +184,8 @@ async def assemble(config: BrokerConfig, *, store: MetadataStore | None = None, 
             if cluster.replication is not None:
                 replication = ReplicationService(cluster.replication, ClusterView(cache), namespaces,
                                                  forwarder)
+                if native is not None:
+                    native.replicas = cluster.replication
         view = ClusterView(cache)
         client_services: list[tuple[Callable[[Any, grpc.aio.Server], None], object]] = [
             (pb_grpc.add_ProducerServiceServicer_to_server, ProducerService(ctx, schemas)),

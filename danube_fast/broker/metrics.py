@@ -58,6 +58,9 @@ _FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                       _TOPIC),
     "danube_topic_under_replicated": ("gauge", "Replicated topics: 1 while fewer copies are in sync than "
                                       "the policy asks for.", _TOPIC),
+    "danube_topic_replica_sent_bytes_total": ("counter", "Replicated topics: record bytes the owner's "
+                                              "followers fetched, by transport (native, grpc).",
+                                              ("topic", "transport")),
     "danube_topic_behind_retention_total": ("counter", "Offsets readers skipped: retention had deleted them.",
                                             _TOPIC),
     "danube_subscription_messages_out_total": ("counter", "Messages handed to the subscription's consumers "
@@ -138,6 +141,8 @@ class BrokerCollector(Collector):
                 add("danube_topic_replicas", tl, r.replicas.wanted)
                 add("danube_topic_replicas_in_sync", tl, r.replicas.in_sync)
                 add("danube_topic_under_replicated", tl, int(r.replicas.in_sync < r.replicas.wanted))
+                for transport, sent in r.replicas.sent_bytes.items():
+                    add("danube_topic_replica_sent_bytes_total", (r.full, transport), sent)
             kept = self._retention.state.get(r.full) if self._retention is not None else None
             if kept is not None:
                 add("danube_topic_retained_bytes", tl, kept.retained_bytes)

@@ -8,6 +8,7 @@ standalone, and replicationFactor 1) waits for nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -22,6 +23,11 @@ class Replicas(Protocol):
     @property
     def in_sync(self) -> int:
         """Copies in sync now, the owner's included."""
+        ...
+
+    @property
+    def sent_bytes(self) -> Mapping[str, int]:
+        """Record bytes the followers fetched from this owner, by transport ("native", "grpc")."""
         ...
 
     async def admit(self) -> None:

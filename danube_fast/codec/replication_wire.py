@@ -30,6 +30,22 @@ _UINT64 = 1 << 64
 
 
 @dataclass(frozen=True, slots=True)
+class FetchParts:
+    """A FetchResponse as the owner makes it: its records as the log's buffers, not joined (the gRPC
+    service joins them in `encode`; the native transport writes them to the socket as they are)."""
+
+    chunks: Sequence[Buffer]
+    next_offset: int
+    start_offset: int
+    uploaded_through: int
+    reset: bool = False
+
+    def encode(self) -> bytes:
+        return encode_fetch_response(self.chunks, self.next_offset, self.start_offset, self.uploaded_through,
+                                     self.reset)
+
+
+@dataclass(frozen=True, slots=True)
 class FetchAnswer:
     """A FetchResponse as the follower reads it: `data` is a view into the message's bytes."""
 

@@ -24,7 +24,7 @@ MAX_BATCH = 64 * 1024 * 1024  # docs/FORMAT.md: the largest record batch
 DEFAULT_MAX_FRAME = MAX_BATCH + 64 * 1024  # a batch and room for a frame's own fields
 MIN_MAX_FRAME = 64 * 1024  # what a peer may lower max_frame to, at least: a handshake must fit
 
-_U8, _U16, _U32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<Q"))
+_U8, _U16, _U32, _U64, _I64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<Q", "<q"))
 
 
 class FrameType(enum.IntEnum):
@@ -49,6 +49,8 @@ class FrameType(enum.IntEnum):
     READ = 0x42
     READ_DONE = 0x43
     CANCEL = 0x44
+    REPLICA_FETCH = 0x50  # between brokers: replica_frames.py
+    REPLICA_DATA = 0x51
 
 
 _TYPES = frozenset(FrameType)
@@ -159,6 +161,10 @@ class BodyWriter:
         self._parts += _U64.pack(value)
         return self
 
+    def i64(self, value: int) -> BodyWriter:
+        self._parts += _I64.pack(value)
+        return self
+
     def string(self, value: str) -> BodyWriter:
         data = value.encode()
         if len(data) > 0xFFFF:
@@ -208,6 +214,9 @@ class BodyReader:
 
     def u64(self, field: str) -> int:
         return int(_U64.unpack(self._take(8, field))[0])
+
+    def i64(self, field: str) -> int:
+        return int(_I64.unpack(self._take(8, field))[0])
 
     def string(self, field: str) -> str:
         data = self._take(self.u16(field), field)

@@ -61,9 +61,9 @@ def batch(n: int) -> bytes:
 async def fetch(rs: ReplicaSet, low: int, durable: int | None = None) -> FetchAnswer:
     """F's fetch from `low`, holding durably what it has (or up to `durable`: appends still being made), read
     as the follower reads it."""
-    return decode_fetch_response(await rs.fetch(pb.FetchRequest(
+    return decode_fetch_response((await rs.fetch(pb.FetchRequest(
         topic="/default/t", follower_id=F, epoch=7, from_offset=low,
-        durable_offset=low if durable is None else durable)))
+        durable_offset=low if durable is None else durable), "grpc")).encode())
 
 
 def test_a_follower_joins_in_memory_first_and_is_written_in_sync_once_it_holds_what_was_acknowledged(
@@ -237,9 +237,9 @@ def test_a_dead_follower_in_sync_stays_named_while_eligible_and_goes_once_its_re
         await rs.maintain({ME, 3}, lambda n, taken: [])  # nothing changed: nothing written
         assert len(written) == 3 and written[-1].eligible == (F,)
         await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=3, epoch=7, from_offset=0,
-                                       durable_offset=0))
+                                       durable_offset=0), "grpc")
         await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=3, epoch=7, from_offset=3,
-                                       durable_offset=3))
+                                       durable_offset=3), "grpc")
         await settle(rs)
         assert written[-1] == TopicReplicas(ME, 7, (F, 3), (ME, 3))  # back at the minimum
         await rs.maintain({ME, 3}, lambda n, taken: [])
@@ -324,7 +324,7 @@ def test_a_lowered_factor_drops_the_extra_followers_out_of_sync_first_never_belo
         for follower in (F, g):  # h never fetches: out of sync
             for low in (0, 3):
                 await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=follower, epoch=7,
-                                               from_offset=low, durable_offset=low))
+                                               from_offset=low, durable_offset=low), "native")
         await settle(rs)
         assert written[-1].isr == (ME, F, g)
         rs.copies = 3

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from danube import DanubeClientBuilder, SubType
+from prometheus_client.parser import text_string_to_metric_families
 from test_cluster_faults import create_producer, run, send_request
 from test_cluster_moves import meta, produce_n, read_all, subscribe_early
 
@@ -37,6 +39,14 @@ from danube_fast.testing.proxy import Proxy
 pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 HELD_UPLOADS = {"upload_interval_ms": 3_600_000, "replica_lag_ms": 2000}
+
+
+@pytest.fixture(autouse=True)
+def native_fetches(cluster: Cluster) -> None:
+    """The brokers serve the native transport, so followers fetch over it (replication/fetch_client.py);
+    test_cluster_handover.py and test_cluster_copy_dirs.py keep fetching over gRPC, and the one-way
+    partition runs both ways."""
+    cluster.native = True
 
 
 async def set_namespace_policy(broker: Any, namespace: str, **changes: int) -> None:
@@ -61,6 +71,14 @@ async def in_sync(store: MetadataStore, topic: str, count: int) -> TopicReplicas
     return found
 
 
+def fetched_bytes(broker: Any, topic: str) -> dict[str, float]:
+    """Record bytes the followers of `topic` fetched from `broker`, by transport (its metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.prom_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.labels["transport"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "danube_topic_replica_sent_bytes_total" and s.labels["topic"] == topic}
+
+
 async def moved_from(store: MetadataStore, topic: str, dead: int) -> int | None:
     """The topic's owner once it is not `dead`."""
     now = await owner(store, topic)
@@ -82,6 +100,8 @@ def test_owner_machine_lost_its_follower_serves_every_acknowledged_record_at_onc
             dead = await owner(store, topic)
             assert dead == copies.owner
             victim = cluster.by_id(dead)
+            fetched = fetched_bytes(victim, topic)
+            assert fetched.keys() == {"native"} and fetched["native"] > 0, fetched
             survivor = next(b for b in brokers if b is not victim)
             # Our producer, opened on the survivor, talks to the owner: when the owner is gone for good it
             # asks the survivor again where the topic went.
@@ -316,19 +336,23 @@ def test_an_owner_paused_past_its_lease_acknowledges_nothing_after_its_follower_
 
 
 @pytest.mark.parametrize("direction", ["to_client", "to_server"], ids=["answers-held", "requests-held"])
+@pytest.mark.parametrize("transport", ["native", "grpc"])
 def test_a_one_way_partition_between_owner_and_follower(cluster: Cluster, etcd: EtcdServer,
-                                                        direction: str) -> None:
-    """The follower's fetches reach the owner through a fault-injecting proxy in front of the owner's admin
-    port (its registered address). With only answers (or only requests) passing, the follower leaves the
-    in-sync set and sends go on with the owner alone (minInSyncReplicas 1); healed, it catches up and
-    joins again; then the owner's machine is lost and the follower serves every record acknowledged,
-    those of the partition included."""
+                                                        direction: str, transport: str) -> None:
+    """The follower's fetches reach the owner through a fault-injecting proxy in front of the owner's port
+    they use (its registered native address, or its admin port when it serves no native transport). With
+    only answers (or only requests) passing, the follower leaves the in-sync set and sends go on with the
+    owner alone (minInSyncReplicas 1); healed, it catches up and joins again; then the owner's machine is
+    lost and the follower serves every record acknowledged, those of the partition included."""
+    cluster.native = transport == "native"
     brokers = [cluster.add(**HELD_UPLOADS) for _ in range(2)]
     topic = "/default/one_way"
+    fetched_at = brokers[0].fast_port if cluster.native else brokers[0].admin_port
 
     async def body() -> None:
-        with Proxy(f"127.0.0.1:{brokers[0].admin_port}") as proxy:
-            brokers[0].flags += ["--admin-advertised-addr", proxy.target]
+        with Proxy(f"127.0.0.1:{fetched_at}") as proxy:
+            flag = "--fast-advertised-addr" if cluster.native else "--admin-advertised-addr"
+            brokers[0].flags += [flag, proxy.target]
             brokers[0].start()
             async with meta(etcd) as store:
                 await subscribe_early(brokers[0], topic)  # placed on the one broker there is: the owner
@@ -346,6 +370,8 @@ def test_a_one_way_partition_between_owner_and_follower(cluster: Cluster, etcd: 
                 await asyncio.to_thread(proxy.pass_through)
                 await in_sync(store, topic, 2)
                 acked += await produce_n(brokers[0].url, topic, 200, 100, "p")
+                fetched = fetched_bytes(brokers[0], topic)
+                assert fetched.keys() == {transport} and fetched[transport] > 0, fetched
                 brokers[0].kill()
                 shutil.rmtree(brokers[0].data_dir)
                 await wait_for(lambda: moved_from(store, topic, copies.owner), "the topic moved", 30.0)

@@ -38,6 +38,7 @@ from danube_fast.schema.types import build_definition
 from danube_fast.schema.validators import validator_for
 from danube_fast.storage.objects import format as objects
 from danube_fast.transport import frames as transport
+from danube_fast.transport import replica_frames
 from danube_fast.transport.receiver import FrameReceiver
 
 Target = Callable[[bytes], None]
@@ -148,7 +149,9 @@ BODIES: dict[transport.FrameType, Callable[[memoryview], object]] = {
     transport.FrameType.LOOKUP: lambda b: transport.decode_string(b, "LOOKUP", "topic"),
     transport.FrameType.OFFSETS: lambda b: transport.decode_string(b, "OFFSETS", "topic"),
     transport.FrameType.RANGE: lambda b: transport.decode_offsets(b, "RANGE", "start_offset", "next_offset"),
-    transport.FrameType.READ: transport.Read.decode}
+    transport.FrameType.READ: transport.Read.decode,
+    transport.FrameType.REPLICA_FETCH: replica_frames.ReplicaFetch.decode,
+    transport.FrameType.REPLICA_DATA: replica_frames.ReplicaData.decode}
 
 
 def received(stream: bytes, read: int) -> list[transport.Frame]:
@@ -226,5 +229,8 @@ def seeds() -> dict[str, list[bytes]]:
             b"\x11" + transport.frame(transport.FrameType.SUBSCRIBE, transport.Subscribe(
                 "/default/t", "s", "c", 1 << 20, True).encode(), 4) + transport.frame(
                 transport.FrameType.ACKNOWLEDGE, transport.Acknowledge(3, [5, 6], [9], 100).encode(), 4,
-                transport.UP_TO)],
+                transport.UP_TO),
+            b"\x09" + transport.frame(transport.FrameType.REPLICA_FETCH, replica_frames.ReplicaFetch(
+                "/default/t", 7, 3, -1, 1 << 20, 1000, -1).encode(), 5) + transport.frame(
+                transport.FrameType.REPLICA_DATA, replica_frames.data_fields(10, 0, -1, False) + batch, 5)],
     }

@@ -24,6 +24,9 @@ Discovery.TopicLookup's.
 LOOKUP answers where a topic is served by the Danube API's lookup rules (discovery.py `locate`): this
 listener, or the native listener its owner registered (`fast_addr` in `/cluster/register/{id}`).
 
+REPLICA_FETCH (transport/replica_frames.py) is a follower's fetch of a replicated topic this broker owns,
+answered as the Replication service's Fetch is (`replicas`, cluster mode's), under its RBAC rule.
+
 Owner: the event loop. Each `Connection` owns its buffers, its producers and their ack queues.
 """
 
@@ -37,7 +40,7 @@ import logging
 import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from danube_fast import latency
 from danube_fast.broker.clients import new_id
@@ -49,15 +52,17 @@ from danube_fast.broker.services.fast_reader import next_chunks, read_range, rea
 from danube_fast.broker.services.native_sendfile import FileSender
 from danube_fast.broker.topic import Topic
 from danube_fast.codec import frames as codec
-from danube_fast.errors import DanubeError, FrameCorrupt, invalid
+from danube_fast.codec.replication_wire import FetchParts
+from danube_fast.errors import DanubeError, FrameCorrupt, invalid, precondition
 from danube_fast.names import parse_topic
 from danube_fast.proto import DanubeApi_pb2 as pb
 from danube_fast.proto import FastApi_pb2 as fast
+from danube_fast.proto import Replication_pb2 as replication_pb
 from danube_fast.security.gate import Gate
 from danube_fast.security.tls import common_name
 from danube_fast.storage import file_span
 from danube_fast.storage.file_span import FileSpan
-from danube_fast.transport import frames
+from danube_fast.transport import frames, replica_frames
 from danube_fast.transport.frames import FrameError, FrameType
 from danube_fast.transport.receiver import FrameReceiver
 
@@ -88,6 +93,14 @@ CONSUME_METHOD = "danube_fast.v1.FastConsumer/Consume"
 OFFSETS_METHOD = "danube_fast.v1.FastReader/Offsets"
 READ_METHOD = "danube_fast.v1.FastReader/Read"
 LOOKUP_METHOD = "danube.Discovery/TopicLookup"
+REPLICA_FETCH_METHOD = "danube_fast.replication.v1.Replication/Fetch"
+
+
+class ReplicaFetches(Protocol):
+    """The replicated topics this broker owns, as their followers fetch them (cluster mode's Replication,
+    broker/cluster/replication/manager.py): `fetch` answers a FetchRequest or raises its refusal."""
+
+    async def fetch(self, request: replication_pb.FetchRequest, transport: str) -> FetchParts: ...
 
 
 class NativeServer:
@@ -112,6 +125,7 @@ class NativeServer:
         self.held: set[Connection] = set()  # connections not reading until the total drains
         # Batches read from segment files go by sendfile on plaintext connections (native_sendfile.py).
         self.files = FileSender() if sendfile and tls is None else None
+        self.replicas: ReplicaFetches | None = None  # set in cluster mode: followers fetch here
 
     def took(self, size: int) -> None:
         self.inflight += size
@@ -271,6 +285,8 @@ class Connection(asyncio.BufferedProtocol):
             elif kind == FrameType.CANCEL:
                 if (reading := self._reads.get(request_id)) is not None:
                     reading.cancel()
+            elif kind == FrameType.REPLICA_FETCH:
+                self._start(self._replica_fetch(request_id, replica_frames.ReplicaFetch.decode(body)))
             else:
                 self._error(request_id, "UNIMPLEMENTED", f"{kind.name} is not a request a broker serves")
         except FrameError as e:
@@ -475,6 +491,26 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._send(frames.frame(FrameType.RANGE, frames.offsets_body(log.start_offset, log.committed_offset),
                                 request_id))
+
+    async def _replica_fetch(self, request_id: int, request: replica_frames.ReplicaFetch) -> None:
+        """A follower's fetch of a replicated topic this broker owns (docs/REPLICATION.md): REPLICA_DATA
+        with the records as the log holds them, written after its fields without a copy."""
+        asked = replication_pb.FetchRequest(
+            topic=request.topic, follower_id=request.follower_id, epoch=request.epoch,
+            from_offset=request.from_offset, max_bytes=request.max_bytes, wait_ms=request.wait_ms,
+            durable_offset=request.durable_offset)
+        try:
+            self._authorize(REPLICA_FETCH_METHOD, asked)
+            if self._server.replicas is None:
+                raise precondition(f"broker {self._server.broker_id} replicates no topic (not in a cluster)")
+            answer = await self._server.replicas.fetch(asked, "native")
+        except DanubeError as e:
+            self._error(request_id, e.grpc_code, str(e), e.retriable)
+            return
+        fields = replica_frames.data_fields(answer.next_offset, answer.start_offset, answer.uploaded_through,
+                                            answer.reset)
+        size = len(fields) + sum(memoryview(c).nbytes for c in answer.chunks)
+        self._send_parts([frames.header(FrameType.REPLICA_DATA, size, request_id), fields, *answer.chunks])
 
     async def _read(self, request_id: int, request: frames.Read) -> None:
         """RECORDS frames of [from_offset, to_offset), then READ_DONE (FastReader.Read, frame for message):

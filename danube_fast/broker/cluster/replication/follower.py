@@ -1,7 +1,8 @@
 """The copies this broker keeps of other brokers' replicated topics (docs/REPLICATION.md).
 
 For every `/cluster/replicas/{ns}/{topic}` key that names this broker among the followers, one task
-fetches from the topic's owner (the Replication service on its admin port) and appends what it gets to
+fetches from the topic's owner (fetch_client.py: its native transport, or the Replication service on its
+admin port) and appends what it gets to
 a WAL of its own, with this broker's sync policy, at the owner's offsets; its next fetch, from the end of
 what it holds, tells the owner that all of it is durable here. The copy lives in
 `{data_dir}/replicas/{ns}/{topic}/`: `log/` (the WAL) and `copy.json` (`{owner, epoch}`: whose term of
@@ -39,10 +40,10 @@ from typing import Any
 from danube_fast.broker.cluster.handoff import read_state, state_gaps
 from danube_fast.broker.cluster.orphans import Orphans
 from danube_fast.broker.cluster.replication.dead_owner import DeadOwners
+from danube_fast.broker.cluster.replication.fetch_client import OwnerFetch, broker_credentials
 from danube_fast.broker.cluster.view import ClusterView
 from danube_fast.broker.config import BrokerConfig
 from danube_fast.broker.services.forward import Forwarder
-from danube_fast.codec.replication_wire import FetchAnswer
 from danube_fast.errors import ApiError, DanubeError
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import EventFeed, LocalCache
@@ -89,7 +90,7 @@ class Copies:
         broker_id = orphans.broker_id
         self._cache = cache
         self._view = view
-        self._forwarder = forwarder
+        self._owners = OwnerFetch(forwarder, broker_credentials(config.security))
         self.me = broker_id
         self.root = os.path.join(config.data_dir, "replicas")
         self._pool = IoPool.shared(config.wal.io_threads)
@@ -123,6 +124,7 @@ class Copies:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fetchers.clear()
+        await self._owners.close()
 
     async def _follow(self, feed: EventFeed) -> None:
         async for _ in feed:
@@ -379,8 +381,7 @@ class Copies:
                                           wait_ms=0 if wal is None or pending else WAIT_MS)
                 served_under = self._cache.get(keys.broker_register(r.owner))
                 try:
-                    got = await self._forwarder.call(registration.admin_addr, "Replication", "Fetch", request,
-                                                     FetchAnswer)  # its records a view, not a copy
+                    got = await self._owners.fetch(registration, request)  # its records a view, not a copy
                 except ApiError as e:
                     log.debug("%s: fetching from broker %d: %s", topic, r.owner, e)
                     if e.grpc_code == "UNAVAILABLE":

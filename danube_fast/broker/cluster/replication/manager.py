@@ -27,9 +27,12 @@ from danube_fast.broker.config import ClusterConfig
 from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.broker.topic_registry import TopicRegistry
+from danube_fast.codec.replication_wire import FetchParts
+from danube_fast.errors import precondition
 from danube_fast.meta import keys
 from danube_fast.meta.resources import BrokerMode, Policy, TopicReplicas
 from danube_fast.meta.store import BadValue, Delete, InvalidKey, MetadataError
+from danube_fast.proto import Replication_pb2 as pb
 
 log = logging.getLogger("danube_fast.replication")
 
@@ -53,6 +56,22 @@ class Replication:
 
     def find(self, topic: str) -> ReplicaSet | None:
         return self._sets.get(topic)
+
+    async def fetch(self, request: pb.FetchRequest, transport: str) -> FetchParts:
+        """A follower's fetch, over `transport`: "grpc" (service.py) or "native" (services/native.py). One
+        for a topic this broker does not own as a replicated topic, under another term (epoch), or from a
+        broker that is not one of its followers is FAILED_PRECONDITION: the follower reads the metadata
+        again and asks whoever owns it now."""
+        rs = self._sets.get(request.topic)
+        if rs is None:
+            raise precondition(f"broker {self.me} does not own {request.topic} as a replicated topic")
+        if request.epoch != rs.epoch:
+            raise precondition(f"broker {self.me} owns {request.topic} in term {rs.epoch}, "
+                               f"not {request.epoch}")
+        if request.follower_id not in rs.followers:
+            raise precondition(f"broker {request.follower_id} is not a follower of {request.topic} "
+                               f"(they are {sorted(rs.followers)})")
+        return await rs.fetch(request, transport)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="replication")

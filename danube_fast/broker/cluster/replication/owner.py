@@ -35,13 +35,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from danube_fast.broker.topic import ReliableTopic
 from danube_fast.codec.fast_wire import Buffer
-from danube_fast.codec.replication_wire import encode_fetch_response
+from danube_fast.codec.replication_wire import FetchParts
 from danube_fast.errors import unavailable
 from danube_fast.meta import keys
 from danube_fast.meta.resources import TopicReplicas
@@ -90,6 +90,7 @@ class ReplicaSet:
         self.followers: dict[int, _Follower] = {}
         self.isr: set[int] = set()  # followers in the in-memory ISR (the owner is always in sync)
         self.written: TopicReplicas | None = None  # what the metadata says
+        self._sent: Counter[str] = Counter()  # record bytes fetched, by transport
         self._ready = asyncio.Event()  # the first write landed: acknowledgements may go out
         self._changed = asyncio.Event()
         self._closed = False
@@ -112,6 +113,10 @@ class ReplicaSet:
     @property
     def in_sync(self) -> int:
         return 1 + len(self.isr)
+
+    @property
+    def sent_bytes(self) -> Mapping[str, int]:
+        return self._sent
 
     async def admit(self) -> None:
         """Sends are admitted first come, first served: one that finds too few copies in sync waits (up to
@@ -241,31 +246,32 @@ class ReplicaSet:
 
     # -- fetches ---------------------------------------------------------------------------------------
 
-    async def fetch(self, request: pb.FetchRequest) -> bytes:
+    async def fetch(self, request: pb.FetchRequest, transport: str) -> FetchParts:
         """A follower's fetch: what it holds is learnt, then the records after it (waiting up to wait_ms
-        for one). The answer is a FetchResponse's wire bytes (codec/replication_wire.py)."""
+        for one). The records are the log's buffers, for the caller to frame."""
         f = self.followers[request.follower_id]
         wal = self._wal
         start = self.start_offset()
         low = request.from_offset
         if low < 0:
-            return encode_fetch_response((), start, start, self._uploaded())
+            return FetchParts((), start, start, self._uploaded())
         if low < wal.start_offset or low > wal.durable_offset:
             # Below what the WAL keeps, or past its end (this log restarted shorter than a copy of it).
             log.info("%s: the copy of broker %d at %d does not fit this log (%d..%d): it starts again at %d",
                      self.topic.full, request.follower_id, low, wal.start_offset, wal.durable_offset, start)
-            return encode_fetch_response((), start, start, self._uploaded(), reset=True)
+            return FetchParts((), start, start, self._uploaded(), reset=True)
         self._progress(request.follower_id, f, low, min(request.durable_offset, low))
         wait = min(request.wait_ms, MAX_WAIT_MS) / 1000
         if low >= wal.durable_offset and wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wal.wait_durable(low), wait)
         chunks, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
+        self._sent[transport] += sum(memoryview(c).nbytes for c in chunks)
         now = time.monotonic()
         f.sent.append((now, wal.durable_offset))
         while f.sent and (len(f.sent) > MAX_SENT or f.sent[0][0] < now - 2 * self._lag_s):
             f.sent.popleft()
-        return encode_fetch_response(chunks, next_offset, start, self._uploaded())
+        return FetchParts(chunks, next_offset, start, self._uploaded())
 
     def start_offset(self) -> int:
         """Where a new copy begins: the first offset the object tier lacks, or the WAL's first if later."""

@@ -1,8 +1,7 @@
 """danube_fast.replication.v1.Replication on the admin port (proto/Replication.proto), docs/REPLICATION.md.
 
-- Fetch: the owner of a replicated topic answers its followers. A fetch for a topic this broker does not
-  own as a replicated topic, under another term (epoch), or from a broker that is not one of its followers
-  is FAILED_PRECONDITION: the follower reads the metadata again and asks whoever owns it now.
+- Fetch: the owner of a replicated topic answers its followers (manager.py `Replication.fetch`), for
+  followers whose owner serves no native transport (which they use where it does: services/native.py).
 - Copies: a topic's copies for `admin topics describe`: the owner answers from what it tracks (how much
   each follower holds); another broker forwards the call to the owner, or, asked by a forwarded call or
   with the owner unreachable, answers from the copies' key it caches (without the figures).
@@ -20,7 +19,7 @@ from danube_fast.broker.namespaces import Namespaces
 from danube_fast.broker.services.forward import Forwarder, is_forwarded
 from danube_fast.broker.services.status import Context, unary
 from danube_fast.codec.fast_wire import serialize_request
-from danube_fast.errors import ApiError, not_found, precondition
+from danube_fast.errors import ApiError, not_found
 from danube_fast.meta import keys
 from danube_fast.meta.resources import TopicReplicas
 from danube_fast.meta.store import BadValue
@@ -41,16 +40,7 @@ class ReplicationService:
 
     @unary
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> bytes:
-        me = self._replication.me
-        rs = self._replication.find(request.topic)
-        if rs is None:
-            raise precondition(f"broker {me} does not own {request.topic} as a replicated topic")
-        if request.epoch != rs.epoch:
-            raise precondition(f"broker {me} owns {request.topic} in term {rs.epoch}, not {request.epoch}")
-        if request.follower_id not in rs.followers:
-            raise precondition(f"broker {request.follower_id} is not a follower of {request.topic} "
-                               f"(they are {sorted(rs.followers)})")
-        return await rs.fetch(request)
+        return (await self._replication.fetch(request, "grpc")).encode()
 
     @unary
     async def Copies(self, request: pb.CopiesRequest, context: Context) -> pb.CopiesResponse:
