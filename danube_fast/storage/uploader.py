@@ -139,6 +139,11 @@ class Uploader:
         return self._checkpoint
 
     @property
+    def known_checkpoint(self) -> int | None:
+        """`checkpoint`, or None until `start` has read it (a topic still loading)."""
+        return self._checkpoint
+
+    @property
     def stopped(self) -> BaseException | None:
         """Why the uploader stopped for good (a refused descriptor write), or None while it runs."""
         return self._stopped

@@ -16,11 +16,14 @@ from danube_fast.broker.cluster.replication.owner import ReplicaSet
 from danube_fast.codec import frames
 from danube_fast.codec.replication_wire import FetchAnswer, decode_fetch_response
 from danube_fast.errors import ApiError
+from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources import TopicReplicas
 from danube_fast.meta.store import Op, Put, TxnResult
 from danube_fast.names import TopicName
 from danube_fast.proto import Replication_pb2 as pb
 from danube_fast.storage import Wal
+from danube_fast.storage.objects.folder import FolderStore
+from danube_fast.storage.uploader import Uploader
 
 Run = Callable[..., Any]
 ME, F = 1, 2
@@ -337,6 +340,34 @@ def test_a_lowered_factor_drops_the_extra_followers_out_of_sync_first_never_belo
         await rs.maintain({ME, F, g}, lambda n, taken: [])
         assert len(written[-1].followers) == 1 and len(written[-1].isr) == 2
         assert rs.followers.keys() == set(written[-1].followers) and len(rs.isr) == 1
+        rs.close()
+        await wal.close()
+
+    run(main())
+
+
+def test_a_fetch_before_the_topics_uploader_started_starts_the_copy_at_the_wals_first_offset(
+        tmp_path: Path, run: Run) -> None:
+    """A follower may fetch from a new owner still loading the topic (its uploader not started: what the
+    objects hold is not known yet): the answer says the objects hold nothing, so the copy starts at the
+    WAL's first offset and keeps all of it. Once the uploader knows, fetches say what it knows."""
+    async def main() -> None:
+        rs, wal, _ = await replica_set(tmp_path, 1)
+        meta = await EmbeddedStore.open(tmp_path / "meta.db")
+        uploader = Uploader(wal, FolderStore(str(tmp_path / "objects")), meta, "default", "t")
+        rs.topic.uploader = uploader
+        await wal.append(batch(3))
+        first = await rs.fetch(pb.FetchRequest(topic="/default/t", follower_id=F, epoch=7, from_offset=-1,
+                                               durable_offset=-1), "native")
+        got = decode_fetch_response(first.encode())
+        assert (got.start_offset, got.uploaded_through) == (wal.start_offset, -1)
+        await uploader.start()
+        await uploader.drain()
+        answer = await fetch(rs, 0)
+        assert answer.uploaded_through == 2 and answer.start_offset == 3
+        assert rs.sent_bytes == {"grpc": len(answer.data)}
+        await uploader.close()
+        await meta.close()
         rs.close()
         await wal.close()
 

@@ -507,6 +507,10 @@ class Connection(asyncio.BufferedProtocol):
         except DanubeError as e:
             self._error(request_id, e.grpc_code, str(e), e.retriable)
             return
+        except Exception as e:  # answered all the same: the follower would wait out its timeout
+            log.exception("a replica fetch of %s failed", request.topic)
+            self._error(request_id, "INTERNAL", f"the fetch of {request.topic} failed: {e!r}")
+            return
         fields = replica_frames.data_fields(answer.next_offset, answer.start_offset, answer.uploaded_through,
                                             answer.reset)
         size = len(fields) + sum(memoryview(c).nbytes for c in answer.chunks)

@@ -278,8 +278,12 @@ class ReplicaSet:
         return max(self._uploaded() + 1, self._wal.start_offset)
 
     def _uploaded(self) -> int:
+        """The last offset the objects hold; -1 when none, or not known yet: a follower may fetch from a
+        new owner whose uploader has not started (the topic is still loading), and a copy that starts at
+        the WAL's first offset, and keeps all of it, holds more than it needs, never less."""
         uploader = self.topic.uploader
-        return uploader.checkpoint if uploader is not None else -1
+        known = uploader.known_checkpoint if uploader is not None else None
+        return -1 if known is None else known
 
     async def _read(self, low: int, room: int) -> tuple[list[Buffer], int]:
         """Whole batches from `low`, up to `room` bytes (at least one batch), and the offset after them."""
