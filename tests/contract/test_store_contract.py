@@ -150,6 +150,37 @@ def test_compare_targets_and_operators(run: Callable[..., Any], store: StoreFact
     contract(run, store, check)
 
 
+def test_a_compare_over_a_prefix_holds_for_every_key_under_it(run: Callable[..., Any], store: StoreFactory
+                                                               ) -> None:
+    """etcd's range compare: every key under the prefix must pass; with none, a missing key is compared (so
+    `version == 0` over a prefix means "no key under it", and a value compare fails)."""
+    async def check(s: MetadataStore) -> None:
+        def holds(*compares: Compare) -> Awaitable[bool]:
+            async def txn() -> bool:
+                return (await s.transaction(list(compares), [], [])).succeeded
+            return txn()
+
+        nothing = Compare("/p/", "version", "==", 0, prefix=True)
+        assert await holds(nothing)
+        assert not await holds(Compare("/p/", "value", "==", b"", prefix=True))
+        first = await s.put("/p/a", b"x")
+        second = await s.put("/p/b", b"y")
+        await s.put("/pq", b"z")  # beside the prefix, not under it
+        await s.put("/p/b", b"y")  # version 2
+        assert not await holds(nothing)
+        assert await holds(Compare("/p/", "create_revision", "<", second + 1, prefix=True))
+        assert not await holds(Compare("/p/", "create_revision", "<", second, prefix=True))
+        assert await holds(Compare("/p/", "create_revision", ">", first - 1, prefix=True))
+        assert not await holds(Compare("/p/", "version", "==", 1, prefix=True))  # /p/b is at 2
+        assert await holds(Compare("/p/", "value", ">", b"w", prefix=True))
+        assert not await holds(Compare("/p/", "value", "==", b"x", prefix=True))
+        assert await holds(Compare("/pq", "value", "==", b"z"))  # a key's compare is unchanged
+        await s.delete_prefix("/p/")
+        assert await holds(nothing)
+
+    contract(run, store, check)
+
+
 def test_transaction_branches_and_responses(run: Callable[..., Any], store: StoreFactory) -> None:
     async def check(s: MetadataStore) -> None:
         r0 = await s.put("/x/old", b"old")
