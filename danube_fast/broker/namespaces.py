@@ -69,9 +69,15 @@ class Namespaces:
         """Only an empty namespace: its topics, wherever in the cluster they are served, go first."""
         if not self.exists(namespace):
             raise not_found(f"namespace {namespace} does not exist")
-        if self._cache.get_prefix(keys.namespace_topics_prefix(namespace)):
+        topics = keys.namespace_topics_prefix(namespace)
+        if self._cache.get_prefix(topics):
             raise precondition(f"namespace {namespace} still has topics: delete them first")
-        txn = await self._store.transaction([], [Delete(keys.namespace_prefix(namespace), prefix=True)], [])
+        # The check again, in the write: a topic created since the cache looked (its creation compares that
+        # the namespace exists) makes the delete fail rather than leave the topic without its namespace.
+        txn = await self._store.transaction([Compare(topics, "version", "==", 0, prefix=True)],
+                                            [Delete(keys.namespace_prefix(namespace), prefix=True)], [])
+        if not txn.succeeded:
+            raise precondition(f"namespace {namespace} still has topics: delete them first")
         await self._cache.wait_for_revision(txn.revision, CACHE_WAIT)
 
     def topic_policy(self, name: TopicName, own: KeyValue | None) -> Policy:

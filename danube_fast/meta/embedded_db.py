@@ -188,12 +188,19 @@ class EmbeddedDb:
         return results, changes
 
     def _compare(self, c: Compare) -> bool:
-        row = self._db.execute("SELECT value, 0, version, create_revision, mod_revision FROM kv "
-                               "WHERE key = ?", (c.key.encode(),)).fetchone()
+        key = c.key.encode()
+        columns = "SELECT value, 0, version, create_revision, mod_revision FROM kv "
+        if c.prefix:
+            cursor = self._db.execute(columns + "WHERE key >= ? AND key < ?", (key, prefix_range_end(key)))
+        else:
+            cursor = self._db.execute(columns + "WHERE key = ?", (key,))
+        rows = cursor.fetchall()
+        if not rows:
+            # etcd: a value compare on a missing key is false, whatever the operator; other targets are 0
+            return c.target != "value" and bool(_OPS[c.op](0, c.value))
         if c.target == "value":
-            # etcd: a value compare on a missing key is false, whatever the operator
-            return row is not None and bool(_OPS[c.op](bytes(row[0]), c.value))
-        return bool(_OPS[c.op](row[_TARGETS[c.target]] if row else 0, c.value))
+            return all(_OPS[c.op](bytes(row[0]), c.value) for row in rows)
+        return all(_OPS[c.op](row[_TARGETS[c.target]], c.value) for row in rows)
 
     def _apply(self, op: Op, changes: list[WatchEvent], revision: int) -> list[KeyValue] | int | None:
         """Apply one op as part of the change that will get `revision`."""

@@ -107,7 +107,9 @@ def _request(op: Op) -> Any:
 
 
 def _compare(c: Compare) -> Any:
-    pb = rpc.Compare(key=c.key.encode(), result=_RESULTS[c.op], target=_TARGETS[c.target])
+    key = c.key.encode()
+    pb = rpc.Compare(key=key, result=_RESULTS[c.op], target=_TARGETS[c.target],
+                     range_end=prefix_range_end(key) if c.prefix else b"")
     setattr(pb, c.target, c.value)  # the protobuf field is named like the target
     return pb
 

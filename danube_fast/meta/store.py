@@ -127,12 +127,16 @@ class Compare:
     target "value" compares bytes; "version", "create_revision", "mod_revision" compare ints. A missing key
     has version 0, create_revision 0 and mod_revision 0 (etcd's rule), so `Compare(k, "version", "==", 0)`
     means "k does not exist".
+
+    `prefix`: every key under `key` must pass (etcd's range compare); with none, a missing key is compared,
+    so `Compare(p, "version", "==", 0, prefix=True)` means "no key under p" (a value compare fails).
     """
 
     key: str
     target: Literal["value", "version", "create_revision", "mod_revision"]
     op: Literal["==", "!=", "<", ">"]
     value: bytes | int
+    prefix: bool = False
 
 
 @dataclass(frozen=True)
