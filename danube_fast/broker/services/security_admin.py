@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from danube_fast.broker.services.status import Context, unary
-from danube_fast.errors import invalid, not_found, precondition
+from danube_fast.errors import ApiError, invalid, not_found, precondition
 from danube_fast.meta import keys
 from danube_fast.meta.local_cache import LocalCache
 from danube_fast.meta.resources import BadValue, Resource, RevokedSubject, RevokedToken
-from danube_fast.meta.store import Compare, Delete, InvalidKey, KeyValue, MetadataStore
+from danube_fast.meta.store import Compare, Delete, Get, InvalidKey, KeyValue, MetadataStore, Put
 from danube_fast.proto import SecurityAdmin_pb2 as pb
 from danube_fast.security.config import MAX_LEEWAY_S
 from danube_fast.security.rbac import check_scope, parse_permissions, role_value
@@ -45,6 +45,14 @@ def _binding_key(binding: pb.Binding) -> str:
         return keys.security_binding(binding.principal, binding.role, binding.scope)
     except InvalidKey as e:
         raise invalid(f"binding: {e}") from None
+
+
+def _bindings(found: list[KeyValue]) -> list[pb.Binding]:
+    out = []
+    for kv in found:
+        principal, role, scope = keys.parse_security_binding(kv.key)
+        out.append(pb.Binding(principal=principal, role=role, scope=scope))
+    return out
 
 
 def _role(name: str, value: bytes) -> pb.Role:
@@ -119,21 +127,34 @@ class SecurityAdminService:
     @unary
     async def DeleteRole(self, request: pb.RoleRequest, context: Context) -> pb.Deleted:
         key = _role_key(request.name)
-        bound = [b for b in await self._bindings() if b.role == request.name]
+        prefix = keys.security_bindings_prefix()
+        read = await self._store.transaction([], [Get(prefix, prefix=True)], [])
+        found = read.responses[0]
+        assert isinstance(found, list)
+        bound = [b for b in _bindings(found) if b.role == request.name]
         if bound:
             raise precondition(f"role {request.name!r} is still bound ({len(bound)} bindings, e.g. "
                                f"{bound[0].principal} at {bound[0].scope}): unbind it first")
-        existed = await self._store.delete(key)
+        # Deleted only if no binding was written since that read: a Bind of this role meanwhile (which
+        # compares that its role exists) would otherwise be left naming a role that is gone.
+        txn = await self._store.transaction(
+            [Compare(prefix, "mod_revision", "<", read.revision + 1, prefix=True)], [Delete(key)], [])
+        if not txn.succeeded:
+            raise ApiError("ABORTED", f"bindings changed while role {request.name!r} was being deleted: "
+                                      "try again")
+        existed = bool(txn.responses[0])
         if existed:
-            await self._applied(await self._store.current_revision())
+            await self._applied(txn.revision)
         return pb.Deleted(existed=existed)
 
     @unary
     async def Bind(self, request: pb.Binding, context: Context) -> pb.Binding:
         key = _binding_key(request)
-        if await self._store.get(_role_key(request.role)) is None:
+        txn = await self._store.transaction([Compare(_role_key(request.role), "version", ">", 0)],
+                                            [Put(key, b"{}")], [])
+        if not txn.succeeded:
             raise not_found(f"no role {request.role!r}: create it first")
-        await self._applied(await self._store.put(key, b"{}"))
+        await self._applied(txn.revision)
         return request
 
     @unary
@@ -151,11 +172,7 @@ class SecurityAdminService:
             and (not request.scope or b.scope == request.scope)])
 
     async def _bindings(self) -> list[pb.Binding]:
-        out = []
-        for kv in await self._store.get_prefix(keys.security_bindings_prefix()):
-            principal, role, scope = keys.parse_security_binding(kv.key)
-            out.append(pb.Binding(principal=principal, role=role, scope=scope))
-        return out
+        return _bindings(await self._store.get_prefix(keys.security_bindings_prefix()))
 
     @unary
     async def RevokeToken(self, request: pb.RevokeTokenRequest, context: Context) -> pb.Revocation:
