@@ -129,7 +129,7 @@ snapshot_keep_ms = 3600000        # snapshots, and the files only they name, kep
 orphan_grace_ms = 600000          # files no snapshot names (a crashed commit's) are deleted this old
 drop_with_topic = false           # a deleted topic's tables are dropped with their files (false: kept)
 worker_nice = 10                  # the table worker process runs this much nicer than the broker (0-19)
-worker_threads = 1                # Arrow's thread pools in the table worker (more: faster commits, noisier)
+worker_threads = 1                # the table worker's threads: Arrow's pools, Parquet files encoded at once
 
 [security]                        # TLS, mTLS, JWT and RBAC: docs/SECURITY.md; every setting's meaning is in
 mode = "none"                     # danube_fast/security/config.py (none | tls | tls_jwt)

@@ -27,7 +27,7 @@ class TablesConfig:
     # Added to the table worker process's nice value: on a busy machine the broker's threads get the CPU
     # first (docs/TABLES.md, "Freshness and pacing").
     worker_nice: int = 10
-    worker_threads: int = 1  # Arrow's thread pools in the table worker (Parquet encoding, reads)
+    worker_threads: int = 1  # Arrow's pools in the table worker, and a commit's Parquet files encoded at once
 
     def check(self) -> None:
         if self.lag_ms < 100:

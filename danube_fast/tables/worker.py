@@ -139,9 +139,11 @@ class Worker:
 
     OPS = frozenset({"open", "load", "commit", "maintain", "tables", "drop"})
 
-    def __init__(self, channel: Channel, parent: int) -> None:
+    def __init__(self, channel: Channel, parent: int, slices: int = 1) -> None:
+        """`slices`: the Parquet files a commit's rows of one partition may be encoded into at once."""
         self._channel = channel
         self._parent = parent
+        self._slices = slices
         self._location: TableCatalog | None = None
         self._io: dict[str, str] = {}
         self._catalog: Catalog | None = None
@@ -246,7 +248,7 @@ class Worker:
         if pause_before_commit:
             def pause() -> None:
                 self._channel.ask(m.REACH, ())
-        return commit.append_range(table, stored, start, end, rows, pause), dead
+        return commit.append_range(table, stored, start, end, rows, pause, self._slices), dead
 
     def maintain(self, spec: m.TableSpec, target_bytes: int, min_files: int, keep_ms: int, grace_ms: int,
                  retention_ms: int, retention_bytes: int, group_rows: int) -> tuple[Committed, Done] | None:
@@ -300,9 +302,9 @@ def failure(e: BaseException) -> m.Failure:
     return m.Failure(m.FAILED, error, str(e))
 
 
-def serve(channel: Channel, parent: int) -> None:
+def serve(channel: Channel, parent: int, slices: int = 1) -> None:
     """Answer requests until the broker closes the socket."""
-    worker = Worker(channel, parent)
+    worker = Worker(channel, parent, slices)
     while True:
         message = channel.receive()
         if message is None:
@@ -332,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the socket the broker passed")
     parser.add_argument("--parent", type=int, required=True, help="the broker's pid")
     parser.add_argument("--nice", type=int, default=0, help="added to the process's nice value")
-    parser.add_argument("--threads", type=int, default=1, help="Arrow's CPU and I/O thread pools' size")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="Arrow's CPU and I/O thread pools' size, and the Parquet files a commit is "
+                             "encoded into at once")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
@@ -348,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     pa.set_io_thread_count(args.threads)
     # ConnectionError: the broker went away, nothing to answer.
     with socket.socket(fileno=args.fd) as sock, contextlib.suppress(ConnectionError):
-        serve(Channel(sock), args.parent)
+        serve(Channel(sock), args.parent, args.threads)
     return 0
 
 

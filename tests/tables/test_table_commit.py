@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
@@ -353,3 +354,26 @@ def test_flush_writes_back_local_files_and_leaves_object_store_ones(tmp_path: Pa
     assert flush.local_path("s3://bucket/x") is None and flush.local_path("relative/x") is None
     with pytest.raises(FileNotFoundError):
         flush.flush([str(tmp_path / "missing.parquet")])
+
+
+
+def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(cat, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With slices (`[tables] worker_threads`), a partition's rows go into up to that many files, each of
+    consecutive offsets and none under MIN_SLICE_BYTES; every row is in the table once."""
+    monkeypatch.setattr(commit, "MIN_SLICE_BYTES", 1024)
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    batch = rows(TOPIC, -1, 0, 3000)
+    assert batch.nbytes > 3 * commit.MIN_SLICE_BYTES
+    state = commit.append_range(table, TOPIC, 0, 3000, batch, slices=3)
+    assert state.files == 3
+    table = cat.load_table(("default", "orders"))
+    spans = []
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as stream:
+            offsets = pq.read_table(stream, columns=["offset"]).column("offset").to_pylist()
+        assert offsets == list(range(offsets[0], offsets[-1] + 1))  # consecutive, in order
+        spans.append((offsets[0], offsets[-1]))
+    assert sorted(spans) == [(0, 999), (1000, 1999), (2000, 2999)]
+    assert offsets_in(table) == list(range(3000))
+    small = commit.append_range(table, TOPIC, 3000, 3010, rows(TOPIC, -1, 3000, 3010), slices=3)
+    assert small.files == 4  # ten rows are one file whatever the slices
