@@ -1,10 +1,12 @@
 """`python -m bench tables`: what writing topic tables (docs/TABLES.md) costs the broker, and how fresh the
 tables are, against the same broker without tables in the same run.
 
-Per run, two fresh standalone brokers in turn (which goes first alternates between runs): `off` (tableMode
-none) and `on` (tableMode envelope, [tables] lag_ms at its default, 10 s). Each gets bench/fast.py's
-workload at full speed: COUNT batches of 1,000 records of 256 B through FastProducer to a Reliable topic,
-acks read concurrently; the records are distinct JSON-like events (`payload_pool`). Figures:
+Per run, three fresh standalone brokers in turn (the order reverses between runs): `off` (tableMode
+none), `on` (tableMode envelope, [tables] lag_ms at its default, 10 s) and `on2` (the same with `[tables]
+worker_threads` 2: a commit encoded as two Parquet files at once; its figures end in `_threads2`). Each
+gets bench/fast.py's workload at full speed: COUNT batches of 1,000 records of 256 B through FastProducer
+to a Reliable topic, acks read concurrently; the records are distinct JSON-like events (`payload_pool`).
+Figures:
 - `produce_{off,on}`: records/s; `ack_p99_{off,on}`, `ack_p50_on`: ms from send_batch to the ack.
   Target: tables hurt the publish-ack p99 by at most 10% (`ack_p99_on` / `ack_p99_off`).
 - `freshness_p50`, `freshness_p99`: per batch, seconds from its ack until the table's committed offset (the
@@ -56,6 +58,8 @@ TOPIC = "/default/tables_bench"
 POLL_S = 0.05
 LAG_S = 10.0  # [tables] lag_ms's default
 ON = '[policy]\ntable_mode = "envelope"\n'
+# The brokers of a run: without tables, with them, and with them and two worker threads.
+CONFIGS: dict[str, str | None] = {"off": None, "on": ON, "on2": ON + "[tables]\nworker_threads = 2\n"}
 ACK_TARGET = Target("<= 1.10x without tables", "<=", 1.10, of="ratio")
 FRESHNESS_TARGET = Target(f"<= lag_ms ({LAG_S:g} s)", "<=", LAG_S)
 
@@ -164,31 +168,31 @@ def run_tables(options: Options) -> list[Result]:
     count = QUICK_COUNT if options.quick else COUNT
     paced_s = QUICK_PACED_S if options.quick else PACED_S
     scratch = Path(tempfile.mkdtemp(prefix="danube-bench-tables-", dir=options.parent_dir))
-    offs: list[Run] = []
-    ons: list[Run] = []
+    got: dict[str, list[Run]] = {name: [] for name in CONFIGS}
     try:
         for r in range(options.runs):
             full_rate = None
-            for tables in ((False, True) if r % 2 == 0 else (True, False)):
-                progress(f"run {r + 1}/{options.runs}: tables {'on' if tables else 'off'}")
-                workdir = scratch / f"run{r}-{'on' if tables else 'off'}"
-                broker = Broker(workdir, ON if tables else None, die_with_parent=True)
+            for name in CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS)):
+                tables = name != "off"
+                progress(f"run {r + 1}/{options.runs}: {name}")
+                workdir = scratch / f"run{r}-{name}"
+                broker = Broker(workdir, CONFIGS[name], die_with_parent=True)
                 broker.start()
                 try:
-                    got = asyncio.run(_one(broker, count, tables))
-                    full_rate = full_rate or got.rate
-                    for name, fraction in PACED:
+                    one = asyncio.run(_one(broker, count, tables))
+                    full_rate = full_rate or one.rate
+                    for paced, fraction in PACED:
                         rate = full_rate * fraction
                         batches = int(paced_s * rate / BATCH_RECORDS)
-                        got.paced[name] = asyncio.run(_one(broker, batches, tables,
-                                                           f"/default/tables_bench_{name}", rate))
+                        one.paced[paced] = asyncio.run(_one(broker, batches, tables,
+                                                            f"/default/tables_bench_{paced}", rate))
                 finally:
                     broker.stop()
                     shutil.rmtree(workdir, ignore_errors=True)  # 3.5 GB a broker: one at a time on disk
-                (ons if tables else offs).append(got)
+                got[name].append(one)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return summarise(offs, ons, count)
+    return summarise(got["off"], got["on"], count) + _threads(got["off"], got["on2"])
 
 
 def summarise(offs: list[Run], ons: list[Run], count: int) -> list[Result]:
@@ -235,6 +239,22 @@ def _paced(name: str, offs: list[Run], ons: list[Run]) -> list[Result]:
     ]
 
 
+def _threads(offs: list[Run], ons: list[Run]) -> list[Result]:
+    """The `on2` broker's figures (`[tables] worker_threads` 2: a commit encoded as two files at once)."""
+    runs = len(ons)
+    out = []
+    for label, off_runs, on_runs in (("", offs, ons), *((f"{name}_", [r.paced[name] for r in offs],
+                                                        [r.paced[name] for r in ons]) for name, _ in PACED)):
+        p99_off = [percentile(sorted(r.acks), 0.99) * 1e3 for r in off_runs]
+        p99_on = [percentile(sorted(r.acks), 0.99) * 1e3 for r in on_runs]
+        out += [Result(f"{label}ack_p99_on_threads2", "ms", median(p99_on), runs, median(p99_off),
+                       paired_ratio(p99_on, p99_off), ACK_TARGET),
+                Result(f"{label}freshness_p99_threads2", "s",
+                       median([percentile(r.freshness, 0.99) for r in on_runs]), runs,
+                       target=FRESHNESS_TARGET)]
+    return out
+
+
 def _late_p99(run: Run) -> float:
     """The ack p99 of the second half of a run's batches (ms): without what happens once, at the first table
     use (pyiceberg's imports, the first catalog load)."""
@@ -244,6 +264,7 @@ def _late_p99(run: Run) -> float:
 def load_line(count: int) -> str:
     return (f"- Load: {count * BATCH_RECORDS:,} records of {RECORD_BYTES} B in batches of {BATCH_RECORDS} "
             f"(JSON-like events, {POOL_BATCHES * BATCH_RECORDS:,} distinct, cycled) through FastProducer to "
-            "a Reliable topic at full speed, one fresh standalone broker per figure pair (off: tableMode "
-            f"none; on: envelope, lag_ms 10 s); the table's committed offset polled every "
+            "a Reliable topic at full speed, one fresh standalone broker per configuration (off: tableMode "
+            "none; on: envelope, lag_ms 10 s; on2, figures *_threads2: the same with [tables] "
+            f"worker_threads 2); the table's committed offset polled every "
             f"{POLL_S * 1000:g} ms")

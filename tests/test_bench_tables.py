@@ -32,4 +32,7 @@ def test_a_tiny_run_prints_every_figure(tmp_path: Path) -> None:
     assert "writer_cpu_ms_per_mb" in figures
     for paced in ("half_rate", "quarter_rate"):
         assert figures[f"{paced}_ack_p99_on"]["baseline"] == figures[f"{paced}_ack_p99_off"]["value"] > 0
+    for label in ("", "half_rate_", "quarter_rate_"):  # the broker with two worker threads
+        assert figures[f"{label}ack_p99_on_threads2"]["baseline"] == figures[f"{label}ack_p99_off"]["value"]
+        assert figures[f"{label}freshness_p99_threads2"]["value"] > 0
     assert list(tmp_path.iterdir()) == [], "the scratch directory is removed"
