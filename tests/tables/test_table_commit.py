@@ -357,14 +357,12 @@ def test_flush_writes_back_local_files_and_leaves_object_store_ones(tmp_path: Pa
 
 
 
-def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(cat, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(cat) -> None:  # type: ignore[no-untyped-def]
     """With slices (`[tables] worker_threads`), a partition's rows go into up to that many files, each of
-    consecutive offsets and none under MIN_SLICE_BYTES; every row is in the table once."""
-    monkeypatch.setattr(commit, "MIN_SLICE_BYTES", 1024)
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
-    batch = rows(TOPIC, -1, 0, 3000)
-    assert batch.nbytes > 3 * commit.MIN_SLICE_BYTES
-    state = commit.append_range(table, TOPIC, 0, 3000, batch, slices=3)
+    consecutive offsets and none under one row group (the table's row-group-limit); every row is in the
+    table once."""
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1024)
+    state = commit.append_range(table, TOPIC, 0, 3 * 1024, rows(TOPIC, -1, 0, 3 * 1024), slices=3)
     assert state.files == 3
     table = cat.load_table(("default", "orders"))
     spans = []
@@ -373,7 +371,8 @@ def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(ca
             offsets = pq.read_table(stream, columns=["offset"]).column("offset").to_pylist()
         assert offsets == list(range(offsets[0], offsets[-1] + 1))  # consecutive, in order
         spans.append((offsets[0], offsets[-1]))
-    assert sorted(spans) == [(0, 999), (1000, 1999), (2000, 2999)]
-    assert offsets_in(table) == list(range(3000))
-    small = commit.append_range(table, TOPIC, 3000, 3010, rows(TOPIC, -1, 3000, 3010), slices=3)
-    assert small.files == 4  # ten rows are one file whatever the slices
+    assert sorted(spans) == [(0, 1023), (1024, 2047), (2048, 3071)]
+    assert offsets_in(table) == list(range(3 * 1024))
+    # Under two row groups: one file, whatever the slices.
+    small = commit.append_range(table, TOPIC, 3072, 5000, rows(TOPIC, -1, 3072, 5000), slices=3)
+    assert small.files == 4
