@@ -40,6 +40,11 @@ class FetchParts:
     uploaded_through: int
     reset: bool = False
 
+    @property
+    def nbytes(self) -> int:
+        """The records' bytes."""
+        return sum(memoryview(c).nbytes for c in self.chunks)
+
     def encode(self) -> bytes:
         return encode_fetch_response(self.chunks, self.next_offset, self.start_offset, self.uploaded_through,
                                      self.reset)

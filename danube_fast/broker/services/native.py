@@ -513,7 +513,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         fields = replica_frames.data_fields(answer.next_offset, answer.start_offset, answer.uploaded_through,
                                             answer.reset)
-        size = len(fields) + sum(memoryview(c).nbytes for c in answer.chunks)
+        size = len(fields) + answer.nbytes
         self._send_parts([frames.header(FrameType.REPLICA_DATA, size, request_id), fields, *answer.chunks])
 
     async def _read(self, request_id: int, request: frames.Read) -> None:

@@ -35,8 +35,7 @@ class PartsBody(io.RawIOBase):
 
     def __init__(self, parts: Sequence[Buffer]) -> None:
         super().__init__()
-        self._views = [memoryview(p).cast("B") for p in parts]
-        self._views = [v for v in self._views if v.nbytes]
+        self._views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
         self._starts = list(itertools.accumulate((v.nbytes for v in self._views), initial=0))
         self._size = self._starts[-1]
         self._at = 0

@@ -266,12 +266,13 @@ class ReplicaSet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wal.wait_durable(low), wait)
         chunks, next_offset = await self._read(low, min(request.max_bytes or FETCH_BYTES, MAX_FETCH_BYTES))
-        self._sent[transport] += sum(memoryview(c).nbytes for c in chunks)
+        answer = FetchParts(chunks, next_offset, start, self._uploaded())
+        self._sent[transport] += answer.nbytes
         now = time.monotonic()
         f.sent.append((now, wal.durable_offset))
         while f.sent and (len(f.sent) > MAX_SENT or f.sent[0][0] < now - 2 * self._lag_s):
             f.sent.popleft()
-        return FetchParts(chunks, next_offset, start, self._uploaded())
+        return answer
 
     def start_offset(self) -> int:
         """Where a new copy begins: the first offset the object tier lacks, or the WAL's first if later."""
