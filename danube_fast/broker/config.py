@@ -119,6 +119,7 @@ warehouse = ""                    # where table files go; "" = DATA_DIR/tables/w
 commit_bytes = "auto"             # record batches per commit, at most; auto = 256 MiB, or 1/16 of usable
                                   # memory when smaller (at least 16 MiB)
 row_group_rows = 1048576          # Parquet row group size, in rows
+compression = "zstd"              # new tables' Parquet codec: zstd | lz4 | snappy | gzip | uncompressed
 hour_partitions = true            # partition tables by hour(timestamp) (and partition)
 fail_on_data_loss = true          # records deleted before the table got them stop it (false: skip them)
 policy_check_ms = 5000            # how often the writer reads which topics want a table

@@ -385,7 +385,7 @@ class TableWriter:
         base, partition = _stored(topic)
         return m.TableSpec(topic.name.namespace, base, partition >= 0,
                            self._modes.get(topic.full, "envelope"), self._config.hour_partitions,
-                           self._config.row_group_rows)
+                           self._config.row_group_rows, self._config.compression)
 
     async def _read(self, topic: ReliableTopic, start: int, end: int,
                     status: TableStatus) -> tuple[list[memoryview], int]:

@@ -99,9 +99,9 @@ def identifier(namespace: str, base_topic: str) -> tuple[str, str]:
     return namespace, base_topic
 
 
-def table_properties(row_group_rows: int) -> dict[str, str]:
+def table_properties(row_group_rows: int, compression: str = "zstd") -> dict[str, str]:
     return {
-        "write.parquet.compression-codec": "zstd",
+        "write.parquet.compression-codec": compression,
         "write.parquet.row-group-limit": str(row_group_rows),
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "50",
@@ -112,10 +112,11 @@ def table_properties(row_group_rows: int) -> dict[str, str]:
 
 
 def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitioned: bool, hourly: bool,
-                   row_group_rows: int, mode: str = "envelope") -> Table:
+                   row_group_rows: int, mode: str = "envelope", compression: str = "zstd") -> Table:
     """The topic's table, created (with its namespace) when missing. `mode` is the table mode its columns
     follow: envelope (also the dead-letter table's form) or schema (the envelope without `value`; the value
-    columns are added by the writer, tables/typed.py). A table of another mode is refused (ModeMismatch)."""
+    columns are added by the writer, tables/typed.py). A table of another mode is refused (ModeMismatch).
+    `row_group_rows` and `compression` are a new table's: an existing table keeps its own properties."""
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
     from danube_fast.tables.envelope import SCHEMA, partition_spec
@@ -130,8 +131,8 @@ def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitione
         try:
             table = catalog.create_table(
                 ident, schema=schema, partition_spec=partition_spec(partitioned, hourly),
-                properties={**table_properties(row_group_rows), TOPIC_PROPERTY: f"/{namespace}/{base_topic}",
-                            MODE_PROPERTY: mode})
+                properties={**table_properties(row_group_rows, compression),
+                            TOPIC_PROPERTY: f"/{namespace}/{base_topic}", MODE_PROPERTY: mode})
         except TableAlreadyExistsError:  # another partition's writer created it meanwhile
             table = catalog.load_table(ident)
     held = table.properties.get(MODE_PROPERTY, "envelope")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Iceberg's write.parquet.compression-codec values that pyarrow writes and Spark's, DuckDB's and pyiceberg's
+# readers read (brotli is left out: DuckDB reads it, Spark's bundled Parquet does not without a codec jar).
+COMPRESSIONS = ("zstd", "lz4", "snappy", "gzip", "uncompressed")
+
 
 @dataclass(frozen=True)
 class TablesConfig:
@@ -13,6 +17,9 @@ class TablesConfig:
     warehouse: str = ""  # where table files go; "" = DATA_DIR/tables/warehouse
     commit_bytes: int = 256 * 1024 * 1024  # batches read for one commit, at most (the most "auto" gives)
     row_group_rows: int = 1024 * 1024  # Parquet row group: rows (pyiceberg sizes row groups by rows only)
+    # New tables' Parquet codec (Iceberg's names). zstd: the smallest files; lz4 and none trade file size
+    # for the writer's CPU (docs/TABLES.md, "Freshness and pacing").
+    compression: str = "zstd"
     hour_partitions: bool = True  # partition by hour(timestamp) (and the topic's partition, when it has them)
     fail_on_data_loss: bool = True  # records gone before they reached the table stop it (false: skip, count)
     policy_check_ms: int = 5000  # how often the writer reads which topics want a table
@@ -36,6 +43,9 @@ class TablesConfig:
             raise ValueError(f"[tables] commit_bytes must be at least 1 MiB, not {self.commit_bytes}")
         if self.row_group_rows < 1024:
             raise ValueError(f"[tables] row_group_rows must be at least 1024, not {self.row_group_rows}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"[tables] compression must be one of {', '.join(COMPRESSIONS)}, not "
+                             f"{self.compression!r}")
         if self.compact_min_files < 2:
             raise ValueError(f"[tables] compact_min_files must be at least 2, not {self.compact_min_files}")
         if self.target_file_bytes < 1024 * 1024:

@@ -70,6 +70,7 @@ class TableSpec:
     mode: str  # envelope or schema
     hour_partitions: bool
     row_group_rows: int
+    compression: str = "zstd"
     dead_letters: bool = False  # the topic's dead-letter table (envelope form) instead
 
     @property

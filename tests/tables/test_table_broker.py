@@ -204,7 +204,8 @@ def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None
 
 
 @pytest.mark.parametrize("setting, message", [("lag_ms = 10", "lag_ms must be at least 100"),
-                                              ("row_group_rows = 5", "row_group_rows must be at least")])
+                                              ("row_group_rows = 5", "row_group_rows must be at least"),
+                                              ('compression = "brotli"', "compression must be one of")])
 def test_a_bad_tables_setting_stops_the_start_with_its_name(broker_factory: BrokerFactory, setting: str,
                                                             message: str) -> None:
     broker = broker_factory.add(f"[tables]\n{setting}\n")

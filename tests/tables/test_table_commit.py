@@ -376,3 +376,41 @@ def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(ca
     # Under two row groups: one file, whatever the slices.
     small = commit.append_range(table, TOPIC, 3072, 5000, rows(TOPIC, -1, 3072, 5000), slices=3)
     assert small.files == 4
+
+
+@pytest.mark.parametrize("codec, parquet_name", [("lz4", "LZ4"), ("uncompressed", "UNCOMPRESSED"),
+                                                 ("zstd", "ZSTD")])
+def test_a_new_tables_files_are_in_its_codec_and_an_existing_table_keeps_its_own(
+        cat, codec: str, parquet_name: str) -> None:  # type: ignore[no-untyped-def]
+    """`[tables] compression` is a new table's codec (Iceberg's write.parquet.compression-codec); a table
+    that exists keeps the codec it has (a user may change it with any Iceberg tool)."""
+    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20, compression=codec)
+    commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
+    again = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20,
+                                   compression="gzip" if codec != "gzip" else "zstd")
+    assert again.properties["write.parquet.compression-codec"] == codec
+    commit.append_range(again, TOPIC, 100, 200, rows(TOPIC, -1, 100, 200))
+    table = cat.load_table(("default", "orders"))
+    codecs = set()
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as stream:
+            meta = pq.ParquetFile(stream).metadata
+            codecs |= {meta.row_group(g).column(c).compression for g in range(meta.num_row_groups)
+                       for c in range(meta.num_columns)}
+    assert codecs == {parquet_name}
+    assert offsets_in(table) == list(range(200))
+    # Changed by another Iceberg client: not a conflict (Iceberg applies the append to the table as it now
+    # is), so the writer's handle commits once more in the codec it knew, and follows the change after.
+    with cat.load_table(("default", "orders")).transaction() as tx:
+        tx.set_properties({"write.parquet.compression-codec": "snappy"})
+    commit.append_range(again, TOPIC, 200, 300, rows(TOPIC, -1, 200, 300))
+    commit.append_range(again, TOPIC, 300, 400, rows(TOPIC, -1, 300, 400))
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(400))
+    by_start = {}
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as stream:
+            file = pq.ParquetFile(stream)
+            by_start[file.read(columns=["offset"]).column(0)[0].as_py()] = \
+                file.metadata.row_group(0).column(0).compression
+    assert by_start == {0: parquet_name, 100: parquet_name, 200: parquet_name, 300: "SNAPPY"}
