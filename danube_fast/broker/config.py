@@ -120,7 +120,6 @@ commit_bytes = "auto"             # record batches per commit, at most; auto = 2
                                   # memory when smaller (at least 16 MiB)
 row_group_rows = 1048576          # Parquet row group size, in rows
 compression = "zstd"              # new tables' Parquet codec: zstd | lz4 | snappy | gzip | uncompressed
-hour_partitions = true            # partition tables by hour(timestamp) (and partition)
 fail_on_data_loss = true          # records deleted before the table got them stop it (false: skip them)
 policy_check_ms = 5000            # how often the writer reads which topics want a table
 maintenance_ms = 60000            # how often each table is compacted, expired and swept
@@ -160,8 +159,10 @@ max_subscription_dispatch_rate = 0  # messages per second a subscription is sent
 retention_time_minutes = 0        # retentionTimeInMinutes: records older than this go; 0 = keep them
 retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond this many MiB go; 0 = no cap
 table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
+table_partitioning = "hour"       # tablePartitioning: hour | day | month | none, of the publish time (and
+                                  # the topic's partition, for a partitioned topic)
 table_retention_minutes = 0       # tableRetentionInMinutes: the table keeps rows this long; 0 = as the topic
-table_retention_size_mb = 0       # tableRetentionSizeInMB: the table's oldest whole hours go beyond this many
+table_retention_size_mb = 0       # tableRetentionSizeInMB: the table's oldest whole periods go beyond this
                                   # MiB of files; 0 = as the topic (retention_size_mb)
 message_ttl_seconds = 0           # messageTTLInSeconds: records older than this are acknowledged for every
                                   # subscription (docs/SUBSCRIPTIONS.md); 0 = never
@@ -493,6 +494,10 @@ def check(config: BrokerConfig) -> None:
     if config.policy.table_mode not in Policy.TABLE_MODES:
         raise ConfigError(f"[policy] table_mode must be one of {', '.join(Policy.TABLE_MODES)}, "
                           f"not {config.policy.table_mode!r}")
+    if config.policy.table_partitioning not in Policy.TABLE_PARTITIONINGS:
+        choices = ", ".join(Policy.TABLE_PARTITIONINGS)
+        raise ConfigError(f"[policy] table_partitioning must be one of {choices}, "
+                          f"not {config.policy.table_partitioning!r}")
     try:
         config.tables.check()
     except ValueError as e:

@@ -59,6 +59,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes["retentionSizeInMB"] = args.retention_mb
     if args.table is not None:
         changes[Policy.TABLE_MODE] = args.table
+    if args.table_partitioning is not None:
+        changes[Policy.TABLE_PARTITIONING] = args.table_partitioning
     if args.table_retention_minutes is not None:
         changes["tableRetentionInMinutes"] = args.table_retention_minutes
     if args.table_retention_mb is not None:
@@ -76,8 +78,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes[key] = int(value)
     if not changes:
         raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
-                         "--table-retention-minutes, --table-retention-mb, --message-ttl-seconds, "
-                         "--replication-factor, --min-insync-replicas or --set")
+                         "--table-partitioning, --table-retention-minutes, --table-retention-mb, "
+                         "--message-ttl-seconds, --replication-factor, --min-insync-replicas or --set")
     return json.dumps(changes)
 
 
@@ -118,12 +120,15 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--table", choices=Policy.TABLE_MODES, metavar="MODE",
                    help="tableMode: keep the records as an Iceberg table too: none, envelope or schema "
                         "(docs/TABLES.md)")
+    s.add_argument("--table-partitioning", choices=Policy.TABLE_PARTITIONINGS, metavar="PERIOD",
+                   help="tablePartitioning: the table's files by hour (the default), day or month of the "
+                        "publish time, or none; a table that exists is evolved (its next files follow)")
     s.add_argument("--table-retention-minutes", type=count, metavar="N",
                    help="tableRetentionInMinutes: the table keeps rows N minutes, by publish time, whole "
-                        "hours (0: as long as --retention-minutes)")
+                        "periods of its partitioning (0: as long as --retention-minutes)")
     s.add_argument("--table-retention-mb", type=count, metavar="N",
-                   help="tableRetentionSizeInMB: the table's oldest whole hours go while its files hold more "
-                        "than N MiB (0: as --retention-mb)")
+                   help="tableRetentionSizeInMB: the table's oldest whole periods go while its files hold "
+                        "more than N MiB (0: as --retention-mb)")
     s.add_argument("--message-ttl-seconds", type=count, metavar="N",
                    help="messageTTLInSeconds: records published more than N seconds ago are acknowledged "
                         "for every subscription (0: never; docs/SUBSCRIPTIONS.md)")

@@ -26,7 +26,7 @@ async def _status(args: argparse.Namespace) -> Listing:
                      "committed_offset": t.committed_offset, "topic_offset": t.topic_offset,
                      "lag_ms": t.lag_ms, "files": t.files, "bytes": t.bytes, "dlq_records": t.dlq_records,
                      "skipped_records": t.skipped_records, "commits": t.commits,
-                     "compacted_files": t.compacted_files,
+                     "compacted_files": t.compacted_files, "partitioning": t.partitioning,
                      "metadata_location": t.metadata_location, "error": t.error, "stopped": t.stopped,
                      "problem": (t.stopped and f"stopped: {t.stopped}") or t.error})
     fields: dict[str, object] = {"catalog": got.catalog_kind, "catalog_uri": got.catalog_uri,

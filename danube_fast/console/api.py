@@ -490,7 +490,8 @@ def _table(t: table_pb.TableStatus) -> dict[str, Any]:
     return {"stored_topic": t.stored_topic, "mode": t.mode, "table": t.table,
             "committed_offset": t.committed_offset,
             "topic_offset": t.topic_offset, "lag_ms": t.lag_ms, "files": t.files, "bytes": t.bytes,
-            "dlq_records": t.dlq_records, "error": t.error, "stopped": t.stopped}
+            "dlq_records": t.dlq_records, "partitioning": t.partitioning, "error": t.error,
+            "stopped": t.stopped}
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:

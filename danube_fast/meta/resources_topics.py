@@ -30,13 +30,14 @@ class Policy(Resource):
     kept under the names upstream Danube's layout and Pulsar use, `retentionTimeInMinutes` and
     `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
     says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
-    `schema`; `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long and how much the table keeps
-    (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say). `messageTTLInSeconds`
-    (docs/SUBSCRIPTIONS.md, absent or 0: none) acknowledges, on every subscription's behalf, the records
-    published longer ago. `replicationFactor` and `minInSyncReplicas` (docs/REPLICATION.md; absent or 0:
-    1) say on how many brokers a Reliable topic's log is kept, and how many of them must hold a record
-    before it is acknowledged. A topic's own policy, when it has one, is the whole policy of that topic (the
-    namespace's does not apply to it).
+    `schema`; `tablePartitioning` by which period of the publish time its files are partitioned: `hour`
+    (absent), `day`, `month` or `none`; `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long and
+    how much the table keeps (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say).
+    `messageTTLInSeconds` (docs/SUBSCRIPTIONS.md, absent or 0: none) acknowledges, on every subscription's
+    behalf, the records published longer ago. `replicationFactor` and `minInSyncReplicas`
+    (docs/REPLICATION.md; absent or 0: 1) say on how many brokers a Reliable topic's log is kept, and how many
+    of them must hold a record before it is acknowledged. A topic's own policy, when it has one, is the whole
+    policy of that topic (the namespace's does not apply to it).
     """
 
     RESOURCE = "policy"
@@ -51,6 +52,7 @@ class Policy(Resource):
     retention_time_minutes: int = 0
     retention_size_mb: int = 0
     table_mode: str = "none"
+    table_partitioning: str = "hour"
     table_retention_minutes: int = 0
     table_retention_size_mb: int = 0
     message_ttl_seconds: int = 0
@@ -73,7 +75,10 @@ class Policy(Resource):
     MAX_REPLICAS: ClassVar[int] = 5
     TABLE_MODE: ClassVar[str] = "tableMode"
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *OPTIONAL, TABLE_MODE)  # every JSON key a policy may set
+    TABLE_PARTITIONING: ClassVar[str] = "tablePartitioning"
+    TABLE_PARTITIONINGS: ClassVar[tuple[str, ...]] = ("hour", "day", "month", "none")
+    # every JSON key a policy may set
+    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *OPTIONAL, TABLE_MODE, TABLE_PARTITIONING)
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
@@ -84,13 +89,17 @@ class Policy(Resource):
         mode = f.optional_str(cls.TABLE_MODE) or "none"
         if mode not in cls.TABLE_MODES:
             raise bad(where, f.name(cls.TABLE_MODE), " or ".join(cls.TABLE_MODES), mode)
+        partitioning = f.optional_str(cls.TABLE_PARTITIONING) or "hour"
+        if partitioning not in cls.TABLE_PARTITIONINGS:
+            raise bad(where, f.name(cls.TABLE_PARTITIONING), " or ".join(cls.TABLE_PARTITIONINGS),
+                      partitioning)
         copies, needed = limits["replication_factor"], limits["min_insync_replicas"]
         if copies > cls.MAX_REPLICAS:
             raise bad(where, f.name("replicationFactor"), f"at most {cls.MAX_REPLICAS}", copies)
         if max(needed, 1) > max(copies, 1):
             raise bad(where, f.name("minInSyncReplicas"), f"at most replicationFactor ({max(copies, 1)})",
                       needed)
-        return cls(**limits, table_mode=mode, extra=f.extra())
+        return cls(**limits, table_mode=mode, table_partitioning=partitioning, extra=f.extra())
 
     def to_obj(self) -> JSON:
         obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
@@ -99,6 +108,8 @@ class Policy(Resource):
                 obj[key] = getattr(self, name)
         if self.table_mode != "none":
             obj[self.TABLE_MODE] = self.table_mode
+        if self.table_partitioning != "hour":
+            obj[self.TABLE_PARTITIONING] = self.table_partitioning
         return with_extra(obj, self.extra)
 
     @property

@@ -15,7 +15,7 @@ class TableStatusRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class TableStatus(_message.Message):
-    __slots__ = ("stored_topic", "mode", "table", "committed_offset", "topic_offset", "lag_ms", "files", "bytes", "dlq_records", "skipped_records", "commits", "metadata_location", "error", "stopped", "compacted_files")
+    __slots__ = ("stored_topic", "mode", "table", "committed_offset", "topic_offset", "lag_ms", "files", "bytes", "dlq_records", "skipped_records", "commits", "metadata_location", "error", "stopped", "compacted_files", "partitioning")
     STORED_TOPIC_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class TableStatus(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     COMPACTED_FILES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONING_FIELD_NUMBER: _ClassVar[int]
     stored_topic: str
     mode: str
     table: str
@@ -46,7 +47,8 @@ class TableStatus(_message.Message):
     error: str
     stopped: str
     compacted_files: int
-    def __init__(self, stored_topic: _Optional[str] = ..., mode: _Optional[str] = ..., table: _Optional[str] = ..., committed_offset: _Optional[int] = ..., topic_offset: _Optional[int] = ..., lag_ms: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., dlq_records: _Optional[int] = ..., skipped_records: _Optional[int] = ..., commits: _Optional[int] = ..., metadata_location: _Optional[str] = ..., error: _Optional[str] = ..., stopped: _Optional[str] = ..., compacted_files: _Optional[int] = ...) -> None: ...
+    partitioning: str
+    def __init__(self, stored_topic: _Optional[str] = ..., mode: _Optional[str] = ..., table: _Optional[str] = ..., committed_offset: _Optional[int] = ..., topic_offset: _Optional[int] = ..., lag_ms: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., dlq_records: _Optional[int] = ..., skipped_records: _Optional[int] = ..., commits: _Optional[int] = ..., metadata_location: _Optional[str] = ..., error: _Optional[str] = ..., stopped: _Optional[str] = ..., compacted_files: _Optional[int] = ..., partitioning: _Optional[str] = ...) -> None: ...
 
 class TableStatusResponse(_message.Message):
     __slots__ = ("tables", "catalog_uri", "warehouse", "catalog_kind")

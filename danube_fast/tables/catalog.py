@@ -111,12 +111,14 @@ def table_properties(row_group_rows: int, compression: str = "zstd") -> dict[str
     }
 
 
-def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitioned: bool, hourly: bool,
+def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitioned: bool, time_unit: str,
                    row_group_rows: int, mode: str = "envelope", compression: str = "zstd") -> Table:
     """The topic's table, created (with its namespace) when missing. `mode` is the table mode its columns
     follow: envelope (also the dead-letter table's form) or schema (the envelope without `value`; the value
     columns are added by the writer, tables/typed.py). A table of another mode is refused (ModeMismatch).
-    `row_group_rows` and `compression` are a new table's: an existing table keeps its own properties."""
+    `time_unit` is the policy's tablePartitioning: a table partitioned otherwise is evolved to it (new files
+    follow it, the old ones stay as they are). `row_group_rows` and `compression` are a new table's: an
+    existing table keeps its own properties."""
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
     from danube_fast.tables.envelope import SCHEMA, partition_spec
@@ -130,7 +132,7 @@ def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitione
             *(f.name for f in SCHEMA.fields if f.name != "value"))
         try:
             table = catalog.create_table(
-                ident, schema=schema, partition_spec=partition_spec(partitioned, hourly),
+                ident, schema=schema, partition_spec=partition_spec(partitioned, time_unit),
                 properties={**table_properties(row_group_rows, compression),
                             TOPIC_PROPERTY: f"/{namespace}/{base_topic}", MODE_PROPERTY: mode})
         except TableAlreadyExistsError:  # another partition's writer created it meanwhile
@@ -140,6 +142,24 @@ def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitione
         raise ModeMismatch(f"table {'.'.join(ident)} was written in table mode {held}, and the topic's "
                            f"policy now says {mode}: set the policy back, or drop the table (or rename it) "
                            f"to start a {mode} table from the topic's first kept offset")
+    return partition_by(table, time_unit)
+
+
+def partition_by(table: Table, unit: str) -> Table:
+    """`table` partitioned by `unit` of the publish time from its next files on (Iceberg's partition
+    evolution: a metadata-only commit; the files written before keep their partitioning, and readers plan
+    over both). Raises pyiceberg's CommitFailedException when another commit landed first."""
+    from danube_fast.tables.envelope import TIME_TRANSFORMS, time_unit
+
+    if time_unit(table.spec(), table.schema()) == unit:
+        return table
+    source = table.schema().find_field("timestamp").field_id
+    with table.update_spec() as update:
+        for field in table.spec().fields:
+            if field.source_id == source:
+                update.remove_field(field.name)
+        if unit != "none":
+            update.add_field("timestamp", TIME_TRANSFORMS[unit], f"timestamp_{unit}")
     return table
 
 

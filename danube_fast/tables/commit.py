@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
 US_PER_HOUR = 3_600_000_000
+US_PER_DAY = 24 * US_PER_HOUR
 ROW_GROUP_LIMIT = "write.parquet.row-group-limit"  # the table property: rows per Parquet row group
 
 
@@ -49,10 +50,13 @@ class OffsetsMoved(Exception):
 
 
 def state(table: Table) -> Committed:
+    from danube_fast.tables.envelope import time_unit
+
     snapshot = table.current_snapshot()
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     return Committed(committed_offsets(table), table.metadata_location,
-                     int(summary.get("total-data-files", 0)), int(summary.get("total-files-size", 0)))
+                     int(summary.get("total-data-files", 0)), int(summary.get("total-files-size", 0)),
+                     time_unit(table.spec(), table.schema()))
 
 
 def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table,
@@ -128,15 +132,16 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
 
     pyiceberg's own path (`Table.append`, `_dataframe_to_data_files`) partitions any table by filtering it
     once per partition and copying each part (combine_chunks): for 64 MB of 256 B records in one hour it
-    took 0.5 of its 0.65 s. Here rows of one stored topic fall in one `partition` and, but for an hour
-    boundary, one hour: the hours are computed once, and a chunk within one hour is written as it is. The
-    files, their names, metrics and partition values are pyiceberg's (write_file, WriteTask, PartitionKey).
+    took 0.5 of its 0.65 s. Here rows of one stored topic fall in one `partition` and, but for an hour (day,
+    month) boundary, one period: the periods are computed once, and a chunk within one is written as it is.
+    The files, their names, metrics and partition values are pyiceberg's (write_file, WriteTask,
+    PartitionKey).
     """
-    import pyarrow.compute as pc
     from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
     from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
     from pyiceberg.table import WriteTask
-    from pyiceberg.transforms import HourTransform
+
+    from danube_fast.tables.envelope import time_unit
 
     if rows.num_rows == 0:  # a commit that only moves the offsets past a hole
         return []
@@ -146,21 +151,15 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     if spec.is_unpartitioned():
         parts: list[tuple[PartitionKey | None, pa.Table]] = [(None, rows)]
     else:
-        hours = pc.divide(rows.column("timestamp").cast(pa.int64()), US_PER_HOUR)
-        by_hour: list[tuple[int, pa.Table]]
-        first, last = pc.min(hours).as_py(), pc.max(hours).as_py()
-        if first == last:
-            by_hour = [(first, rows)]
-        else:
-            by_hour = [(h, rows.filter(pc.equal(hours, h))) for h in pc.unique(hours).to_pylist()]
+        unit, partition_id = time_unit(spec, schema), schema.find_field("partition").field_id
         parts = []
-        for hour, part in by_hour:
+        for period, part in _by_period(rows, unit):
             values = []
             for field in spec.fields:
-                if isinstance(field.transform, HourTransform):
-                    values.append(PartitionFieldValue(field, hour))
-                else:  # identity(partition): one stored topic, one value
+                if field.source_id == partition_id:  # identity(partition): one stored topic, one value
                     values.append(PartitionFieldValue(field, part.column("partition")[0].as_py()))
+                else:
+                    values.append(PartitionFieldValue(field, period))
             parts.append((PartitionKey(values, spec, schema), part))
     counter = itertools.count()
     group_rows = int(metadata.properties.get(ROW_GROUP_LIMIT, 0)) or 1
@@ -170,6 +169,25 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     written = list(write_file(io, metadata, tasks))
     flush(f.file_path for f in written)  # durable before any snapshot names them (tables/flush.py)
     return written
+
+
+def _by_period(rows: pa.Table, unit: str) -> list[tuple[int | None, pa.Table]]:
+    """`rows` by the Iceberg `unit` transform's value of their publish time (hours, days or months since
+    the epoch; None for "none"): computed once, and rows of one period (a commit's usual case) kept whole."""
+    import pyarrow.compute as pc
+
+    if unit == "none":
+        return [(None, rows)]
+    stamps = rows.column("timestamp")
+    if unit == "month":
+        years = pc.subtract(pc.year(stamps), 1970)
+        periods = pc.add(pc.multiply(years, 12), pc.subtract(pc.month(stamps), 1))
+    else:
+        periods = pc.divide(stamps.cast(pa.int64()), US_PER_HOUR if unit == "hour" else US_PER_DAY)
+    first, last = pc.min(periods).as_py(), pc.max(periods).as_py()
+    if first == last:
+        return [(first, rows)]
+    return [(p, rows.filter(pc.equal(periods, p))) for p in pc.unique(periods).to_pylist()]
 
 
 def _sliced(part: pa.Table, slices: int, group_rows: int) -> list[pa.Table]:

@@ -20,7 +20,6 @@ class TablesConfig:
     # New tables' Parquet codec (Iceberg's names). zstd: the smallest files; lz4 and none trade file size
     # for the writer's CPU (docs/TABLES.md, "Freshness and pacing").
     compression: str = "zstd"
-    hour_partitions: bool = True  # partition by hour(timestamp) (and the topic's partition, when it has them)
     fail_on_data_loss: bool = True  # records gone before they reached the table stop it (false: skip, count)
     policy_check_ms: int = 5000  # how often the writer reads which topics want a table
     maintenance_ms: int = 60_000  # how often a table is compacted, expired and swept

@@ -11,9 +11,9 @@ rewrite_data_files) nor an orphan-file removal, so both are written here over it
   commit here, is refused if another landed since it was planned (commit.retry.num-retries = 0): a writer's
   append and a compaction never both win over the same snapshot. Readers of the old snapshot keep their
   files until the snapshot expires.
-- **Retention**: rows published before the table's retention (the policy's; rounded down to the hour, so that
-  hour partitions go whole: a metadata-only delete, no file rewritten) are deleted in one commit that
-  carries `danube.offsets` unchanged.
+- **Retention**: rows published before the table's retention (the policy's; rounded down to the table's
+  time partition, an hour by default, so that partitions go whole: a metadata-only delete, no file
+  rewritten) are deleted in one commit that carries `danube.offsets` unchanged.
 - **Expiry**: snapshots older than `snapshot_keep_ms` go from the metadata (never the current one).
 - **Orphan sweep**: files under the table's location that no remaining snapshot or metadata file names and
   that are older than `orphan_grace_ms` are deleted: the files of expired snapshots (compacted away) and
@@ -46,6 +46,28 @@ if TYPE_CHECKING:
 US_PER_HOUR = 3_600_000_000
 
 
+def period_start(us: int, unit: str) -> int:
+    """The start (µs since the epoch) of the hour, day or month (the table's time partition; an hour for
+    "none") that holds `us`."""
+    moment = datetime.datetime.fromtimestamp(us / 1e6, tz=datetime.UTC)
+    if unit == "month":
+        moment = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    elif unit == "day":
+        moment = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    else:
+        return us - us % US_PER_HOUR
+    return int(moment.timestamp()) * 1_000_000
+
+
+def next_period(start: int, unit: str) -> int:
+    """The start of the period after the one starting at `start`."""
+    if unit != "month":
+        return start + (24 if unit == "day" else 1) * US_PER_HOUR
+    moment = datetime.datetime.fromtimestamp(start / 1e6, tz=datetime.UTC)
+    moment = moment.replace(year=moment.year + moment.month // 12, month=moment.month % 12 + 1)
+    return int(moment.timestamp()) * 1_000_000
+
+
 @dataclass(frozen=True)
 class Done:
     compacted_files: int  # files replaced
@@ -56,32 +78,39 @@ class Done:
 
 
 def retain(table: Table, retention_ms: int, now: float | None = None) -> int:
-    """Delete the rows published before `retention_ms` ago, rounded down to the hour; the files removed.
-    Raises pyiceberg's CommitFailedException when another commit landed first."""
+    """Delete the rows published before `retention_ms` ago, rounded down to the table's time partition (an
+    hour, day or month); the files removed. Raises pyiceberg's CommitFailedException when another commit
+    landed first."""
+    from danube_fast.tables.envelope import time_unit
+
     cutoff_us = int(((time.time() if now is None else now) * 1000 - retention_ms) * 1000)
-    return _delete_before(table, cutoff_us - cutoff_us % US_PER_HOUR)
+    return _delete_before(table, period_start(cutoff_us, time_unit(table.spec(), table.schema())))
 
 
 def retain_size(table: Table, max_bytes: int) -> int:
-    """While the table's data files hold more than `max_bytes`, delete its oldest whole hour of rows (by
-    publish time), never the newest hour; the files removed. Files are dated by their largest publish time
-    (the column statistics): with hour partitions each file is in one hour, and a whole hour goes in one
-    metadata-only delete. Raises pyiceberg's CommitFailedException when another commit landed first."""
-    by_hour: dict[int, int] = defaultdict(int)  # hour (µs since the epoch) -> bytes of files ending in it
+    """While the table's data files hold more than `max_bytes`, delete its oldest whole period (the table's
+    time partition: hour, day or month) of rows by publish time, never the newest; the files removed. Files
+    are dated by their largest publish time (the column statistics): with time partitions each file is in
+    one period (one of an earlier, finer partitioning too), and a whole period goes in one metadata-only
+    delete. Raises pyiceberg's CommitFailedException when another commit landed first."""
+    from danube_fast.tables.envelope import time_unit
+
+    unit = time_unit(table.spec(), table.schema())
+    by_period: dict[int, int] = defaultdict(int)  # period start (µs) -> bytes of the files ending in it
     for task in table.scan().plan_files():
         f = task.file
         newest = _newest_us(table, f)
         if newest is None:
             return 0  # a file without statistics: its rows cannot be dated, so nothing is cut by size
-        by_hour[newest - newest % US_PER_HOUR] += f.file_size_in_bytes
-    hours = sorted(by_hour)
-    total = sum(by_hour.values())
+        by_period[period_start(newest, unit)] += f.file_size_in_bytes
+    periods = sorted(by_period)
+    total = sum(by_period.values())
     keep_from = None
-    for hour in hours[:-1]:
+    for period in periods[:-1]:
         if total <= max_bytes:
             break
-        total -= by_hour[hour]
-        keep_from = hour + US_PER_HOUR
+        total -= by_period[period]
+        keep_from = next_period(period, unit)
     if keep_from is None:
         return 0
     return _delete_before(table, keep_from)
@@ -99,7 +128,7 @@ def _newest_us(table: Table, f: DataFile) -> int | None:
 
 
 def _delete_before(table: Table, cutoff_us: int) -> int:
-    """Delete the rows published before `cutoff_us` (an hour boundary), keeping the table's offsets in the
+    """Delete the rows published before `cutoff_us` (a period's start), keeping the table's offsets in the
     snapshot; the files removed."""
     older = f"timestamp < '{datetime.datetime.fromtimestamp(cutoff_us / 1e6, tz=datetime.UTC).isoformat()}'"
     doomed = [t.file for t in table.scan(row_filter=older).plan_files()]

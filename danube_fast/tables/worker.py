@@ -172,7 +172,7 @@ class Worker:
             from danube_fast.tables.catalog import load_or_create
 
             table = load_or_create(self._open_catalog(), spec.namespace, spec.identifier[1], spec.partitioned,
-                                   spec.hour_partitions, spec.row_group_rows,
+                                   spec.time_partitions, spec.row_group_rows,
                                    "envelope" if spec.dead_letters else spec.mode, spec.compression)
             self._tables[spec.identifier] = table
         return table

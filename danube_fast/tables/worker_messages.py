@@ -58,6 +58,7 @@ class Committed:
     metadata_location: str
     files: int
     bytes: int
+    partitioning: str = "hour"  # the time partition of the table's current spec (hour, day, month, none)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class TableSpec:
     base: str  # the topic's (base) name: the table's
     partitioned: bool
     mode: str  # envelope or schema
-    hour_partitions: bool
+    time_partitions: str  # the policy's tablePartitioning: hour, day, month or none
     row_group_rows: int
     compression: str = "zstd"
     dead_letters: bool = False  # the topic's dead-letter table (envelope form) instead

@@ -23,6 +23,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from danube_fast.codec import frames
 from danube_fast.proto import DanubeAdmin_pb2 as admin_pb
 from danube_fast.proto import DanubeAdmin_pb2_grpc as admin_grpc
+from danube_fast.proto import PolicyAdmin_pb2 as policy_pb
+from danube_fast.proto import PolicyAdmin_pb2_grpc as policy_grpc
 from danube_fast.proto import SchemaRegistry_pb2 as schema_pb
 from danube_fast.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from danube_fast.proto import SubscriptionAdmin_pb2 as subs_pb
@@ -380,7 +382,7 @@ def test_the_api_refuses_bad_input_changes_without_csrf_and_foreign_origins(load
 
 
 def test_a_long_topic_list_is_shown_a_page_at_a_time(console: Console, loaded: Loaded) -> None:
-    """Last in this module: it adds 120 topics to the broker the others share."""
+    """After the tests that count topics: it adds 120 to the broker the others share."""
     async def create() -> None:
         async with grpc.aio.insecure_channel(_admin(loaded.broker)) as channel:
             namespaces = admin_grpc.NamespaceAdminStub(channel)
@@ -398,3 +400,29 @@ def test_a_long_topic_list_is_shown_a_page_at_a_time(console: Console, loaded: L
     assert len(console.rows("topics")) == 123 and not console.all("more")
     console.test("filter").send_keys("t11")
     WebDriverWait(console.driver, WAIT_S).until(lambda d: len(console.rows("topics")) == 10)
+
+
+def test_a_topics_table_shows_its_status_and_partitioning(console: Console, loaded: Loaded) -> None:
+    """After the topic list's count (this adds a topic): a topic whose policy turns a day-partitioned table
+    on shows the table's status on its page once the writer committed its records."""
+    topic = "/default/tabled"
+
+    async def tabled() -> None:
+        async with grpc.aio.insecure_channel(_admin(loaded.broker)) as channel:
+            await admin_grpc.TopicAdminStub(channel).CreateTopic(
+                admin_pb.NewTopicRequest(name=topic, dispatch_strategy=admin_pb.Reliable))
+            await policy_grpc.PolicyAdminStub(channel).SetTopicPolicy(policy_pb.SetTopicPolicyRequest(
+                topic=topic, changes=json.dumps({"tableMode": "envelope", "tablePartitioning": "day"})))
+        async with _producer(loaded.broker.target, topic, "table-writer") as producer:
+            await (await producer.send_batch([b"row-%d" % n for n in range(6)]))
+
+    run_async(tabled())
+    deadline = time.monotonic() + 60  # the writer reads policies every 5 s and commits at once
+    while True:
+        console.open(f"topic?name={topic}", "topic")
+        rows = console.rows("table") if console.all("table") else []  # "No table" until its first pass
+        if rows and rows[0][3] == "6":
+            break
+        assert time.monotonic() < deadline, f"the table's status did not reach offset 6: {rows}"
+        time.sleep(1)
+    assert rows[0][:3] == [topic, "envelope", "default.tabled"] and rows[0][6] == "day", rows

@@ -294,3 +294,30 @@ def test_a_partitioned_topic_gets_its_table_from_its_base_name(broker_factory: B
     assert pairs == [(0, i) for i in range(300)] + [(1, i) for i in range(200)]
     cleared = admin(broker, "policies", "clear", "/default/parted")
     assert cleared["source"] == "its namespace's" and "tableMode" not in cleared
+
+
+def test_a_topics_table_partitioning_is_its_policys_and_a_change_evolves_the_table(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG)
+    topic = "/default/daily"
+    admin(broker, "topics", "create", topic, "--reliable")
+    shown = admin(broker, "policies", "set", topic, "--table", "envelope", "--table-partitioning", "day")
+    assert shown["tablePartitioning"] == "day"
+    produce(broker, topic, 0, 300)
+    status = until("the first records", lambda: caught_up(broker, topic, 300))
+    assert status["tables"][0]["partitioning"] == "day"
+    cat = open_catalog(catalog_of(broker), read_only=True)
+    assert [f.name for f in cat.load_table(("default", "daily")).spec().fields] == ["timestamp_day"]
+    shown = admin(broker, "policies", "set", topic, "--table-partitioning", "hour")
+    assert "tablePartitioning" not in shown  # hour is the default: not written
+    until("the evolved table", lambda: caught_up(broker, topic, 300)["tables"][0]["partitioning"] == "hour")
+    assert [f.name for f in cat.load_table(("default", "daily")).spec().fields] == ["timestamp_hour"]
+    produce(broker, topic, 300, 200)
+    until("the records after the change", lambda: caught_up(broker, topic, 500))
+    table = cat.load_table(("default", "daily"))
+    assert {t.file.spec_id for t in table.scan().plan_files()} == {0, 1}  # the day files stay; new: by hour
+    assert table_rows(broker, "default.daily") == expected(0, 500)
+    assert duckdb_count(caught_up(broker, topic, 500)["metadata_location"]) == (500, 500, 0, 499)
+    bad = subprocess.run([*CLI, "admin", "policies", "set", topic, "--table-partitioning", "week"],
+                         capture_output=True, timeout=60, check=False)
+    assert bad.returncode == 2 and b"invalid choice" in bad.stderr

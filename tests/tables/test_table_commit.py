@@ -75,7 +75,7 @@ def offsets_in(table) -> list[int]:  # type: ignore[no-untyped-def]
 
 
 def test_a_stale_writer_is_refused_and_every_offset_is_in_the_table_once(cat) -> None:  # type: ignore[no-untyped-def]
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     first = commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
     assert first.offsets == {TOPIC: 100} and first.files == 1 and first.bytes > 0
     a = cat.load_table(("default", "orders"))
@@ -91,7 +91,7 @@ def test_a_stale_writer_is_refused_and_every_offset_is_in_the_table_once(cat) ->
 
 
 def test_partitions_share_a_table_and_each_keeps_its_offsets(cat) -> None:  # type: ignore[no-untyped-def]
-    table = catalog.load_or_create(cat, "default", "clicks", True, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "clicks", True, "hour", 1 << 20)
     p0, p1 = "/default/clicks-part-0", "/default/clicks-part-1"
     commit.append_range(table, p0, 0, 10, rows("/default/clicks", 0, 0, 10))
     commit.append_range(table, p1, 0, 5, rows("/default/clicks", 1, 0, 5))
@@ -106,7 +106,7 @@ def test_partitions_share_a_table_and_each_keeps_its_offsets(cat) -> None:  # ty
 
 
 def test_files_of_a_commit_that_never_happened_are_in_no_scan(cat) -> None:  # type: ignore[no-untyped-def]
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     commit.append_range(table, TOPIC, 0, 50, rows(TOPIC, -1, 0, 50))
 
     class Crash(Exception):
@@ -129,7 +129,7 @@ def test_files_of_a_commit_that_never_happened_are_in_no_scan(cat) -> None:  # t
 
 def test_a_reader_opens_the_sql_catalog_read_only(tmp_path: Path) -> None:
     cat = catalog.open_catalog(catalog.standalone_catalog(str(tmp_path)))
-    table = catalog.load_or_create(cat, "default", "orders", False, False, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "none", 1 << 20)
     commit.append_range(table, TOPIC, 0, 10, rows(TOPIC, -1, 0, 10))
     location = catalog.standalone_catalog(str(tmp_path))
     reader = catalog.open_catalog(location, read_only=True)
@@ -143,7 +143,7 @@ def test_a_reader_opens_the_sql_catalog_read_only(tmp_path: Path) -> None:
 def test_compaction_leaves_files_of_many_rows_and_caps_a_group_by_rows(cat) -> None:  # type: ignore[no-untyped-def]
     from danube_fast.tables import maintenance
 
-    table = catalog.load_or_create(cat, "default", "busy", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "busy", False, "hour", 1 << 20)
     for low in range(0, 1200, 100):
         commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
     commit.append_range(table, TOPIC, 1200, 3200, rows(TOPIC, -1, 1200, 3200))  # one file of 2000 rows
@@ -166,7 +166,7 @@ def test_compaction_keeps_every_row_and_offsets_then_expiry_and_the_sweep_free_t
         cat) -> None:  # type: ignore[no-untyped-def]
     from danube_fast.tables import maintenance
 
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     for low in range(0, 1000, 100):  # ten small commits: ten small files in one hour partition
         commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
     before = {t.file.file_path for t in table.scan().plan_files()}
@@ -204,7 +204,7 @@ def test_a_compaction_that_lost_a_race_changes_nothing(cat) -> None:  # type: ig
 
     from danube_fast.tables import maintenance
 
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     for low in range(0, 500, 100):
         commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
     stale = cat.load_table(("default", "orders"))
@@ -220,7 +220,7 @@ def test_a_compaction_that_lost_a_race_changes_nothing(cat) -> None:  # type: ig
 def test_retention_drops_whole_old_hours_and_keeps_the_offsets(cat) -> None:  # type: ignore[no-untyped-def]
     from danube_fast.tables import maintenance
 
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     old = rows(TOPIC, -1, 0, 100)  # published in 2023
     now_us = int(time.time() * 1_000_000)
     recent = rows(TOPIC, -1, 100, 200)
@@ -237,7 +237,7 @@ def test_retention_drops_whole_old_hours_and_keeps_the_offsets(cat) -> None:  # 
 def test_size_retention_drops_the_oldest_whole_hours_never_the_newest(cat) -> None:  # type: ignore[no-untyped-def]
     from danube_fast.tables import maintenance
 
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     for hour in range(3):  # three hours two hours apart, a file each
         part = rows(TOPIC, -1, hour * 100, hour * 100 + 100)
         stamps = [1_700_000_000_000_000 + hour * 7_200_000_000 + i for i in range(100)]
@@ -261,8 +261,8 @@ def test_a_dropped_table_leaves_the_catalog_and_its_folder_and_the_others_stay( 
         cat) -> None:
     from danube_fast.tables import maintenance
 
-    gone = catalog.load_or_create(cat, "default", "gone", False, True, 1 << 20)
-    kept = catalog.load_or_create(cat, "default", "kept", False, True, 1 << 20)
+    gone = catalog.load_or_create(cat, "default", "gone", False, "hour", 1 << 20)
+    kept = catalog.load_or_create(cat, "default", "kept", False, "hour", 1 << 20)
     for table in (gone, kept):
         commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
     folder = Path(gone.location().removeprefix("file://"))
@@ -285,7 +285,7 @@ def test_maintenance_on_an_s3_warehouse_sweeps_and_drops_there(moto_server: Moto
     location = TableCatalog(uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"s3://{bucket}/tables",
                             kind="sql")
     cat = catalog.open_catalog(location, io=io)
-    table = catalog.load_or_create(cat, "default", "on_s3", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "on_s3", False, "hour", 1 << 20)
     for low in range(0, 300, 100):
         commit.append_range(table, TOPIC, low, low + 100, rows(TOPIC, -1, low, low + 100))
     table = cat.load_table(("default", "on_s3"))
@@ -318,7 +318,7 @@ def s3_keys(endpoint: str, bucket: str) -> list[str]:
 
 def test_a_commits_files_are_flushed_before_the_commit_and_a_failed_flush_commits_nothing(
         cat, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
     commit.append_range(table, TOPIC, 0, 50, rows(TOPIC, -1, 0, 50))
     seen: list[tuple[list[str], int]] = []  # (the flushed files, the table's files when they were flushed)
     real = commit.flush
@@ -361,7 +361,7 @@ def test_a_commit_split_for_parallel_encoding_is_files_of_consecutive_offsets(ca
     """With slices (`[tables] worker_threads`), a partition's rows go into up to that many files, each of
     consecutive offsets and none under one row group (the table's row-group-limit); every row is in the
     table once."""
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1024)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1024)
     state = commit.append_range(table, TOPIC, 0, 3 * 1024, rows(TOPIC, -1, 0, 3 * 1024), slices=3)
     assert state.files == 3
     table = cat.load_table(("default", "orders"))
@@ -384,9 +384,9 @@ def test_a_new_tables_files_are_in_its_codec_and_an_existing_table_keeps_its_own
         cat, codec: str, parquet_name: str) -> None:  # type: ignore[no-untyped-def]
     """`[tables] compression` is a new table's codec (Iceberg's write.parquet.compression-codec); a table
     that exists keeps the codec it has (a user may change it with any Iceberg tool)."""
-    table = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20, compression=codec)
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, compression=codec)
     commit.append_range(table, TOPIC, 0, 100, rows(TOPIC, -1, 0, 100))
-    again = catalog.load_or_create(cat, "default", "orders", False, True, 1 << 20,
+    again = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20,
                                    compression="gzip" if codec != "gzip" else "zstd")
     assert again.properties["write.parquet.compression-codec"] == codec
     commit.append_range(again, TOPIC, 100, 200, rows(TOPIC, -1, 100, 200))
@@ -414,3 +414,86 @@ def test_a_new_tables_files_are_in_its_codec_and_an_existing_table_keeps_its_own
             by_start[file.read(columns=["offset"]).column(0)[0].as_py()] = \
                 file.metadata.row_group(0).column(0).compression
     assert by_start == {0: parquet_name, 100: parquet_name, 200: parquet_name, 300: "SNAPPY"}
+
+
+def at(table: pa.Table, *moments: str) -> pa.Table:
+    """`table` with its rows' publish times spread evenly over `moments` (ISO times, UTC), in order."""
+    import datetime
+
+    stamps = [int(datetime.datetime.fromisoformat(m).replace(tzinfo=datetime.UTC).timestamp() * 1e6)
+              for m in moments]
+    n = table.num_rows
+    values = [stamps[i * len(stamps) // n] + i for i in range(n)]
+    return table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
+                            pa.array(values, pa.timestamp("us", tz="UTC")))
+
+
+def partitions(table) -> dict[str, list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
+    """Each data file's partition record (as text) -> its (lowest, highest) offset, from the manifests."""
+    got: dict[str, list[tuple[int, int]]] = {}
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as stream:
+            offsets = pq.read_table(stream, columns=["offset"]).column("offset").to_pylist()
+        got.setdefault(repr(task.file.partition), []).append((min(offsets), max(offsets)))
+    return got
+
+
+@pytest.mark.parametrize("unit, periods", [
+    ("day", ["20484", "20485", "20515"]),  # days since 1970-01-01 of 2026-01-31, 2026-02-01, 2026-03-03
+    ("month", ["672", "673", "674"]),  # months since 1970-01: 2026-01, 2026-02, 2026-03
+    ("none", []),
+])
+def test_day_month_and_no_time_partitions_put_each_period_in_its_own_files(
+        cat, unit: str, periods: list[str]) -> None:  # type: ignore[no-untyped-def]
+    table = catalog.load_or_create(cat, "default", "orders", False, unit, 1 << 20)
+    records = at(rows(TOPIC, -1, 0, 300), "2026-01-31T23:30", "2026-02-01T00:30", "2026-03-03T12:00")
+    state = commit.append_range(table, TOPIC, 0, 300, records)
+    assert state.partitioning == unit
+    files = partitions(cat.load_table(("default", "orders")))
+    if unit == "none":
+        assert list(files.values()) == [[(0, 299)]]
+    else:
+        assert sorted(files) == [f"Record[{p}]" for p in periods]
+        assert sorted(files.values()) == [[(0, 99)], [(100, 199)], [(200, 299)]]
+    table = cat.load_table(("default", "orders"))
+    february = table.scan(row_filter="timestamp >= '2026-02-01T00:00:00+00:00'", selected_fields=("offset",))
+    assert len(list(february.plan_files())) == (1 if unit == "none" else 2)  # January's file pruned
+    assert sorted(february.to_arrow().column("offset").to_pylist()) == list(range(100, 300))
+    assert offsets_in(table) == list(range(300))
+
+
+def test_a_table_evolved_to_day_partitions_keeps_every_row_compacts_per_spec_and_retains_whole_days(
+        cat) -> None:  # type: ignore[no-untyped-def]
+    """Partition evolution (the policy's tablePartitioning changed): the hour files stay, new files are per
+    day, every offset is in the table once; compaction joins small files within one spec's partition, and
+    size retention cuts the oldest whole day, its hour and day files alike."""
+    from danube_fast.tables import maintenance
+
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20)
+    for low in range(0, 300, 100):  # three commits in one hour of 2026-01-31
+        records = at(rows(TOPIC, -1, low, low + 100), "2026-01-31T10:00")
+        commit.append_range(table, TOPIC, low, low + 100, records)
+    table = catalog.load_or_create(cat, "default", "orders", False, "day", 1 << 20)
+    assert commit.state(table).partitioning == "day"
+    for low, moment in ((300, "2026-01-31T15:00"), (400, "2026-01-31T20:00"), (500, "2026-02-01T08:00"),
+                        (600, "2026-02-01T09:00")):
+        commit.append_range(table, TOPIC, low, low + 100, at(rows(TOPIC, -1, low, low + 100), moment))
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(700))
+    by_spec = sorted((task.file.spec_id, repr(task.file.partition)) for task in table.scan().plan_files())
+    hour_spec, day_spec = by_spec[0][0], by_spec[-1][0]
+    assert hour_spec != day_spec and by_spec.count((hour_spec, by_spec[0][1])) == 3  # the hour files stay
+    assert [p for s, p in by_spec if s == day_spec] == ["Record[20484]"] * 2 + ["Record[20485]"] * 2
+
+    groups = maintenance.small_groups(table, 128 << 20, 2)
+    assert sorted(len(g) for g in groups) == [2, 2, 3]  # per spec and partition: never an hour with a day
+    for group in groups:
+        maintenance.compact(table, group)
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(700)) and len(list(table.scan().plan_files())) == 3
+
+    newest_day = next(t.file for t in table.scan().plan_files() if repr(t.file.partition) == "Record[20485]")
+    assert maintenance.retain_size(table, newest_day.file_size_in_bytes) == 2  # all of 2026-01-31 went
+    table = cat.load_table(("default", "orders"))
+    assert offsets_in(table) == list(range(500, 700))
+    assert commit.committed_offsets(table) == {TOPIC: 700}

@@ -775,3 +775,12 @@ def test_replication_values_refuse_what_cannot_be() -> None:
         Policy().merged({"minInSyncReplicas": 2}, "x")
     with pytest.raises(BadValue, match="at most 5"):
         Policy().merged({"replicationFactor": 6}, "x")
+
+
+def test_a_policys_table_partitioning_round_trips_is_absent_at_its_default_and_refuses_others() -> None:
+    plain = json.loads(Policy().to_json())
+    assert "tablePartitioning" not in plain  # hour: absent, the layout every reader knows
+    day = Policy.from_json(json.dumps({**plain, "tablePartitioning": "day"}).encode())
+    assert day.table_partitioning == "day" and Policy.from_json(day.to_json()) == day
+    with pytest.raises(BadValue, match="'tablePartitioning' must be hour or day or month or none, got a st"):
+        Policy.from_json(json.dumps({**plain, "tablePartitioning": "week"}).encode())

@@ -57,4 +57,4 @@ def _view(stored: str, st: TableStatus, now: float) -> pb.TableStatus:
         topic_offset=st.topic_offset, lag_ms=st.lag_ms(now), files=st.files, bytes=st.bytes,
         dlq_records=st.dlq_records, skipped_records=st.skipped_records, commits=st.commits,
         metadata_location=st.metadata_location, error=st.error, stopped=st.stopped,
-        compacted_files=st.compacted_files)
+        compacted_files=st.compacted_files, partitioning=st.partitioning)

@@ -73,6 +73,7 @@ export async function show(main, params) {
       data.table.error ? errorBox(data.table.error) : table([
         { title: "Stored topic", cell: t => t.stored_topic }, { title: "Mode", cell: t => t.mode }, { title: "Table", cell: t => t.table },
         { title: "Committed", num: true, cell: t => number(t.committed_offset) }, { title: "Lag ms", num: true, cell: t => number(t.lag_ms) },
-        { title: "Files", num: true, cell: t => number(t.files) }, { title: "Error", cell: t => t.error || (t.stopped ? "stopped" : "") },
-      ], data.table));
+        { title: "Files", num: true, cell: t => number(t.files) }, { title: "Partitioning", cell: t => t.partitioning },
+        { title: "Error", cell: t => t.error || (t.stopped ? "stopped" : "") },
+      ], data.table, { "data-test": "table" }));
 }
