@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pyspark_danube.session import WorkerPythonError, build_session, register
 from pyspark_danube.source import DanubeDataSource
-from pyspark_danube.tables import create_table_view, read_table
+from pyspark_danube.tables import create_table_view, read_table, table_snapshots
 
 DefaultSource = DanubeDataSource
 
 __all__ = ["DanubeDataSource", "DefaultSource", "WorkerPythonError", "build_session", "create_table_view",
-           "read_table", "register"]
+           "read_table", "register", "table_snapshots"]

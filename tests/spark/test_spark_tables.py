@@ -1,7 +1,8 @@
 """`read_table` (spark/pyspark_danube/tables.py, docs/TABLES.md) on a real broker, real Iceberg tables and a
 real local[2] Spark: the table's snapshot scanned by Spark's Parquet reader plus the records the table lacks
 from format("danube") give exactly format("danube")'s rows, column for column, for a plain and a partitioned
-topic; filters and SQL work on it; a topic without a table is refused by name."""
+topic; filters and SQL work on it; time travel reads one snapshot alone; a topic without a table is refused
+by name."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import fastavro
 import pytest
 from danube import SchemaType
 from pyspark.sql import DataFrame, SparkSession
-from pyspark_danube import create_table_view, options, read_table
+from pyspark_danube import create_table_view, options, read_table, table_snapshots
 from pyspark_danube.tables import TableError, plan_table
 
 from danube_fast.testing.broker import Broker
@@ -174,3 +175,41 @@ def test_a_topic_without_a_table_and_row_options_are_refused(spark: SparkSession
         read_table(spark, "/default/notable", **opts)
     with pytest.raises(ValueError, match="startingOffsets do not apply"):
         read_table(spark, PLAIN, startingOffsets="earliest", **opts)
+
+
+def test_time_travel_reads_one_snapshot_alone_by_id_or_time(spark: SparkSession, shared_broker: Broker,
+                                                          data: dict[str, Any]) -> None:
+    """Each snapshot table_snapshots lists reads back as exactly the offsets its summary says the table
+    held, with no tail; by time, the snapshot current then; one the table does not keep is refused."""
+    import datetime
+
+    opts = reader_options(shared_broker)
+    snapshots = table_snapshots(PLAIN, **opts)
+    held = [s["offsets"][PLAIN] for s in snapshots]
+    assert held == sorted(held) and held[-1] == 3000 and len(snapshots) >= 2, snapshots  # 2 commits at least
+    assert all(s["operation"] == "append" for s in snapshots)
+    for snapshot in (snapshots[0], snapshots[-1]):
+        df = read_table(spark, PLAIN, snapshotId=str(snapshot["snapshot_id"]), **opts)
+        got = sorted(r[0] for r in df.select("offset").collect())
+        assert got == list(range(snapshot["offsets"][PLAIN])), snapshot  # the tail's 500 are not in it
+        assert snapshot["records"] == len(got)
+    first_at = datetime.datetime.fromisoformat(snapshots[0]["committed_at"])
+    as_ms = str(int(first_at.timestamp() * 1000))
+    assert read_table(spark, PLAIN, asOfTimestamp=as_ms, **opts).count() == held[0]
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    assert read_table(spark, PLAIN, asOfTimestamp=now, **opts).count() == 3000  # the newest snapshot, no tail
+    assert read_table(spark, PLAIN, **opts).count() == 3500  # without time travel: the tail too
+    plan = asyncio.run(plan_table(options.parse({**opts, "topic": PLAIN}), PLAIN, "offset < 100"))
+    assert plan.snapshot_id == snapshots[-1]["snapshot_id"] and not plan.pinned
+
+    before = (first_at - datetime.timedelta(hours=1)).isoformat()
+    with pytest.raises(TableError, match=r"does not keep a snapshot current at .* the oldest it keeps was"):
+        read_table(spark, PLAIN, asOfTimestamp=before, **opts)
+    with pytest.raises(TableError, match="does not keep snapshot 12345"):
+        read_table(spark, PLAIN, snapshotId="12345", **opts)
+    with pytest.raises(ValueError, match="give one of snapshotId and asOfTimestamp, not both"):
+        read_table(spark, PLAIN, snapshotId="1", asOfTimestamp=as_ms, **opts)
+    with pytest.raises(ValueError, match="ISO 8601 time with its zone"):
+        read_table(spark, PLAIN, asOfTimestamp="2026-11-29T10:00:00", **opts)
+    with pytest.raises(ValueError, match="snapshotId must be a snapshot's id"):
+        read_table(spark, PLAIN, snapshotid="latest", **opts)  # names without case, as Spark's options
