@@ -161,6 +161,7 @@ retention_size_mb = 0             # retentionSizeInMB: the oldest objects beyond
 table_mode = "none"               # tableMode: none | envelope | schema (docs/TABLES.md)
 table_partitioning = "hour"       # tablePartitioning: hour | day | month | none, of the publish time (and
                                   # the topic's partition, for a partitioned topic)
+table_partition_by = ""           # tablePartitionBy: columns too, e.g. "region, bucket(16, user_id)"
 table_retention_minutes = 0       # tableRetentionInMinutes: the table keeps rows this long; 0 = as the topic
 table_retention_size_mb = 0       # tableRetentionSizeInMB: the table's oldest whole periods go beyond this
                                   # MiB of files; 0 = as the topic (retention_size_mb)

@@ -83,7 +83,7 @@ class TableStatus:
     skipped_records: int = 0  # lost before the table got them (fail_on_data_loss false)
     metadata_location: str = ""
     compacted_files: int = 0  # replaced by compaction, by this broker since the topic was loaded here
-    partitioning: str = ""  # the time partition of the table's current spec: hour, day, month or none
+    partitioning: str = ""  # the table's current spec: its time period, then tablePartitionBy's fields
     error: str = ""  # the last pass's error, "" when it went well
     stopped: str = ""  # data loss with fail_on_data_loss: the table waits for an operator
 
@@ -98,7 +98,8 @@ class _Table:
     status: TableStatus = field(default_factory=lambda: TableStatus("none", ""))
     last_commit: float = 0.0  # when this broker last committed to it (the writer's clock)
     bytes_per_record: float = 0.0  # of the record batches of the last commit: to size what is pending
-    partitioning: str = ""  # the policy's tablePartitioning the table was last loaded (and evolved) for
+    # the policy's tablePartitioning and tablePartitionBy the table was last loaded (and evolved) for
+    partitioning: tuple[str, str] = ("", "")
     resolved: Resolved | None = None  # schema mode: the topic's subject as last read
     resolved_at: float = 0.0  # when it was last read (or tried)
     unresolved: SchemaModeError | None = None  # why it could not be, then
@@ -118,7 +119,8 @@ class TableWriter:
         self._clock = clock
         self._tables: dict[str, _Table] = {}  # by stored topic
         self._modes: dict[str, str] = {}  # stored topic -> table mode, from the last policy read
-        self._partitioning: dict[str, str] = {}  # stored topic -> tablePartitioning, from the same read
+        # stored topic -> (tablePartitioning, tablePartitionBy), from the same read
+        self._partitioning: dict[str, tuple[str, str]] = {}
         # stored topic -> its table's retention: (ms, bytes), 0 for no limit
         self._retention: dict[str, tuple[int, int]] = {}
         self._modes_read = 0.0
@@ -188,7 +190,8 @@ class TableWriter:
                 any(t.full not in self._modes for t in served):
             policies = await self._policies(served)
             self._modes = {name: p.table_mode for name, p in policies.items()}
-            self._partitioning = {name: p.table_partitioning for name, p in policies.items()}
+            self._partitioning = {name: (p.table_partitioning, p.table_partition_by)
+                                  for name, p in policies.items()}
             self._retention = {name: (p.table_retention_ms, p.table_retention_bytes)
                                for name, p in policies.items()}
             self._modes_read = now
@@ -205,7 +208,7 @@ class TableWriter:
                 entry = self._tables[topic.full] = _Table(topic=topic, status=TableStatus(mode, ""))
             if entry.status.stopped:
                 continue
-            partitioning = self._partitioning.get(topic.full, "hour")
+            partitioning = self._partitioning.get(topic.full, ("hour", ""))
             if entry.partitioning != partitioning:  # loading the table evolves it to the policy's
                 entry.partitioning, entry.committed = partitioning, None
             try:
@@ -392,9 +395,9 @@ class TableWriter:
     def _spec(self, topic: ReliableTopic) -> m.TableSpec:
         base, partition = _stored(topic)
         mode = self._modes.get(topic.full, "envelope")
-        partitioning = self._partitioning.get(topic.full, "hour")
-        return m.TableSpec(topic.name.namespace, base, partition >= 0, mode, partitioning,
-                           self._config.row_group_rows, self._config.compression)
+        unit, partition_by = self._partitioning.get(topic.full, ("hour", ""))
+        return m.TableSpec(topic.name.namespace, base, partition >= 0, mode, unit,
+                           self._config.row_group_rows, self._config.compression, partition_by)
 
     async def _read(self, topic: ReliableTopic, start: int, end: int,
                     status: TableStatus) -> tuple[list[memoryview], int]:

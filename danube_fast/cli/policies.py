@@ -61,6 +61,8 @@ def _changes(args: argparse.Namespace) -> str:
         changes[Policy.TABLE_MODE] = args.table
     if args.table_partitioning is not None:
         changes[Policy.TABLE_PARTITIONING] = args.table_partitioning
+    if args.table_partition_by is not None:
+        changes[Policy.TABLE_PARTITION_BY] = args.table_partition_by
     if args.table_retention_minutes is not None:
         changes["tableRetentionInMinutes"] = args.table_retention_minutes
     if args.table_retention_mb is not None:
@@ -78,8 +80,9 @@ def _changes(args: argparse.Namespace) -> str:
         changes[key] = int(value)
     if not changes:
         raise BadChanges("nothing to set: give --retention-minutes, --retention-mb, --table, "
-                         "--table-partitioning, --table-retention-minutes, --table-retention-mb, "
-                         "--message-ttl-seconds, --replication-factor, --min-insync-replicas or --set")
+                         "--table-partitioning, --table-partition-by, --table-retention-minutes, "
+                         "--table-retention-mb, --message-ttl-seconds, --replication-factor, "
+                         "--min-insync-replicas or --set")
     return json.dumps(changes)
 
 
@@ -123,6 +126,10 @@ def add_parsers(admin: Subparsers, leaf: Leaf) -> None:
     s.add_argument("--table-partitioning", choices=Policy.TABLE_PARTITIONINGS, metavar="PERIOD",
                    help="tablePartitioning: the table's files by hour (the default), day or month of the "
                         "publish time, or none; a table that exists is evolved (its next files follow)")
+    s.add_argument("--table-partition-by", metavar="FIELDS",
+                   help="tablePartitionBy: the table's files by these columns too, comma-separated: a "
+                        "column, bucket(N, column), truncate(W, column), year|month|day|hour(column) "
+                        "(\"\": none); a table that exists is evolved")
     s.add_argument("--table-retention-minutes", type=count, metavar="N",
                    help="tableRetentionInMinutes: the table keeps rows N minutes, by publish time, whole "
                         "periods of its partitioning (0: as long as --retention-minutes)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import ClassVar, Self
 
+from danube_fast.meta import table_partitions
 from danube_fast.meta.resources_base import (
     JSON,
     Fields,
@@ -18,6 +19,7 @@ from danube_fast.meta.resources_base import (
     bad,
     with_extra,
 )
+from danube_fast.meta.store import BadValue
 
 DEFAULT_MAX_MESSAGE_SIZE = 10 * 1024 * 1024  # Danube's default policy (10 MiB)
 
@@ -31,8 +33,9 @@ class Policy(Resource):
     `retentionSizeInMB` (MiB); a value written without them keeps everything. `tableMode` (docs/TABLES.md)
     says whether the topic's records are also kept as an Iceberg table: `none` (absent), `envelope` or
     `schema`; `tablePartitioning` by which period of the publish time its files are partitioned: `hour`
-    (absent), `day`, `month` or `none`; `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long and
-    how much the table keeps (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say).
+    (absent), `day`, `month` or `none`; `tablePartitionBy` by which of its columns too
+    (meta/table_partitions.py, absent: none); `tableRetentionInMinutes` and `tableRetentionSizeInMB` how long
+    and how much the table keeps (absent or 0: as `retentionTimeInMinutes` and `retentionSizeInMB` say).
     `messageTTLInSeconds` (docs/SUBSCRIPTIONS.md, absent or 0: none) acknowledges, on every subscription's
     behalf, the records published longer ago. `replicationFactor` and `minInSyncReplicas`
     (docs/REPLICATION.md; absent or 0: 1) say on how many brokers a Reliable topic's log is kept, and how many
@@ -53,6 +56,7 @@ class Policy(Resource):
     retention_size_mb: int = 0
     table_mode: str = "none"
     table_partitioning: str = "hour"
+    table_partition_by: str = ""
     table_retention_minutes: int = 0
     table_retention_size_mb: int = 0
     message_ttl_seconds: int = 0
@@ -77,8 +81,10 @@ class Policy(Resource):
     TABLE_MODES: ClassVar[tuple[str, ...]] = ("none", "envelope", "schema")
     TABLE_PARTITIONING: ClassVar[str] = "tablePartitioning"
     TABLE_PARTITIONINGS: ClassVar[tuple[str, ...]] = ("hour", "day", "month", "none")
+    TABLE_PARTITION_BY: ClassVar[str] = "tablePartitionBy"
     # every JSON key a policy may set
-    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *OPTIONAL, TABLE_MODE, TABLE_PARTITIONING)
+    KEYS: ClassVar[tuple[str, ...]] = (*_FIELDS, *OPTIONAL, TABLE_MODE, TABLE_PARTITIONING,
+                                       TABLE_PARTITION_BY)
 
     @classmethod
     def from_obj(cls, value: JSON, where: str) -> Self:
@@ -93,13 +99,18 @@ class Policy(Resource):
         if partitioning not in cls.TABLE_PARTITIONINGS:
             raise bad(where, f.name(cls.TABLE_PARTITIONING), " or ".join(cls.TABLE_PARTITIONINGS),
                       partitioning)
+        try:
+            partition_by = table_partitions.canonical(f.optional_str(cls.TABLE_PARTITION_BY) or "")
+        except ValueError as e:
+            raise BadValue(f"{where}: {f.name(cls.TABLE_PARTITION_BY)}: {e}") from None
         copies, needed = limits["replication_factor"], limits["min_insync_replicas"]
         if copies > cls.MAX_REPLICAS:
             raise bad(where, f.name("replicationFactor"), f"at most {cls.MAX_REPLICAS}", copies)
         if max(needed, 1) > max(copies, 1):
             raise bad(where, f.name("minInSyncReplicas"), f"at most replicationFactor ({max(copies, 1)})",
                       needed)
-        return cls(**limits, table_mode=mode, table_partitioning=partitioning, extra=f.extra())
+        return cls(**limits, table_mode=mode, table_partitioning=partitioning,
+                   table_partition_by=partition_by, extra=f.extra())
 
     def to_obj(self) -> JSON:
         obj: JSONObject = {name: getattr(self, name) for name in self._FIELDS}
@@ -110,6 +121,8 @@ class Policy(Resource):
             obj[self.TABLE_MODE] = self.table_mode
         if self.table_partitioning != "hour":
             obj[self.TABLE_PARTITIONING] = self.table_partitioning
+        if self.table_partition_by:
+            obj[self.TABLE_PARTITION_BY] = self.table_partition_by
         return with_extra(obj, self.extra)
 
     @property

@@ -112,16 +112,19 @@ def table_properties(row_group_rows: int, compression: str = "zstd") -> dict[str
 
 
 def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitioned: bool, time_unit: str,
-                   row_group_rows: int, mode: str = "envelope", compression: str = "zstd") -> Table:
+                   row_group_rows: int, mode: str = "envelope", compression: str = "zstd",
+                   partition_by: str = "") -> Table:
     """The topic's table, created (with its namespace) when missing. `mode` is the table mode its columns
     follow: envelope (also the dead-letter table's form) or schema (the envelope without `value`; the value
     columns are added by the writer, tables/typed.py). A table of another mode is refused (ModeMismatch).
-    `time_unit` is the policy's tablePartitioning: a table partitioned otherwise is evolved to it (new files
-    follow it, the old ones stay as they are). `row_group_rows` and `compression` are a new table's: an
-    existing table keeps its own properties."""
+    `time_unit` and `partition_by` are the policy's tablePartitioning and tablePartitionBy: a table
+    partitioned otherwise is evolved to them (tables/partitions.py `fit`; a field whose column the table
+    does not have yet is left for the writer's commit to add). `row_group_rows` and `compression` are a new
+    table's: an existing table keeps its own properties."""
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
-    from danube_fast.tables.envelope import SCHEMA, partition_spec
+    from danube_fast.tables.envelope import SCHEMA
+    from danube_fast.tables.partitions import fit, partition_spec
 
     ident = identifier(namespace, base_topic)
     try:
@@ -142,25 +145,7 @@ def load_or_create(catalog: Catalog, namespace: str, base_topic: str, partitione
         raise ModeMismatch(f"table {'.'.join(ident)} was written in table mode {held}, and the topic's "
                            f"policy now says {mode}: set the policy back, or drop the table (or rename it) "
                            f"to start a {mode} table from the topic's first kept offset")
-    return partition_by(table, time_unit)
-
-
-def partition_by(table: Table, unit: str) -> Table:
-    """`table` partitioned by `unit` of the publish time from its next files on (Iceberg's partition
-    evolution: a metadata-only commit; the files written before keep their partitioning, and readers plan
-    over both). Raises pyiceberg's CommitFailedException when another commit landed first."""
-    from danube_fast.tables.envelope import TIME_TRANSFORMS, time_unit
-
-    if time_unit(table.spec(), table.schema()) == unit:
-        return table
-    source = table.schema().find_field("timestamp").field_id
-    with table.update_spec() as update:
-        for field in table.spec().fields:
-            if field.source_id == source:
-                update.remove_field(field.name)
-        if unit != "none":
-            update.add_field("timestamp", TIME_TRANSFORMS[unit], f"timestamp_{unit}")
-    return table
+    return fit(table, time_unit, partition_by, strict=False)
 
 
 def dead_letter_name(base_topic: str) -> str:

@@ -50,13 +50,13 @@ class OffsetsMoved(Exception):
 
 
 def state(table: Table) -> Committed:
-    from danube_fast.tables.envelope import time_unit
+    from danube_fast.tables.partitions import describe
 
     snapshot = table.current_snapshot()
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     return Committed(committed_offsets(table), table.metadata_location,
                      int(summary.get("total-data-files", 0)), int(summary.get("total-files-size", 0)),
-                     time_unit(table.spec(), table.schema()))
+                     describe(table.spec(), table.schema()))
 
 
 def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table,
@@ -135,21 +135,26 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     took 0.5 of its 0.65 s. Here rows of one stored topic fall in one `partition` and, but for an hour (day,
     month) boundary, one period: the periods are computed once, and a chunk within one is written as it is.
     The files, their names, metrics and partition values are pyiceberg's (write_file, WriteTask,
-    PartitionKey).
+    PartitionKey). A table with tablePartitionBy's fields takes pyiceberg's general partitioning (a copy per
+    partition), which the writer pays only for those tables.
     """
-    from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
+    from pyiceberg.io.pyarrow import _determine_partitions, pyarrow_to_schema, write_file
     from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
     from pyiceberg.table import WriteTask
 
-    from danube_fast.tables.envelope import time_unit
+    from danube_fast.tables.partitions import fast_path, time_unit
 
     if rows.num_rows == 0:  # a commit that only moves the offsets past a hole
         return []
     spec, schema = metadata.spec(), metadata.schema()
     task_schema = pyarrow_to_schema(rows.schema, name_mapping=schema.name_mapping,
                                     format_version=metadata.format_version)
+    parts: list[tuple[PartitionKey | None, pa.Table]]
     if spec.is_unpartitioned():
-        parts: list[tuple[PartitionKey | None, pa.Table]] = [(None, rows)]
+        parts = [(None, rows)]
+    elif not fast_path(spec, schema):  # tablePartitionBy's fields: pyiceberg's general partitioning
+        parts = [(part.partition_key, part.arrow_table_partition)
+                 for part in _determine_partitions(spec, schema, rows)]
     else:
         unit, partition_id = time_unit(spec, schema), schema.find_field("partition").field_id
         parts = []

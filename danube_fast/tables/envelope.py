@@ -16,8 +16,8 @@ written against `format("danube")` runs unchanged on the table.
 | `schema_version` | long                     | null when absent                                        |
 
 Partitioned by hour(timestamp) (or day or month, or not by time: the policy's `tablePartitioning`), and by
-`partition` for a partitioned topic, so time-range queries prune whole files and each file holds one stored
-topic's offsets, which the manifest's column bounds on `offset` then prune too.
+`partition` for a partitioned topic (tables/partitions.py), so time-range queries prune whole files and each
+file holds one stored topic's offsets, which the manifest's column bounds on `offset` then prune too.
 
 `envelope` does per batch what the codec decoded, never per record in Python: casts that reuse buffers and two
 constant columns.
@@ -26,9 +26,7 @@ constant columns.
 from __future__ import annotations
 
 import pyarrow as pa
-from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, Transform
 from pyiceberg.types import (
     BinaryType,
     IntegerType,
@@ -69,39 +67,6 @@ ARROW_SCHEMA = pa.schema([
     pa.field("schema_id", pa.int64()),
     pa.field("schema_version", pa.int64()),
 ])
-
-PARTITION_FIELD_ID = 1000  # Iceberg's first partition field id
-# The policy's tablePartitioning (meta/resources_topics.py Policy.TABLE_PARTITIONINGS): the time transform.
-TIME_TRANSFORMS: dict[str, Transform] = {"hour": HourTransform(), "day": DayTransform(),  # type: ignore[type-arg]
-                                         "month": MonthTransform()}
-
-
-def partition_spec(partitioned: bool, time_unit: str) -> PartitionSpec:
-    """`time_unit`(timestamp) (hour, day or month; "none": not by time), then identity(partition) for a
-    partitioned topic. Its source ids are SCHEMA's: the catalog binds them to the new table's by name."""
-    fields: list[PartitionField] = []
-    if time_unit != "none":
-        fields.append(PartitionField(source_id=SCHEMA.find_field("timestamp").field_id,
-                                     field_id=PARTITION_FIELD_ID + len(fields),
-                                     transform=TIME_TRANSFORMS[time_unit], name=f"timestamp_{time_unit}"))
-    if partitioned:
-        fields.append(PartitionField(source_id=SCHEMA.find_field("partition").field_id,
-                                     field_id=PARTITION_FIELD_ID + len(fields),
-                                     transform=IdentityTransform(), name="partition"))
-    return PartitionSpec(*fields)
-
-
-def time_unit(spec: PartitionSpec, schema: Schema) -> str:
-    """The time transform of the `timestamp` column in a table's partition spec (with the table's schema,
-    whose field ids are its own: the catalog assigns them): hour, day, month, or none."""
-    source = schema.find_field("timestamp").field_id
-    for field in spec.fields:
-        if field.source_id == source:
-            for unit, transform in TIME_TRANSFORMS.items():
-                if field.transform == transform:
-                    return unit
-    return "none"
-
 
 def envelope(decoded: pa.RecordBatch, topic: str, partition: int) -> pa.RecordBatch:
     """`decoded` (frames.decode_arrow's columns) as a batch of ARROW_SCHEMA."""

@@ -81,7 +81,7 @@ def retain(table: Table, retention_ms: int, now: float | None = None) -> int:
     """Delete the rows published before `retention_ms` ago, rounded down to the table's time partition (an
     hour, day or month); the files removed. Raises pyiceberg's CommitFailedException when another commit
     landed first."""
-    from danube_fast.tables.envelope import time_unit
+    from danube_fast.tables.partitions import time_unit
 
     cutoff_us = int(((time.time() if now is None else now) * 1000 - retention_ms) * 1000)
     return _delete_before(table, period_start(cutoff_us, time_unit(table.spec(), table.schema())))
@@ -93,7 +93,7 @@ def retain_size(table: Table, max_bytes: int) -> int:
     are dated by their largest publish time (the column statistics): with time partitions each file is in
     one period (one of an earlier, finer partitioning too), and a whole period goes in one metadata-only
     delete. Raises pyiceberg's CommitFailedException when another commit landed first."""
-    from danube_fast.tables.envelope import time_unit
+    from danube_fast.tables.partitions import time_unit
 
     unit = time_unit(table.spec(), table.schema())
     by_period: dict[int, int] = defaultdict(int)  # period start (µs) -> bytes of the files ending in it

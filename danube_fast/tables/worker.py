@@ -173,7 +173,8 @@ class Worker:
 
             table = load_or_create(self._open_catalog(), spec.namespace, spec.identifier[1], spec.partitioned,
                                    spec.time_partitions, spec.row_group_rows,
-                                   "envelope" if spec.dead_letters else spec.mode, spec.compression)
+                                   "envelope" if spec.dead_letters else spec.mode, spec.compression,
+                                   "" if spec.dead_letters else spec.partition_by)
             self._tables[spec.identifier] = table
         return table
 
@@ -210,10 +211,17 @@ class Worker:
         `pause_before_commit`: the broker armed the crash point between the Parquet files and the commit."""
         import pyarrow as pa
 
-        from danube_fast.tables import commit, typed
+        from danube_fast.tables import commit, partitions, typed
         from danube_fast.tables.envelope import rows_of
 
         table = self._table(spec)
+        columns = None
+        if spec.mode == "schema":  # the table's columns first: tablePartitionBy may name them
+            if resolved is None:
+                raise SchemaModeError("the topic's schema subject was not read yet")
+            columns = typed.value_columns(resolved)
+            commit.evolve(table, columns, f"{resolved.subject}:{resolved.version}", resolved.format)
+        partitions.fit(table, spec.time_partitions, spec.partition_by)  # before any decoding: it may refuse
         with contextlib.ExitStack() as mapped:
             if regions is not None:
                 self._batches = read_parent(self._parent, regions, self._batches)
@@ -229,13 +237,10 @@ class Worker:
             del data, view
         dead = 0
         if spec.mode == "schema":
-            if resolved is None:
-                raise SchemaModeError("the topic's schema subject was not read yet")
+            assert resolved is not None and columns is not None
             newest = typed.newest_version(rows)
             if newest is not None and newest > max(resolved.version, asked_version):
                 raise StaleSchema(newest)
-            columns = typed.value_columns(resolved)
-            commit.evolve(table, columns, f"{resolved.subject}:{resolved.version}", resolved.format)
             decoded = typed.split(rows, resolved, columns)
             if decoded.dead.num_rows:
                 dead_letters = self._table(dataclasses.replace(spec, dead_letters=True))

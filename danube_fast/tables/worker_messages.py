@@ -58,7 +58,7 @@ class Committed:
     metadata_location: str
     files: int
     bytes: int
-    partitioning: str = "hour"  # the time partition of the table's current spec (hour, day, month, none)
+    partitioning: str = "hour"  # the table's current spec as the status shows it (tables/partitions.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class TableSpec:
     time_partitions: str  # the policy's tablePartitioning: hour, day, month or none
     row_group_rows: int
     compression: str = "zstd"
+    partition_by: str = ""  # the policy's tablePartitionBy, canonical (meta/table_partitions.py)
     dead_letters: bool = False  # the topic's dead-letter table (envelope form) instead
 
     @property

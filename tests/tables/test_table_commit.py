@@ -497,3 +497,59 @@ def test_a_table_evolved_to_day_partitions_keeps_every_row_compacts_per_spec_and
     table = cat.load_table(("default", "orders"))
     assert offsets_in(table) == list(range(500, 700))
     assert commit.committed_offsets(table) == {TOPIC: 700}
+
+
+def with_producers(table: pa.Table) -> pa.Table:
+    """`table` with its records from three producers in turn and keys k0..k9."""
+    n = table.num_rows
+    table = table.set_column(table.schema.get_field_index("producer_name"), "producer_name",
+                             pa.array([f"p{i % 3}" for i in range(n)], pa.string()))
+    return table.set_column(table.schema.get_field_index("key"), "key",
+                            pa.array([b"k%d" % (i % 10) for i in range(n)], pa.binary()))
+
+
+def test_partition_by_fields_split_files_by_their_values_and_a_change_evolves_the_table(
+        cat) -> None:  # type: ignore[no-untyped-def]
+    """tablePartitionBy's fields (here an envelope table's producer_name and bucket(4, key)) beside the hour:
+    every file holds one value of each, pyiceberg prunes by them, every offset is in the table once; a
+    changed policy evolves the spec and the next files follow it."""
+    by = "producer_name, bucket(4, key)"
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by=by)
+    state = commit.append_range(table, TOPIC, 0, 300, with_producers(rows(TOPIC, -1, 0, 300)))
+    assert state.partitioning == "hour, producer_name, bucket(4, key)"
+    table = cat.load_table(("default", "orders"))
+    tasks = list(table.scan().plan_files())
+    for task in tasks:
+        with table.io.new_input(task.file.file_path).open() as stream:
+            got = pq.read_table(stream, columns=["producer_name", "offset"])
+        assert len(set(got.column("producer_name").to_pylist())) == 1  # one producer per file
+        offsets = got.column("offset").to_pylist()
+        assert offsets == sorted(offsets)  # each file in offset order
+    assert len(tasks) == len({repr(t.file.partition) for t in tasks}) > 3  # one file per partition
+    one = table.scan(row_filter="producer_name = 'p1'", selected_fields=("offset",))
+    assert len(list(one.plan_files())) < len(tasks)  # the other producers' files pruned
+    assert sorted(one.to_arrow().column("offset").to_pylist()) == list(range(1, 300, 3))
+    assert offsets_in(table) == list(range(300))
+
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by="")
+    assert commit.state(table).partitioning == "hour"
+    commit.append_range(table, TOPIC, 300, 400, with_producers(rows(TOPIC, -1, 300, 400)))
+    table = cat.load_table(("default", "orders"))
+    newest = [t for t in table.scan().plan_files() if t.file.spec_id == table.spec().spec_id]
+    assert len(newest) == 1  # all of one hour, every producer: one file
+    assert offsets_in(table) == list(range(400))
+
+
+def test_partition_by_a_column_the_table_lacks_or_a_type_its_transform_does_not_take_is_refused(
+        cat) -> None:  # type: ignore[no-untyped-def]
+    from danube_fast.tables import partitions
+    from danube_fast.tables.errors import PartitionSpecError
+
+    table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by="region")
+    assert commit.state(table).partitioning == "hour"  # not strict at load: a schema table gets columns later
+    with pytest.raises(PartitionSpecError, match=r"names region, which the table has no column for \(its "
+                                                 r"columns: key, value, topic"):
+        partitions.fit(table, "hour", "region")
+    with pytest.raises(PartitionSpecError, match=r"day\(key\) does not apply to column key of type binary"):
+        partitions.fit(table, "hour", "day(key)")
+    assert cat.load_table(("default", "orders")).spec().fields == table.spec().fields  # unchanged

@@ -149,3 +149,40 @@ def status_row_or_none(broker: Broker, topic: str) -> dict[str, Any] | None:
         return status_row(broker, topic)
     except AssertionError:  # no status yet
         return None
+
+
+def test_a_schema_table_partitioned_by_its_value_fields_waits_for_a_column_it_lacks(
+        broker_factory: BrokerFactory) -> None:
+    broker = broker_factory.start(CONFIG)
+    topic, subject = "/default/channels", "table-channels"
+
+    async def orders(first: int, count: int) -> None:
+        async with Session(broker.url) as s:
+            await s.register_schema(subject, SchemaType.AVRO, ORDER_V2)
+            await send(s, topic, f"p{first}", subject, [
+                avro(ORDER_V2, order(i, channel=("web", "app")[i % 2])) for i in range(first, first + count)])
+
+    asyncio.run(orders(0, 10))
+    shown = admin(broker, "policies", "set", topic, "--table", "schema",
+                  "--table-partition-by", "channel,  bucket(2, id)")
+    assert shown["tablePartitionBy"] == "channel, bucket(2, id)"  # stored as read
+    status = until("the first records", lambda: caught_up(broker, topic, 10))
+    assert status["tables"][0]["partitioning"] == "hour, channel, bucket(2, id)"
+    table = open_catalog(catalog_of(broker), read_only=True).load_table(("default", "channels"))
+    assert [f.name for f in table.spec().fields] == ["timestamp_hour", "channel", "id_bucket_2"]
+    tasks = list(table.scan().plan_files())
+    assert len({repr(t.file.partition) for t in tasks}) == len(tasks) >= 2
+    web = table.scan(row_filter="channel = 'web'").to_arrow()
+    assert sorted(web.column("id").to_pylist()) == [0, 2, 4, 6, 8]
+
+    admin(broker, "policies", "set", topic, "--table-partition-by", "region")  # no such field
+    asyncio.run(orders(10, 4))
+    row = until("the table waiting", lambda: (lambda r: r if "tablePartitionBy names region" in r["error"]
+                                              else None)(status_row(broker, topic)))
+    assert row["committed_offset"] == 10 and row["stopped"] == "", row
+    admin(broker, "policies", "set", topic, "--table-partition-by", "")  # cleared: the hour alone
+    status = until("the records after", lambda: caught_up(broker, topic, 14))
+    assert status["tables"][0]["partitioning"] == "hour" and status["tables"][0]["error"] == ""
+    assert scan(broker, "default.channels").column("id").to_pylist() == list(range(14))
+    bad = admin(broker, "policies", "set", topic, "--table-partition-by", "bucket(x)", code=1)
+    assert "bucket needs a number from 1" in bad
