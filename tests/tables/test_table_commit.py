@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import EqualTo
 
 from danube_fast.meta.embedded import EmbeddedStore
 from danube_fast.meta.resources_storage import TableCatalog
@@ -529,6 +530,9 @@ def test_partition_by_fields_split_files_by_their_values_and_a_change_evolves_th
     one = table.scan(row_filter="producer_name = 'p1'", selected_fields=("offset",))
     assert len(list(one.plan_files())) < len(tasks)  # the other producers' files pruned
     assert sorted(one.to_arrow().column("offset").to_pylist()) == list(range(1, 300, 3))
+    keyed = table.scan(row_filter=EqualTo("key", b"k3"), selected_fields=("offset",))
+    assert len(list(keyed.plan_files())) < len(tasks)  # by the key's bucket, as Iceberg computes it
+    assert sorted(keyed.to_arrow().column("offset").to_pylist()) == list(range(3, 300, 10))
     assert offsets_in(table) == list(range(300))
 
     table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by="")
