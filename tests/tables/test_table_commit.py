@@ -512,8 +512,9 @@ def with_producers(table: pa.Table) -> pa.Table:
 def test_partition_by_fields_split_files_by_their_values_and_a_change_evolves_the_table(
         cat) -> None:  # type: ignore[no-untyped-def]
     """tablePartitionBy's fields (here an envelope table's producer_name and bucket(4, key)) beside the hour:
-    every file holds one value of each, pyiceberg prunes by them, every offset is in the table once; a
-    changed policy evolves the spec and the next files follow it."""
+    every file holds one value of each, pyiceberg prunes by them, every offset is in the table once;
+    compaction joins a partition's files only; a changed policy evolves the spec and the next files follow
+    it."""
     by = "producer_name, bucket(4, key)"
     table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by=by)
     state = commit.append_range(table, TOPIC, 0, 300, with_producers(rows(TOPIC, -1, 0, 300)))
@@ -534,14 +535,24 @@ def test_partition_by_fields_split_files_by_their_values_and_a_change_evolves_th
     assert len(list(keyed.plan_files())) < len(tasks)  # by the key's bucket, as Iceberg computes it
     assert sorted(keyed.to_arrow().column("offset").to_pylist()) == list(range(3, 300, 10))
     assert offsets_in(table) == list(range(300))
+    commit.append_range(table, TOPIC, 300, 600, with_producers(rows(TOPIC, -1, 300, 600)))
+    from danube_fast.tables import maintenance
+
+    table = cat.load_table(("default", "orders"))
+    groups = maintenance.small_groups(table, 128 << 20, 2)
+    assert len(groups) == len(tasks) and all(len(g) == 2 for g in groups)  # two commits' files per partition
+    for group in groups:
+        maintenance.compact(table, group)
+    table = cat.load_table(("default", "orders"))
+    assert len(list(table.scan().plan_files())) == len(tasks) and offsets_in(table) == list(range(600))
 
     table = catalog.load_or_create(cat, "default", "orders", False, "hour", 1 << 20, partition_by="")
     assert commit.state(table).partitioning == "hour"
-    commit.append_range(table, TOPIC, 300, 400, with_producers(rows(TOPIC, -1, 300, 400)))
+    commit.append_range(table, TOPIC, 600, 700, with_producers(rows(TOPIC, -1, 600, 700)))
     table = cat.load_table(("default", "orders"))
     newest = [t for t in table.scan().plan_files() if t.file.spec_id == table.spec().spec_id]
     assert len(newest) == 1  # all of one hour, every producer: one file
-    assert offsets_in(table) == list(range(400))
+    assert offsets_in(table) == list(range(700))
 
 
 def test_partition_by_a_column_the_table_lacks_or_a_type_its_transform_does_not_take_is_refused(
