@@ -1,5 +1,5 @@
 """Topic tables and schema-typed values, for readers outside the package (danube_fast/access). Importing it
-imports pyarrow (the typed values); pyiceberg is imported by the catalog functions on first use."""
+imports pyarrow and pyiceberg (the typed values, the envelope's Iceberg schema)."""
 
 from danube_fast.schema import arrow_values
 from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder, Resolved, ValueSchemaError
@@ -12,8 +12,9 @@ from danube_fast.tables.catalog import (
            open_catalog,
            parse_offsets,
 )
+from danube_fast.tables.commit import snapshots
 from danube_fast.tables.typed import column_name
 
 __all__ = ["FORMAT_PROPERTY", "MODE_PROPERTY", "OFFSETS", "AvroDecoder", "JsonDecoder", "Resolved",
            "ValueSchemaError", "arrow_values", "column_name", "committed_offsets", "file_io", "open_catalog",
-           "parse_offsets"]
+           "parse_offsets", "snapshots"]

@@ -239,6 +239,12 @@ class TableWriter:
         self.passes += 1
         return behind
 
+    async def snapshots(self, namespace: str, base: str) -> list[m.SnapshotInfo] | None:
+        """The snapshots the topic's table keeps (None: it has no table), read by the table worker (started
+        for it when it is not running)."""
+        result: list[m.SnapshotInfo] | None = await self._ask("snapshots", identifier=(namespace, base))
+        return result
+
     async def _policies(self, served: list[ReliableTopic]) -> dict[str, Policy]:
         """Each topic's policy as the store says now, by full name."""
         own = await own_policies(self._store, served)

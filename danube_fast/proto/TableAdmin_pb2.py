@@ -24,19 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10TableAdmin.proto\x12\x15\x64\x61nube_fast.tables.v1\"#\n\x12TableStatusRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\xc7\x02\n\x0bTableStatus\x12\x14\n\x0cstored_topic\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\x12\x18\n\x10\x63ommitted_offset\x18\x04 \x01(\x04\x12\x14\n\x0ctopic_offset\x18\x05 \x01(\x04\x12\x0e\n\x06lag_ms\x18\x06 \x01(\x04\x12\r\n\x05\x66iles\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64lq_records\x18\t \x01(\x04\x12\x17\n\x0fskipped_records\x18\n \x01(\x04\x12\x0f\n\x07\x63ommits\x18\x0b \x01(\x04\x12\x19\n\x11metadata_location\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\x0f\n\x07stopped\x18\x0e \x01(\t\x12\x17\n\x0f\x63ompacted_files\x18\x0f \x01(\x04\x12\x14\n\x0cpartitioning\x18\x10 \x01(\t\"\x87\x01\n\x13TableStatusResponse\x12\x32\n\x06tables\x18\x01 \x03(\x0b\x32\".danube_fast.tables.v1.TableStatus\x12\x13\n\x0b\x63\x61talog_uri\x18\x02 \x01(\t\x12\x11\n\twarehouse\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61talog_kind\x18\x04 \x01(\t2m\n\nTableAdmin\x12_\n\x06Status\x12).danube_fast.tables.v1.TableStatusRequest\x1a*.danube_fast.tables.v1.TableStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10TableAdmin.proto\x12\x15\x64\x61nube_fast.tables.v1\"#\n\x12TableStatusRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\xc7\x02\n\x0bTableStatus\x12\x14\n\x0cstored_topic\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\x12\x18\n\x10\x63ommitted_offset\x18\x04 \x01(\x04\x12\x14\n\x0ctopic_offset\x18\x05 \x01(\x04\x12\x0e\n\x06lag_ms\x18\x06 \x01(\x04\x12\r\n\x05\x66iles\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64lq_records\x18\t \x01(\x04\x12\x17\n\x0fskipped_records\x18\n \x01(\x04\x12\x0f\n\x07\x63ommits\x18\x0b \x01(\x04\x12\x19\n\x11metadata_location\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\x0f\n\x07stopped\x18\x0e \x01(\t\x12\x17\n\x0f\x63ompacted_files\x18\x0f \x01(\x04\x12\x14\n\x0cpartitioning\x18\x10 \x01(\t\"\x87\x01\n\x13TableStatusResponse\x12\x32\n\x06tables\x18\x01 \x03(\x0b\x32\".danube_fast.tables.v1.TableStatus\x12\x13\n\x0b\x63\x61talog_uri\x18\x02 \x01(\t\x12\x11\n\twarehouse\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61talog_kind\x18\x04 \x01(\t\"\xe4\x01\n\rTableSnapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x03\x12\x17\n\x0f\x63ommitted_at_ms\x18\x02 \x01(\x04\x12\x11\n\toperation\x18\x03 \x01(\t\x12\x42\n\x07offsets\x18\x04 \x03(\x0b\x32\x31.danube_fast.tables.v1.TableSnapshot.OffsetsEntry\x12\x0f\n\x07records\x18\x05 \x01(\x04\x12\r\n\x05\x66iles\x18\x06 \x01(\x04\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"`\n\x16TableSnapshotsResponse\x12\x37\n\tsnapshots\x18\x01 \x03(\x0b\x32$.danube_fast.tables.v1.TableSnapshot\x12\r\n\x05table\x18\x02 \x01(\t2\xd4\x01\n\nTableAdmin\x12_\n\x06Status\x12).danube_fast.tables.v1.TableStatusRequest\x1a*.danube_fast.tables.v1.TableStatusResponse\x12\x65\n\tSnapshots\x12).danube_fast.tables.v1.TableStatusRequest\x1a-.danube_fast.tables.v1.TableSnapshotsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'TableAdmin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TABLESNAPSHOT_OFFSETSENTRY']._loaded_options = None
+  _globals['_TABLESNAPSHOT_OFFSETSENTRY']._serialized_options = b'8\001'
   _globals['_TABLESTATUSREQUEST']._serialized_start=43
   _globals['_TABLESTATUSREQUEST']._serialized_end=78
   _globals['_TABLESTATUS']._serialized_start=81
   _globals['_TABLESTATUS']._serialized_end=408
   _globals['_TABLESTATUSRESPONSE']._serialized_start=411
   _globals['_TABLESTATUSRESPONSE']._serialized_end=546
-  _globals['_TABLEADMIN']._serialized_start=548
-  _globals['_TABLEADMIN']._serialized_end=657
+  _globals['_TABLESNAPSHOT']._serialized_start=549
+  _globals['_TABLESNAPSHOT']._serialized_end=777
+  _globals['_TABLESNAPSHOT_OFFSETSENTRY']._serialized_start=731
+  _globals['_TABLESNAPSHOT_OFFSETSENTRY']._serialized_end=777
+  _globals['_TABLESNAPSHOTSRESPONSE']._serialized_start=779
+  _globals['_TABLESNAPSHOTSRESPONSE']._serialized_end=875
+  _globals['_TABLEADMIN']._serialized_start=878
+  _globals['_TABLEADMIN']._serialized_end=1090
 # @@protoc_insertion_point(module_scope)

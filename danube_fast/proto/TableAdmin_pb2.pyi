@@ -61,3 +61,34 @@ class TableStatusResponse(_message.Message):
     warehouse: str
     catalog_kind: str
     def __init__(self, tables: _Optional[_Iterable[_Union[TableStatus, _Mapping]]] = ..., catalog_uri: _Optional[str] = ..., warehouse: _Optional[str] = ..., catalog_kind: _Optional[str] = ...) -> None: ...
+
+class TableSnapshot(_message.Message):
+    __slots__ = ("snapshot_id", "committed_at_ms", "operation", "offsets", "records", "files")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: int
+    committed_at_ms: int
+    operation: str
+    offsets: _containers.ScalarMap[str, int]
+    records: int
+    files: int
+    def __init__(self, snapshot_id: _Optional[int] = ..., committed_at_ms: _Optional[int] = ..., operation: _Optional[str] = ..., offsets: _Optional[_Mapping[str, int]] = ..., records: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
+
+class TableSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots", "table")
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[TableSnapshot]
+    table: str
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[TableSnapshot, _Mapping]]] = ..., table: _Optional[str] = ...) -> None: ...

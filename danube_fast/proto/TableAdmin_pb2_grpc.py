@@ -39,6 +39,11 @@ class TableAdminStub:
                 request_serializer=TableAdmin__pb2.TableStatusRequest.SerializeToString,
                 response_deserializer=TableAdmin__pb2.TableStatusResponse.FromString,
                 _registered_method=True)
+        self.Snapshots = channel.unary_unary(
+                '/danube_fast.tables.v1.TableAdmin/Snapshots',
+                request_serializer=TableAdmin__pb2.TableStatusRequest.SerializeToString,
+                response_deserializer=TableAdmin__pb2.TableSnapshotsResponse.FromString,
+                _registered_method=True)
 
 
 class TableAdminServicer:
@@ -51,6 +56,14 @@ class TableAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshots(self, request, context):
+        """The snapshots the table keeps (time travel: pyspark_danube's read_table snapshotId), from any broker.
+        Lookup
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TableAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_TableAdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=TableAdmin__pb2.TableStatusRequest.FromString,
                     response_serializer=TableAdmin__pb2.TableStatusResponse.SerializeToString,
+            ),
+            'Snapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.Snapshots,
+                    request_deserializer=TableAdmin__pb2.TableStatusRequest.FromString,
+                    response_serializer=TableAdmin__pb2.TableSnapshotsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class TableAdmin:
             '/danube_fast.tables.v1.TableAdmin/Status',
             TableAdmin__pb2.TableStatusRequest.SerializeToString,
             TableAdmin__pb2.TableStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/danube_fast.tables.v1.TableAdmin/Snapshots',
+            TableAdmin__pb2.TableStatusRequest.SerializeToString,
+            TableAdmin__pb2.TableSnapshotsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -136,6 +136,7 @@ RULES: dict[str, Rule] = {
     "danube_fast.policy.v1.PolicyAdmin/SetTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.policy.v1.PolicyAdmin/ClearTopicPolicy": Rule(TOPIC, _field("topic")),
     "danube_fast.tables.v1.TableAdmin/Status": Rule(L, _field("topic")),
+    "danube_fast.tables.v1.TableAdmin/Snapshots": Rule(L, _field("topic")),
     "danube_fast.stats.v1.BrokerStats/Figures": Rule(L, _cluster),
     # Brokers copying a replicated topic from its owner (docs/REPLICATION.md): broker_principals hold it.
     "danube_fast.replication.v1.Replication/Fetch": Rule(CLUSTER_ADMIN, _cluster),

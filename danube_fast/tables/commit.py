@@ -29,9 +29,10 @@ from danube_fast.tables.catalog import (
     SCHEMA_PROPERTY,
     committed_offsets,
     dump_offsets,
+    parse_offsets,
 )
 from danube_fast.tables.flush import flush
-from danube_fast.tables.worker_messages import Committed
+from danube_fast.tables.worker_messages import Committed, SnapshotInfo
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -58,6 +59,20 @@ def state(table: Table) -> Committed:
     return Committed(committed_offsets(table), table.metadata_location,
                      int(summary.get("total-data-files", 0)), int(summary.get("total-files-size", 0)),
                      describe(table.spec(), table.schema()))
+
+
+def snapshots(table: Table) -> list[SnapshotInfo]:
+    """The snapshots `table` keeps, oldest first, with the offsets each held (time travel: docs/TABLES.md,
+    "Reading")."""
+    listed = []
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0)):
+        summary = snapshot.summary
+        extra = summary.additional_properties if summary is not None else {}
+        listed.append(SnapshotInfo(snapshot.snapshot_id, snapshot.timestamp_ms,
+                                   summary.operation.value if summary is not None else "",
+                                   parse_offsets(extra.get(OFFSETS)), int(extra.get("total-records", 0)),
+                                   int(extra.get("total-data-files", 0))))
+    return listed
 
 
 def append_range(table: Table, stored: str, start: int, end: int, rows: pa.Table,

@@ -137,7 +137,7 @@ class RemotePointers:
 class Worker:
     """The ops a broker may request (OPS), each with keyword arguments."""
 
-    OPS = frozenset({"open", "load", "commit", "maintain", "tables", "drop"})
+    OPS = frozenset({"open", "load", "commit", "maintain", "tables", "drop", "snapshots"})
 
     def __init__(self, channel: Channel, parent: int, slices: int = 1) -> None:
         """`slices`: the Parquet files a commit's rows of one partition may be encoded into at once."""
@@ -280,6 +280,17 @@ class Worker:
         catalog = self._open_catalog()
         return [(str(ident[0]), str(ident[-1])) for namespace in catalog.list_namespaces()
                 for ident in catalog.list_tables(namespace)]
+
+    def snapshots(self, identifier: tuple[str, str]) -> list[m.SnapshotInfo] | None:
+        """The snapshots the table keeps, as the catalog has it now; None when there is no such table."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        from danube_fast.tables.commit import snapshots
+
+        try:
+            return snapshots(self._open_catalog().load_table(identifier))
+        except NoSuchTableError:
+            return None
 
     def drop(self, identifier: tuple[str, str]) -> int:
         """Drop the table and delete its files (tables/maintenance.py `drop`); how many files."""

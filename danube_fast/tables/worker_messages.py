@@ -62,6 +62,18 @@ class Committed:
 
 
 @dataclass(frozen=True)
+class SnapshotInfo:
+    """One snapshot a table keeps (admin tables snapshots, pyspark_danube.table_snapshots)."""
+
+    snapshot_id: int
+    committed_at_ms: int
+    operation: str  # append; overwrite (compaction) or delete (retention)
+    offsets: dict[str, int]  # stored topic -> the next offset the table lacked then (its danube.offsets)
+    records: int  # the table's totals then
+    files: int
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """Which table a request is about, and how to create it when it is missing."""
 

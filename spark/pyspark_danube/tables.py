@@ -247,19 +247,15 @@ def table_snapshots(topic: str, **opts: str) -> list[dict[str, Any]]:
         finally:
             await meta.close()
 
+    from danube_fast.access.tables import snapshots
+
     table = _load(*asyncio.run(locate()), parsed, topic)
-    listed = []
-    for snapshot in sorted(table.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0)):
-        summary = snapshot.summary
-        extra = summary.additional_properties if summary is not None else {}
-        listed.append({
-            "snapshot_id": snapshot.snapshot_id,
-            "committed_at": datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000,
-                                                            tz=datetime.UTC).isoformat(),
-            "operation": summary.operation.value if summary is not None else "",
-            "offsets": _offsets_of(snapshot),
-            "records": int(extra.get("total-records", 0)), "files": int(extra.get("total-data-files", 0))})
-    return listed
+    return [{"snapshot_id": s.snapshot_id, "committed_at": _iso(s.committed_at_ms), "operation": s.operation,
+             "offsets": s.offsets, "records": s.records, "files": s.files} for s in snapshots(table)]
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat()
 
 
 async def _with_committed(plan: TablePlan, brokers: dict[str, str], opts: options.Options) -> TablePlan:
@@ -334,14 +330,11 @@ def _travelled(table: Table, topic: str, travel: TimeTravel) -> Snapshot:
     else:
         assert travel.as_of_ms is not None
         snapshot = table.snapshot_as_of_timestamp(travel.as_of_ms)
-        when = datetime.datetime.fromtimestamp(travel.as_of_ms / 1000, tz=datetime.UTC).isoformat()
-        asked = f"a snapshot current at {when}"
+        asked = f"a snapshot current at {_iso(travel.as_of_ms)}"
     if snapshot is not None:
         return snapshot
-    kept = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
-    oldest = (f"the oldest it keeps was committed at "
-              f"{datetime.datetime.fromtimestamp(kept[0].timestamp_ms / 1000, tz=datetime.UTC).isoformat()}"
-              if kept else "it has none yet")
+    kept = sorted(s.timestamp_ms for s in table.snapshots())
+    oldest = f"the oldest it keeps was committed at {_iso(kept[0])}" if kept else "it has none yet"
     raise TableError(f"the table of {topic} does not keep {asked}: {oldest} (snapshots are kept [tables] "
                      f"snapshot_keep_ms; pyspark_danube.table_snapshots lists them)")
 

@@ -118,6 +118,11 @@ def test_a_topic_with_records_is_backfilled_then_followed_and_every_reader_sees_
     assert table_rows(broker, "default.orders") == expected(0, 3500)
     assert duckdb_count(status["metadata_location"]) == (3500, 3500, 0, 3499)
     assert status["tables"][0]["lag_ms"] == 0
+    listed = admin(broker, "tables", "snapshots", topic)  # what read_table's time travel picks from
+    assert listed["table"] == "default.orders" and len(listed["snapshots"]) >= 2
+    held = [snapshot["offsets"][topic] for snapshot in listed["snapshots"]]
+    assert held == sorted(held) and held[-1] == 3500 and listed["snapshots"][-1]["records"] == 3500
+    assert {snapshot["operation"] for snapshot in listed["snapshots"]} == {"append"}
     metrics = scrape(broker)
     assert metrics[f'danube_table_committed_offset{{topic="{topic}"}}'] == 3500
     assert metrics[f'danube_table_failing{{topic="{topic}"}}'] == 0
@@ -194,6 +199,8 @@ def test_bad_requests_get_a_clear_refusal(broker_factory: BrokerFactory) -> None
     produce(broker, "/default/plain", 0, 10)
     assert "NOT_FOUND" in admin(broker, "tables", "status", "/default/missing", code=1)
     assert "has no table" in admin(broker, "tables", "status", "/default/plain", code=1)
+    assert "NOT_FOUND" in admin(broker, "tables", "snapshots", "/default/missing", code=1)
+    assert "has no table yet" in admin(broker, "tables", "snapshots", "/default/plain", code=1)
     kept = admin(broker, "policies", "set", "/default/plain", "--table-retention-minutes", "1440",
                  "--table-retention-mb", "512")
     assert kept["tableRetentionInMinutes"] == 1440 and kept["tableRetentionSizeInMB"] == 512

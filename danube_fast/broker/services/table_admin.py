@@ -1,10 +1,12 @@
 """TableAdmin on the admin port (proto/TableAdmin.proto): what each topic's Iceberg table holds, read from
-this broker's table writer (broker/tables.py), which owns that state."""
+this broker's table writer (broker/tables.py), which owns that state; the snapshots a table keeps, read from
+the catalog by this broker's table worker."""
 
 from __future__ import annotations
 
 import time
 
+from danube_fast import names
 from danube_fast.broker.context import BrokerContext
 from danube_fast.broker.services.forward import is_forwarded
 from danube_fast.broker.services.status import Context, unary
@@ -43,6 +45,22 @@ class TableAdminService:
         return pb.TableStatusResponse(tables=found,
                                       catalog_uri=writer.location.uri, warehouse=writer.location.warehouse,
                                       catalog_kind=writer.location.kind)
+
+    @unary
+    async def Snapshots(self, request: pb.TableStatusRequest, context: Context) -> pb.TableSnapshotsResponse:
+        """Any broker answers: the catalog is every broker's, read through this one's table worker."""
+        name = parse_topic(request.topic)
+        if not self._topics.partitions(name):
+            raise not_found(f"topic {name.full} does not exist (as a topic or as a partitioned topic)")
+        base = names.partition_base(name.topic) or name.topic
+        kept = await self._writer.snapshots(name.namespace, base)
+        if kept is None:
+            raise precondition(f"topic {name.full} has no table yet: admin policies set {name.full} --table "
+                               "envelope, and wait for the first commit")
+        return pb.TableSnapshotsResponse(table=f"{name.namespace}.{base}", snapshots=[
+            pb.TableSnapshot(snapshot_id=s.snapshot_id, committed_at_ms=s.committed_at_ms,
+                             operation=s.operation, offsets=s.offsets, records=s.records, files=s.files)
+            for s in kept])
 
     async def elsewhere(self, request: pb.TableStatusRequest, stored: list[str],
                         context: Context) -> list[pb.TableStatus]:
