@@ -5,6 +5,7 @@ subscription passing between the two APIs."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -13,6 +14,8 @@ from danube import SubType
 
 from danube_fast.client import Delivery, FastConsumer, FastProducer, ProduceRejected
 from danube_fast.codec import frames
+from danube_fast.proto import SubscriptionAdmin_pb2 as sub_pb
+from danube_fast.proto import SubscriptionAdmin_pb2_grpc as sub_grpc
 from danube_fast.testing.broker import Broker, BrokerFactory
 
 
@@ -166,6 +169,19 @@ def test_nack_delivers_again_from_the_nacked_offset(broker: Broker, topic: str) 
     run_async(scenario())
 
 
+async def acknowledged_up_to(broker: Broker, topic: str, sub: str, position: int) -> None:
+    """Wait until the subscription's cursor (SubscriptionAdmin Describe) is at `position`."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.admin_port}") as channel:
+        stub: Any = sub_grpc.SubscriptionAdminStub(channel)  # type: ignore[no-untyped-call]
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            got = await stub.Describe(sub_pb.DescribeRequest(topic=topic, subscription=sub), timeout=10)
+            if got.partitions[0].position >= position:
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"{topic} {sub}: cursor at {got}"
+            await asyncio.sleep(0.05)
+
+
 def test_consumer_and_producer_carry_on_across_a_broker_restart(broker_factory: BrokerFactory, topic: str
                                                                 ) -> None:
     """SIGTERM ends the Consume stream with UNAVAILABLE (not OK), so the consumer subscribes again once the
@@ -181,6 +197,9 @@ def test_consumer_and_producer_carry_on_across_a_broker_restart(broker_factory: 
         stream = consumer.records()
         first = [await asyncio.wait_for(anext(stream), 5) for _ in range(150)]
         await consumer.ack_cumulative(first[-1].offset)
+        # An ack is a message on the stream, not a call: the broker has it once the cursor moved (a busy
+        # machine's restart could otherwise come first, and the records after 0 would rightly come again).
+        await acknowledged_up_to(broker, topic, "sub", 150)
         await asyncio.to_thread(broker.restart)
         await producer.send_batch([b"after-%d" % i for i in range(10)])
         await producer.flush()

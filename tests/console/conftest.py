@@ -104,6 +104,13 @@ class Console:
         return list(self.read(name, lambda el: [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
                                                 for tr in el.find_elements(By.CSS_SELECTOR, "tbody tr")]))
 
+    def texts(self, name: str) -> list[str]:
+        """The text of every element `data-test=name`, in page order, all read again if the page redraws
+        while they are read (a list of elements read one by one can go stale halfway)."""
+        found = self._wait().until(lambda d: ([el.text for el in d.find_elements(
+            By.CSS_SELECTOR, f'[data-test="{name}"]')],))  # a 1-tuple: true even when there are none
+        return list(found[0])
+
     def test(self, name: str) -> WebElement:
         return self.wait_for(f'[data-test="{name}"]')
 

@@ -60,7 +60,7 @@ def test_one_console_shows_both_brokers_and_every_partitions_records(driver, clu
 
     for p in range(PARTITIONS):
         console.open(f"browse?topic={TOPIC}-part-{p}&from=earliest&count=10", "browse")
-        values = [el.text for el in console.all("value")]
+        values = console.texts("value")
         assert values == [f"p{p}-{n}" for n in range(5)], (p, owners[f"{TOPIC}-part-{p}"], values)
     console.open(f"topic?name={TOPIC}", "topic")
     owned = console.rows("partitions")
@@ -84,5 +84,5 @@ def test_one_console_shows_both_brokers_and_every_partitions_records(driver, clu
         assert time.monotonic() < deadline, f"{moved} still on {owners[moved]}, not moved to {other}"
         time.sleep(0.5)
     console.open(f"browse?topic={moved}&from=earliest&count=10", "browse")
-    assert [el.text for el in console.all("value")] == [f"p0-{n}" for n in range(5)]  # nothing lost
+    assert console.texts("value") == [f"p0-{n}" for n in range(5)]  # nothing lost
     assert console.errors() == []

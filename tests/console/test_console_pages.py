@@ -234,7 +234,7 @@ def test_topic_detail_shows_subscriptions_and_seeks_one(console: Console, loaded
 
 
 def _values(console: Console) -> list[str]:
-    return [el.text for el in console.all("value")]
+    return console.texts("value")
 
 
 def _offsets(console: Console) -> list[int]:
