@@ -80,6 +80,17 @@ async def bounded(awaitable: Awaitable[T], what: str, timeout: float = RPC_TIMEO
 # --- the official client ------------------------------------------------------------------------------------
 
 
+async def reset_when_connected(proxy: Any, timeout: float = 30.0) -> int:
+    """Reset the proxy's open connections once there is one; how many. A client reconnects after a reset in
+    its own time: on a busy machine the next reset could otherwise come while it has none open."""
+    deadline = time.monotonic() + timeout
+    while proxy.open_connections == 0:
+        assert time.monotonic() < deadline, f"no connection through the proxy within {timeout} s"
+        await asyncio.sleep(0.01)
+    reset: int = proxy.reset()
+    return reset
+
+
 def describe(m: Any) -> str:
     """A delivered StreamMessage in one line, for assertion messages."""
     key = repr(m.routing_key) if m.HasField("routing_key") else "-"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from compat_support import run_async
+from compat_support import reset_when_connected, run_async
 
 from danube_fast.client import FastProducer
 from danube_fast.client.reader import TopicReader
@@ -38,7 +38,7 @@ def test_the_producer_resends_across_connection_resets(broker_factory: BrokerFac
                         batch = [b"r%d-b%d-%d" % (r, b, i) for i in range(RECORDS)]
                         sent += batch
                         futures.append(await producer.send_batch(batch))
-                    assert proxy.reset() > 0, "no connection to reset"
+                    assert await reset_when_connected(proxy) > 0, "no connection to reset"
                     acks += [await asyncio.wait_for(f, 30) for f in futures]
             finally:
                 await producer.close()

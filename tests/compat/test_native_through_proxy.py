@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from compat_support import run_async
+from compat_support import reset_when_connected, run_async
 
 from danube_fast.client import FastConsumer, FastProducer
 from danube_fast.client.reader import TopicReader
@@ -43,7 +43,7 @@ def test_the_producer_resends_across_native_connection_resets(broker_factory: Br
                         batch = [b"r%d-b%d-%d" % (r, b, i) for i in range(RECORDS)]
                         sent += batch
                         futures.append(await producer.send_batch(batch))
-                    assert native_proxy.reset() > 0, "no native connection to reset"
+                    assert await reset_when_connected(native_proxy) > 0, "no native connection to reset"
                     acks += [await asyncio.wait_for(f, 30) for f in futures]
                 assert producer.over_native
             finally:
