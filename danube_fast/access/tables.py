@@ -6,15 +6,14 @@ from danube_fast.schema.arrow_values import AvroDecoder, JsonDecoder, Resolved, 
 from danube_fast.tables.catalog import (
            FORMAT_PROPERTY,
            MODE_PROPERTY,
-           OFFSETS,
            committed_offsets,
            file_io,
            open_catalog,
-           parse_offsets,
+           snapshot_offsets,
 )
 from danube_fast.tables.commit import snapshots
 from danube_fast.tables.typed import column_name
 
-__all__ = ["FORMAT_PROPERTY", "MODE_PROPERTY", "OFFSETS", "AvroDecoder", "JsonDecoder", "Resolved",
+__all__ = ["FORMAT_PROPERTY", "MODE_PROPERTY", "AvroDecoder", "JsonDecoder", "Resolved",
            "ValueSchemaError", "arrow_values", "column_name", "committed_offsets", "file_io", "open_catalog",
-           "parse_offsets", "snapshots"]
+           "snapshot_offsets", "snapshots"]

@@ -28,6 +28,7 @@ from danube_fast.tables.pointers import PointerStore
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
 
 OFFSETS = "danube.offsets"  # snapshot summary: {stored topic: next offset the table lacks}
 TOPIC_PROPERTY = "danube.topic"  # table property: the topic the table keeps
@@ -156,8 +157,11 @@ def dead_letter_name(base_topic: str) -> str:
 def committed_offsets(table: Table) -> dict[str, int]:
     """{stored topic: next offset the table lacks} as of the current snapshot ({} before the first)."""
     snapshot = table.current_snapshot()
-    if snapshot is None:
-        return {}
+    return {} if snapshot is None else snapshot_offsets(snapshot)
+
+
+def snapshot_offsets(snapshot: Snapshot) -> dict[str, int]:
+    """{stored topic: next offset the table lacked} as of `snapshot` (its summary's danube.offsets)."""
     summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
     return parse_offsets(summary.get(OFFSETS))
 

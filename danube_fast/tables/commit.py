@@ -29,7 +29,7 @@ from danube_fast.tables.catalog import (
     SCHEMA_PROPERTY,
     committed_offsets,
     dump_offsets,
-    parse_offsets,
+    snapshot_offsets,
 )
 from danube_fast.tables.flush import flush
 from danube_fast.tables.worker_messages import Committed, SnapshotInfo
@@ -40,9 +40,8 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionKey
     from pyiceberg.table import Table
     from pyiceberg.table.metadata import TableMetadata
+    from pyiceberg.transforms import Transform
 
-US_PER_HOUR = 3_600_000_000
-US_PER_DAY = 24 * US_PER_HOUR
 ROW_GROUP_LIMIT = "write.parquet.row-group-limit"  # the table property: rows per Parquet row group
 
 
@@ -70,7 +69,7 @@ def snapshots(table: Table) -> list[SnapshotInfo]:
         extra = summary.additional_properties if summary is not None else {}
         listed.append(SnapshotInfo(snapshot.snapshot_id, snapshot.timestamp_ms,
                                    summary.operation.value if summary is not None else "",
-                                   parse_offsets(extra.get(OFFSETS)), int(extra.get("total-records", 0)),
+                                   snapshot_offsets(snapshot), int(extra.get("total-records", 0)),
                                    int(extra.get("total-data-files", 0))))
     return listed
 
@@ -157,7 +156,7 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
     from pyiceberg.table import WriteTask
 
-    from danube_fast.tables.partitions import fast_path, time_unit
+    from danube_fast.tables.partitions import TIME_TRANSFORMS, fast_path, time_unit
 
     if rows.num_rows == 0:  # a commit that only moves the offsets past a hole
         return []
@@ -172,7 +171,7 @@ def data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: 
     else:
         unit, partition_id = time_unit(spec, schema), schema.find_field("partition").field_id
         parts = []
-        for period, part in _by_period(rows, unit):
+        for period, part in _by_period(rows, TIME_TRANSFORMS.get(unit)):
             values = []
             for field in spec.fields:
                 if field.source_id == partition_id:  # identity(partition): one stored topic, one value
@@ -221,19 +220,16 @@ def _by_fields(rows: pa.Table, metadata: TableMetadata) -> list[tuple[PartitionK
     return parts
 
 
-def _by_period(rows: pa.Table, unit: str) -> list[tuple[int | None, pa.Table]]:
-    """`rows` by the Iceberg `unit` transform's value of their publish time (hours, days or months since
-    the epoch; None for "none"): computed once, and rows of one period (a commit's usual case) kept whole."""
+def _by_period(rows: pa.Table, transform: Transform | None) -> list[tuple[int | None, pa.Table]]:  # type: ignore[type-arg]
+    """`rows` by the value of the table's time `transform` (hour, day or month; None: not by time) of their
+    publish time, computed once by Iceberg's own transform, and rows of one period (a commit's usual case)
+    kept whole."""
     import pyarrow.compute as pc
+    from pyiceberg.types import TimestamptzType
 
-    if unit == "none":
+    if transform is None:
         return [(None, rows)]
-    stamps = rows.column("timestamp")
-    if unit == "month":
-        years = pc.subtract(pc.year(stamps), 1970)
-        periods = pc.add(pc.multiply(years, 12), pc.subtract(pc.month(stamps), 1))
-    else:
-        periods = pc.divide(stamps.cast(pa.int64()), US_PER_HOUR if unit == "hour" else US_PER_DAY)
+    periods = transform.pyarrow_transform(TimestamptzType())(rows.column("timestamp"))
     first, last = pc.min(periods).as_py(), pc.max(periods).as_py()
     if first == last:
         return [(first, rows)]

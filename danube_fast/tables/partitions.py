@@ -75,7 +75,7 @@ def describe(spec: PartitionSpec, schema: Schema) -> str:
     """The spec as the status shows it: the time period, then the other fields in tablePartitionBy's
     syntax (the topic's partition left out): `hour`, `day, region, bucket(16, user_id)`."""
     parts = [time_unit(spec, schema)]
-    managed = {schema.find_field("timestamp").field_id, schema.find_field("partition").field_id}
+    managed = _managed(schema)
     for field in spec.fields:
         if field.source_id in managed:
             continue
@@ -93,9 +93,14 @@ def describe(spec: PartitionSpec, schema: Schema) -> str:
 
 def fast_path(spec: PartitionSpec, schema: Schema) -> bool:
     """Whether the spec is only the publish time's period and the topic's partition (commit.data_files
-    computes those itself, once per commit; any other field takes pyiceberg's general partitioning)."""
-    managed = {schema.find_field("timestamp").field_id, schema.find_field("partition").field_id}
+    computes those itself, once per commit; tablePartitionBy's fields take its `_by_fields`)."""
+    managed = _managed(schema)
     return all(field.source_id in managed for field in spec.fields)
+
+
+def _managed(schema: Schema) -> set[int]:
+    """The source ids of the fields this module sets by itself: the publish time and the topic's partition."""
+    return {schema.find_field("timestamp").field_id, schema.find_field("partition").field_id}
 
 
 def fit(table: Table, unit: str, partition_by: str, strict: bool = True) -> Table:

@@ -303,15 +303,16 @@ def _snapshot(location: TableCatalog, pointer: str | None, opts: options.Options
     """The plan of the table's current snapshot, or of the one `travel` names."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    from danube_fast.access.tables import FORMAT_PROPERTY, MODE_PROPERTY
+    from danube_fast.access.tables import FORMAT_PROPERTY, MODE_PROPERTY, snapshot_offsets
 
     table = _load(location, pointer, opts, topic)
     snapshot = table.current_snapshot() if travel is None else _travelled(table, topic, travel)
-    files = [] if snapshot is None else [
-        task.file.file_path for task in _scan(table, where, snapshot.snapshot_id).plan_files()]
-    offsets, snapshot_id = ({}, None) if snapshot is None else (_offsets_of(snapshot), snapshot.snapshot_id)
-    plan = TablePlan(files, offsets, stored, table.metadata_location, snapshot_id=snapshot_id,
-                     pinned=travel is not None)
+    if snapshot is None:
+        plan = TablePlan([], {}, stored, table.metadata_location, pinned=travel is not None)
+    else:
+        files = [task.file.file_path for task in _scan(table, where, snapshot.snapshot_id).plan_files()]
+        plan = TablePlan(files, snapshot_offsets(snapshot), stored, table.metadata_location,
+                         snapshot_id=snapshot.snapshot_id, pinned=travel is not None)
     mode = table.properties.get(MODE_PROPERTY, "envelope")
     if mode != "schema":
         return plan
@@ -337,14 +338,6 @@ def _travelled(table: Table, topic: str, travel: TimeTravel) -> Snapshot:
     oldest = f"the oldest it keeps was committed at {_iso(kept[0])}" if kept else "it has none yet"
     raise TableError(f"the table of {topic} does not keep {asked}: {oldest} (snapshots are kept [tables] "
                      f"snapshot_keep_ms; pyspark_danube.table_snapshots lists them)")
-
-
-def _offsets_of(snapshot: Snapshot) -> dict[str, int]:
-    """{stored topic: next offset the table lacked} as of `snapshot` (its summary's danube.offsets)."""
-    from danube_fast.access.tables import OFFSETS, parse_offsets
-
-    summary = snapshot.summary
-    return parse_offsets((summary.additional_properties if summary is not None else {}).get(OFFSETS))
 
 
 def _scan(table: Table, where: str | None, snapshot_id: int | None = None) -> DataScan:
