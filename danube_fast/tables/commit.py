@@ -193,8 +193,8 @@ def _by_fields(rows: pa.Table, metadata: TableMetadata) -> list[tuple[PartitionK
     """`rows` by the values of every field of the table's spec (pyiceberg's transforms, computed once over
     the rows), each part in offset order. pyiceberg's own `_determine_partitions` filters all of the rows
     once per partition; grouping the row numbers and taking each group copies them once (1 M of bench
-    tables' records into 12 partitions: 0.2-0.3 s, and data_files 1.5-1.8 s against 2.1 s that way and
-    1.0-1.4 s for the same rows by the hour alone; /tmp/prof/pbcost.py, not committed)."""
+    tables' records into 12 partitions: 0.2-0.3 s, and data_files 1.4-1.8 s against 2.1 s that way and
+    1.0-1.4 s for the same rows by the hour alone, docs/TABLES.md "Partitioning")."""
     import numpy as np
     import pyarrow.compute as pc
     from pyiceberg.io.pyarrow import _get_field_from_arrow_table
